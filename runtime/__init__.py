@@ -1,0 +1,52 @@
+"""fractor's actor kernel: actors with private bounded mailboxes in one task group.
+
+It knows nothing about LLMs; the ``actors`` package builds agents on it.
+"""
+
+from ._actor import Actor as Actor
+from ._actor import ActorContext as ActorContext
+from ._actor import FailurePolicy as FailurePolicy
+from ._actor import Spawnable as Spawnable
+from ._codec import decode_json as decode_json
+from ._codec import decode_msgpack as decode_msgpack
+from ._codec import encode_json as encode_json
+from ._codec import encode_msgpack as encode_msgpack
+from ._exceptions import ActorError as ActorError
+from ._exceptions import ActorStopped as ActorStopped
+from ._exceptions import AskTimeout as AskTimeout
+from ._exceptions import DuplicateActor as DuplicateActor
+from ._exceptions import FractorError as FractorError
+from ._exceptions import MailboxFull as MailboxFull
+from ._exceptions import RuntimeClosed as RuntimeClosed
+from ._exceptions import UnknownMessage as UnknownMessage
+from ._messages import Envelope as Envelope
+from ._messages import MailboxStatistics as MailboxStatistics
+from ._messages import RuntimeStatistics as RuntimeStatistics
+from ._ref import ActorRef as ActorRef
+from ._ref import PendingReply as PendingReply
+from ._runtime import Runtime as Runtime
+
+__all__ = [
+    "Actor",
+    "ActorContext",
+    "ActorError",
+    "ActorRef",
+    "ActorStopped",
+    "AskTimeout",
+    "DuplicateActor",
+    "Envelope",
+    "FailurePolicy",
+    "FractorError",
+    "MailboxFull",
+    "MailboxStatistics",
+    "PendingReply",
+    "Runtime",
+    "RuntimeClosed",
+    "RuntimeStatistics",
+    "Spawnable",
+    "UnknownMessage",
+    "decode_json",
+    "decode_msgpack",
+    "encode_json",
+    "encode_msgpack",
+]

@@ -1,0 +1,133 @@
+"""The actor base class and the context an actor sees of itself.
+
+Subclass ``Actor`` and override ``receive``: it is called with one message at a time,
+in arrival order per sender, and what it returns answers the ``ask`` (a ``tell``
+discards it). The instance's attributes are the actor's private state: nothing
+outside the actor's task touches them, so no locks are needed.
+
+``accepts`` names the message types the actor handles: a message of another type is
+refused at the sender with ``UnknownMessage`` before it is queued. ``on_failure``
+says what a raising handler does to the actor: ``"resume"`` goes on with the next
+message, ``"stop"`` stops it (its pending asks then fail with ``ActorStopped``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
+
+from ._exceptions import UnknownMessage
+
+if TYPE_CHECKING:
+    from ._cell import Cell
+    from ._messages import MailboxStatistics
+    from ._ref import ActorRef
+
+__all__ = ["Actor", "ActorContext", "FailurePolicy", "Spawnable"]
+
+FailurePolicy = Literal["resume", "stop"]
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Spawnable(Protocol[R_co]):
+    """Anything ``Runtime.spawn`` accepts: it makes a fresh actor and wraps its ref.
+
+    ``Actor`` instances are spawnable (once each) and give an ``ActorRef``; the
+    ``actors`` package makes its immutable ``Agent`` definitions spawnable, giving an
+    ``AgentRef``. The kernel needs to know nothing more about them.
+    """
+
+    def new_actor(self) -> Actor: ...
+
+    def make_ref(self, ref: ActorRef) -> R_co: ...
+
+
+class ActorContext:
+    """What an actor may know and do about itself, from inside its own task."""
+
+    __slots__ = ("_cell",)
+
+    def __init__(self, cell: Cell) -> None:
+        self._cell = cell
+
+    @property
+    def id(self) -> str:
+        return self._cell.id
+
+    @property
+    def name(self) -> str:
+        return self._cell.name
+
+    @property
+    def parent_id(self) -> str | None:
+        return self._cell.parent_id
+
+    @property
+    def ref(self) -> ActorRef:
+        """This actor's own reference (to hand to others)."""
+        return self._cell.ref
+
+    async def spawn(
+        self,
+        spawnable: Spawnable[R_co],
+        *,
+        id: str | None = None,
+        name: str | None = None,
+        mailbox_size: int | None = None,
+    ) -> R_co:
+        """Spawn a child actor. It lives in this actor's task group: it stops when
+        this actor stops, and never outlives it."""
+        return await self._cell.runtime.spawn_child(
+            self._cell, spawnable, id=id, name=name, mailbox_size=mailbox_size
+        )
+
+    def stop(self) -> None:
+        """Stop this actor once the messages already queued are handled.
+
+        New messages are refused from now on. Never waits, so a handler may call it.
+        """
+        self._cell.mailbox.close("stopped")
+
+    def statistics(self) -> MailboxStatistics:
+        return self._cell.mailbox.statistics()
+
+
+class Actor:
+    """Base class of kernel actors. Override ``receive`` (and optionally the hooks)."""
+
+    #: Message types this actor handles; empty means any (``receive`` decides).
+    accepts: ClassVar[tuple[type, ...]] = ()
+    #: What a handler that raises does to the actor.
+    on_failure: ClassVar[FailurePolicy] = "resume"
+    #: Default mailbox capacity for this actor class.
+    mailbox_size: ClassVar[int] = 64
+
+    _context: ActorContext | None = None
+
+    @property
+    def context(self) -> ActorContext:
+        """The actor's own context; available from ``on_start`` on."""
+        if self._context is None:
+            raise RuntimeError(f"{type(self).__qualname__} is not running: spawn it first")
+        return self._context
+
+    async def on_start(self) -> None:
+        """Called in the actor's task before it is reported ready."""
+
+    async def receive(self, message: Any) -> Any:
+        """Handle one message; the return value answers an ``ask``."""
+        raise UnknownMessage(self.context.id, message)
+
+    async def on_stop(self) -> None:
+        """Called once when the actor stops (shielded, with a short deadline)."""
+
+    # Spawnable: an Actor instance is its own actor, spawned once.
+    def new_actor(self) -> Actor:
+        if self._context is not None:
+            raise ValueError(
+                f"this {type(self).__qualname__} instance was already spawned as "
+                f"{self._context.id!r}; spawn a new instance instead"
+            )
+        return self
+
+    def make_ref(self, ref: ActorRef) -> ActorRef:
+        return ref

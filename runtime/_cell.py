@@ -1,0 +1,232 @@
+"""The cell: one actor's task, mailbox, pending asks and children.
+
+``Cell.run`` is the actor's whole life, run inside a task group of its parent (the
+runtime's, or another actor's): it opens a task group for its own children, calls
+``on_start``, reports ready through ``task_status.started``, then handles one
+envelope at a time until its mailbox is closed and drained, it is cancelled, or a
+failing handler stops it. On every path it ends in ``_finish``, which refuses new
+messages and settles every pending ask with ``ActorStopped`` exactly once. No await
+stands between marking the cell stopped and failing its asks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+
+from ._actor import Actor, ActorContext
+from ._exceptions import ActorStopped, RuntimeClosed, UnknownMessage
+from ._mailbox import Mailbox
+from ._ref import ActorRef, PendingReply
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["ActorGroup", "Cell"]
+
+log = structlog.get_logger("fractor.runtime")
+
+#: How long ``on_stop`` may take once an actor is stopping.
+STOP_HOOK_TIMEOUT = 1.0
+
+
+class ActorGroup:
+    """The live actors that one owner (the runtime, or an actor) started.
+
+    Wraps the owner's task group: every actor of the group runs in it, so none can
+    outlive the owner.
+    """
+
+    __slots__ = ("live", "task_group")
+
+    def __init__(self) -> None:
+        self.task_group: TaskGroup | None = None
+        self.live: dict[str, Cell] = {}
+
+    async def start(self, cell: Cell) -> ActorRef:
+        if self.task_group is None:
+            raise RuntimeClosed("not accepting new actors")
+        self.live[cell.id] = cell
+        try:
+            ref: ActorRef = await self.task_group.start(cell.run)
+        except BaseException:
+            self.live.pop(cell.id, None)
+            raise
+        return ref
+
+    def close_all(self, reason: str) -> None:
+        """Refuse new messages to every actor of the group; they drain and stop."""
+        self.task_group = None
+        for cell in list(self.live.values()):
+            cell.mailbox.close(reason)
+
+
+class Cell:
+    """Everything the kernel keeps for one actor."""
+
+    __slots__ = (
+        "_cancel_reason",
+        "_task_id",
+        "accepts",
+        "actor",
+        "children",
+        "finished",
+        "group",
+        "id",
+        "mailbox",
+        "name",
+        "parent_id",
+        "pending",
+        "ref",
+        "runtime",
+        "scope",
+        "stopped",
+    )
+
+    def __init__(
+        self,
+        actor: Actor,
+        *,
+        id: str,
+        name: str,
+        parent_id: str | None,
+        mailbox_size: int,
+        runtime: Runtime,
+        group: ActorGroup,
+    ) -> None:
+        self.actor = actor
+        self.id = id
+        self.name = name
+        self.parent_id = parent_id
+        self.runtime = runtime
+        self.group = group
+        self.mailbox = Mailbox(id, mailbox_size)
+        self.accepts = actor.accepts
+        self.pending: dict[int, PendingReply] = {}
+        self.children = ActorGroup()
+        self.scope = anyio.CancelScope()
+        self.finished = anyio.Event()
+        self.stopped = False
+        self.ref = ActorRef(self)
+        self._cancel_reason = ""
+        self._task_id: int | None = None
+        actor._context = ActorContext(self)
+
+    def check_accepts(self, message: object) -> None:
+        accepts = self.accepts
+        if accepts and not isinstance(message, accepts):
+            expected = " or ".join(kind.__qualname__ for kind in accepts)
+            raise UnknownMessage(self.id, message, expected)
+
+    async def run(self, *, task_status: TaskStatus[ActorRef]) -> None:
+        self._task_id = anyio.get_current_task().id
+        structlog.contextvars.bind_contextvars(actor_id=self.id, parent_id=self.parent_id)
+        reason = "stopped"
+        start_error: Exception | None = None
+        try:
+            with self.scope:
+                async with anyio.create_task_group() as children:
+                    self.children.task_group = children
+                    try:
+                        await self.actor.on_start()
+                    except Exception as exc:
+                        # Raised after the task group, so the spawner gets it unwrapped.
+                        start_error = exc
+                        children.cancel_scope.cancel()
+                    else:
+                        task_status.started(self.ref)
+                        reason = await self._loop()
+                        self.children.close_all(f"parent {self.id!r} stopped")
+            if start_error is not None:
+                reason = f"failed to start: {start_error!r}"
+                raise start_error
+            if self.scope.cancelled_caught:
+                reason = self._cancel_reason or "cancelled"
+        except anyio.get_cancelled_exc_class():
+            reason = "cancelled"
+            raise
+        except BaseException as exc:
+            if not reason.startswith("failed"):
+                reason = f"failed: {exc!r}"
+            raise
+        finally:
+            self.children.close_all(f"parent {self.id!r} stopped")
+            self._finish(reason)
+            if type(self.actor).on_stop is not Actor.on_stop:
+                await self._run_stop_hook()
+
+    async def _loop(self) -> str:
+        mailbox = self.mailbox
+        receive = mailbox.receive_stream.receive  # hot path: no wrapper frame per message
+        pending = self.pending
+        handle = self.actor.receive
+        stop_on_failure = self.actor.on_failure == "stop"
+        try:
+            while True:
+                envelope = await receive()
+                request_id = envelope.request_id
+                try:
+                    value = await handle(envelope.message)
+                except Exception as exc:
+                    mailbox.failed += 1
+                    if request_id:
+                        reply = pending.pop(request_id, None)
+                        if reply is not None:
+                            reply.set_error(exc)
+                    else:
+                        log.warning(
+                            "message failed",
+                            message_type=type(envelope.message).__qualname__,
+                            error=repr(exc),
+                        )
+                    if stop_on_failure:
+                        return f"failed: {exc!r}"
+                    continue
+                mailbox.handled += 1
+                if request_id:
+                    reply = pending.pop(request_id, None)
+                    if reply is not None:
+                        reply.set_result(value)
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            # Closed and drained: a graceful stop.
+            return mailbox.reason or "stopped"
+
+    def _finish(self, reason: str) -> None:
+        """Mark the actor stopped and settle every pending ask. Never awaits."""
+        self.stopped = True
+        self.mailbox.close(reason)
+        self.mailbox.discard()
+        pending = self.pending
+        while pending:
+            _, reply = pending.popitem()
+            reply.set_error(ActorStopped(self.id, reason))
+        self.group.live.pop(self.id, None)
+        self.runtime.cell_finished(self)
+        self.finished.set()
+
+    async def _run_stop_hook(self) -> None:
+        with anyio.move_on_after(STOP_HOOK_TIMEOUT, shield=True):
+            try:
+                await self.actor.on_stop()
+            except Exception as exc:
+                log.warning("on_stop failed", error=repr(exc))
+
+    async def stop(self, *, grace: float | None) -> None:
+        if self._task_id is not None and anyio.get_current_task().id == self._task_id:
+            raise RuntimeError(
+                f"actor {self.id!r} cannot await its own stop; call context.stop() instead"
+            )
+        self.mailbox.close("stopped")
+        if grace is not None:
+            self._cancel_reason = f"stopped, cancelled after a {grace:g} s grace period"
+            self.scope.deadline = min(self.scope.deadline, anyio.current_time() + grace)
+        await self.finished.wait()
+
+    def cancel(self) -> None:
+        if not self.stopped:
+            self._cancel_reason = "cancelled"
+            self.mailbox.close("cancelled")
+            self.scope.cancel()

@@ -1,0 +1,106 @@
+"""The one exception tree of fractor.
+
+::
+
+    FractorError                      base of every error fractor raises
+    ├── ActorError                    something about one actor (carries ``actor_id``)
+    │   ├── ActorStopped              the actor is no longer running: its pending and
+    │   │                             future asks fail with this, exactly once each
+    │   ├── MailboxFull               a ``*_nowait`` send found the mailbox at capacity
+    │   ├── UnknownMessage            the actor does not handle this message type
+    │   │                             (also a ``TypeError``)
+    │   ├── AskTimeout                no reply within the ask's timeout
+    │   │                             (also a ``TimeoutError``)
+    │   └── DuplicateActor            an actor id already in use (also a ``ValueError``)
+    └── RuntimeClosed                 the ``Runtime`` is not running (not entered yet,
+                                      or already left)
+
+Errors are raised inside an actor and become values only at actor boundaries: a
+handler that raises fails the pending ``ask`` with that very exception; the asker
+never hangs.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActorError",
+    "ActorStopped",
+    "AskTimeout",
+    "DuplicateActor",
+    "FractorError",
+    "MailboxFull",
+    "RuntimeClosed",
+    "UnknownMessage",
+]
+
+
+class FractorError(Exception):
+    """Base class of every error raised by fractor."""
+
+
+class ActorError(FractorError):
+    """An error about one actor, named by ``actor_id``."""
+
+    def __init__(self, message: str, *, actor_id: str) -> None:
+        super().__init__(message)
+        self.actor_id = actor_id
+
+
+class ActorStopped(ActorError):
+    """The actor has stopped; it will never handle this message."""
+
+    def __init__(self, actor_id: str, reason: str) -> None:
+        super().__init__(f"actor {actor_id!r} is stopped ({reason})", actor_id=actor_id)
+        self.reason = reason
+
+
+class MailboxFull(ActorError):
+    """A non-blocking send found the actor's mailbox at capacity."""
+
+    def __init__(self, actor_id: str, capacity: int) -> None:
+        super().__init__(
+            f"mailbox of actor {actor_id!r} is full ({capacity} messages queued); "
+            "use the awaitable variant to wait for room",
+            actor_id=actor_id,
+        )
+        self.capacity = capacity
+
+
+class UnknownMessage(ActorError, TypeError):
+    """The actor was sent a message type it does not handle."""
+
+    def __init__(self, actor_id: str, message: object, expected: str = "") -> None:
+        kind = type(message).__qualname__
+        hint = f"; it accepts {expected}" if expected else ""
+        super().__init__(
+            f"actor {actor_id!r} does not handle messages of type {kind}{hint}",
+            actor_id=actor_id,
+        )
+        self.message_type = type(message)
+
+
+class AskTimeout(ActorError, TimeoutError):
+    """No reply arrived within the timeout given to ``ask``."""
+
+    def __init__(self, actor_id: str, timeout: float, message: object) -> None:
+        super().__init__(
+            f"actor {actor_id!r} did not answer a {type(message).__qualname__} "
+            f"within {timeout:g} s",
+            actor_id=actor_id,
+        )
+        self.timeout = timeout
+
+
+class DuplicateActor(ActorError, ValueError):
+    """An actor id is already taken by a live actor of this runtime."""
+
+    def __init__(self, actor_id: str) -> None:
+        super().__init__(f"an actor with id {actor_id!r} is already running", actor_id=actor_id)
+
+
+class RuntimeClosed(FractorError):
+    """The runtime is not running: enter ``async with Runtime()`` first."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(f"the runtime is {state}; use it inside 'async with Runtime() as rt:'")
+        self.state = state

@@ -1,0 +1,50 @@
+"""What travels through a mailbox, and the snapshots the kernel hands out.
+
+Every type here is a frozen msgspec Struct: it can be encoded to JSON or MessagePack
+and decoded back (invariant 6 of DESIGN.md), which is what lets a store or another
+process read it later. Nothing that crosses an actor boundary needs pickle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = ["Envelope", "MailboxStatistics", "RuntimeStatistics"]
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True):
+    """One message in a mailbox.
+
+    ``request_id`` is 0 for a ``tell`` (nobody waits for a reply) and a positive
+    number, unique within the runtime, for an ``ask``. The reply itself never
+    travels in the envelope: the kernel routes it to the asker by that number.
+    """
+
+    message: Any
+    request_id: int = 0
+    sender: str = ""
+
+
+class MailboxStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of one actor's mailbox."""
+
+    actor_id: str
+    capacity: int
+    queued: int
+    waiting_senders: int
+    handled: int
+    failed: int
+    closed: bool
+
+
+class RuntimeStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of a whole runtime."""
+
+    live_actors: int
+    spawned: int
+    stopped: int
+    handled: int
+    failed: int
+    pending_asks: int

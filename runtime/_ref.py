@@ -1,0 +1,207 @@
+"""References to actors: the only handle the outside world gets.
+
+An ``ActorRef`` talks to an actor through its mailbox and nothing else. ``tell`` and
+``ask`` wait for room in a full mailbox (backpressure); ``tell_nowait`` and
+``ask_nowait`` never wait and raise ``MailboxFull`` instead. Every ask gets exactly
+one outcome: the handler's return value, the handler's exception, ``AskTimeout``, or
+``ActorStopped`` when the actor stops before answering.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._exceptions import AskTimeout, MailboxFull
+from ._messages import Envelope, MailboxStatistics
+
+if TYPE_CHECKING:
+    from ._cell import Cell
+
+__all__ = ["ActorRef", "PendingReply"]
+
+_request_ids = itertools.count(1)
+
+
+class PendingReply:
+    """The one reply to one ask, to be awaited with ``wait``.
+
+    Settled exactly once: by the actor's answer, by its exception, or with
+    ``ActorStopped`` when the actor stops first.
+    """
+
+    __slots__ = ("_cell", "_error", "_event", "_message", "_settled", "_value", "request_id")
+
+    def __init__(self, cell: Cell, message: object) -> None:
+        self._cell = cell
+        self._message = message
+        self._event = anyio.Event()
+        self._settled = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.request_id = next(_request_ids)
+
+    def done(self) -> bool:
+        """Whether the reply (or its error) has arrived."""
+        return self._settled
+
+    def set_result(self, value: object) -> None:
+        if not self._settled:
+            self._settled = True
+            self._value = value
+            self._event.set()
+
+    def set_error(self, error: BaseException) -> None:
+        if not self._settled:
+            self._settled = True
+            self._error = error
+            self._event.set()
+
+    def result(self) -> Any:
+        """The reply if it has arrived; raises its error, or ``RuntimeError`` if not yet."""
+        if not self._settled:
+            raise RuntimeError(f"no reply yet from actor {self._cell.id!r}; await wait() first")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    async def wait(self, timeout: float | None = None) -> Any:
+        """Wait for the reply and return it (or raise its error).
+
+        On timeout or cancellation the ask is withdrawn: a late answer is dropped.
+        """
+        if not self._settled:
+            try:
+                if timeout is None:
+                    await self._event.wait()
+                else:
+                    with anyio.fail_after(timeout):
+                        await self._event.wait()
+            except TimeoutError:
+                self._withdraw()
+                raise AskTimeout(self._cell.id, timeout or 0.0, self._message) from None
+            except BaseException:
+                self._withdraw()
+                raise
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _withdraw(self) -> None:
+        self._cell.pending.pop(self.request_id, None)
+
+
+class ActorRef:
+    """A handle to a running actor. Cheap to copy and to pass around."""
+
+    __slots__ = ("_cell",)
+
+    def __init__(self, cell: Cell) -> None:
+        self._cell = cell
+
+    @property
+    def id(self) -> str:
+        """The actor's id, unique within its runtime."""
+        return self._cell.id
+
+    @property
+    def name(self) -> str:
+        return self._cell.name
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._cell.stopped else "running"
+        return f"<ActorRef {self._cell.id!r} {state}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorRef) and other._cell is self._cell
+
+    def __hash__(self) -> int:
+        return hash(self._cell.id)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the actor has stopped (it will handle nothing more)."""
+        return self._cell.stopped
+
+    async def tell(self, message: object, *, sender: str = "") -> None:
+        """Send ``message`` without waiting for an answer; waits while the mailbox is full."""
+        cell = self._cell
+        cell.check_accepts(message)
+        await cell.mailbox.send(Envelope(message=message, sender=sender))
+
+    def tell_nowait(self, message: object, *, sender: str = "") -> None:
+        """Send ``message`` now, or raise ``MailboxFull`` if the mailbox is at capacity."""
+        cell = self._cell
+        cell.check_accepts(message)
+        cell.mailbox.send_nowait(Envelope(message=message, sender=sender))
+
+    def ask_nowait(self, message: object, *, sender: str = "") -> PendingReply:
+        """Queue a request now and return its ``PendingReply``; raises ``MailboxFull``."""
+        cell = self._cell
+        cell.check_accepts(message)
+        reply = PendingReply(cell, message)
+        cell.pending[reply.request_id] = reply
+        try:
+            cell.mailbox.send_nowait(
+                Envelope(message=message, request_id=reply.request_id, sender=sender)
+            )
+        except BaseException:
+            reply._withdraw()
+            raise
+        return reply
+
+    async def ask(self, message: object, *, timeout: float | None = None, sender: str = "") -> Any:
+        """Send ``message`` and wait for the actor's answer.
+
+        The timeout covers both the wait for room in the mailbox and the wait for
+        the answer; it raises ``AskTimeout``. A handler's exception is raised here.
+        """
+        cell = self._cell
+        cell.check_accepts(message)
+        reply = PendingReply(cell, message)
+        cell.pending[reply.request_id] = reply
+        envelope = Envelope(message=message, request_id=reply.request_id, sender=sender)
+        mailbox = cell.mailbox
+        try:
+            if timeout is None:
+                # Waiting for the reply is the checkpoint; only a full mailbox waits here.
+                try:
+                    mailbox.send_nowait(envelope)
+                except MailboxFull:
+                    await mailbox.send(envelope)
+                await reply._event.wait()
+            else:
+                with anyio.fail_after(timeout):
+                    await mailbox.send(envelope)
+                    await reply._event.wait()
+        except TimeoutError:
+            reply._withdraw()
+            raise AskTimeout(cell.id, timeout or 0.0, message) from None
+        except BaseException:
+            reply._withdraw()
+            raise
+        if reply._error is not None:
+            raise reply._error
+        return reply._value
+
+    async def stop(self, *, grace: float | None = None) -> None:
+        """Stop the actor and wait until it has.
+
+        New messages are refused at once; those already queued are handled first.
+        With ``grace``, whatever is still running after that many seconds is cancelled.
+        """
+        await self._cell.stop(grace=grace)
+
+    def cancel(self) -> None:
+        """Cancel the actor now: its current handler is interrupted, nothing more runs."""
+        self._cell.cancel()
+
+    async def wait_stopped(self) -> None:
+        """Wait until the actor has stopped, for whatever reason."""
+        await self._cell.finished.wait()
+
+    def statistics(self) -> MailboxStatistics:
+        """A snapshot of the actor's mailbox."""
+        return self._cell.mailbox.statistics()

@@ -1,0 +1,186 @@
+"""The ``Runtime``: the one task group every actor lives in.
+
+::
+
+    async with Runtime() as rt:
+        ref = await rt.spawn(Echo())
+        print(await ref.ask("hi"))
+
+Leaving the block stops every actor gracefully: mailboxes refuse new messages,
+actors handle what is already queued, and whatever still runs after ``grace``
+seconds is cancelled. An exception or a cancellation from the body cancels them at
+once. No task started by the runtime outlives the ``async with`` block.
+"""
+
+from __future__ import annotations
+
+import itertools
+from types import TracebackType
+from typing import Literal, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._actor import Spawnable
+from ._cell import ActorGroup, Cell
+from ._exceptions import DuplicateActor, RuntimeClosed
+from ._messages import RuntimeStatistics
+from ._ref import ActorRef
+
+__all__ = ["Runtime"]
+
+R = TypeVar("R")
+State = Literal["not started", "running", "closing", "closed"]
+
+
+class Runtime:
+    """Owns every actor in one task group. Use it as an async context manager.
+
+    ``grace`` is how long leaving the block waits for actors to finish their queued
+    messages before cancelling them; ``mailbox_size`` is the default capacity of a
+    new actor's mailbox when its class does not set one.
+    """
+
+    def __init__(self, *, grace: float = 5.0, mailbox_size: int | None = None) -> None:
+        if grace < 0:
+            raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
+        if mailbox_size is not None and (not isinstance(mailbox_size, int) or mailbox_size < 1):
+            raise ValueError(f"mailbox_size must be a whole number >= 1, got {mailbox_size!r}")
+        self.grace = grace
+        self.mailbox_size = mailbox_size
+        self._state: State = "not started"
+        self._task_group: TaskGroup | None = None
+        self._root = ActorGroup()
+        self._cells: dict[str, Cell] = {}
+        self._ids = itertools.count(1)
+        self._spawned = 0
+        self._stopped = 0
+        self._handled_by_stopped = 0
+        self._failed_by_stopped = 0
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    async def __aenter__(self) -> Runtime:
+        if self._state != "not started":
+            raise RuntimeClosed(self._state)
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        self._root.task_group = task_group
+        self._state = "running"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        task_group = self._task_group
+        assert task_group is not None
+        self._state = "closing"
+        self._root.close_all("runtime closed")
+        if exc_type is None:
+            task_group.cancel_scope.deadline = anyio.current_time() + self.grace
+        try:
+            return await task_group.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The body's own exception, alone: let it through as it was raised.
+            if exc is not None and len(group.exceptions) == 1 and group.exceptions[0] is exc:
+                return False
+            raise
+        finally:
+            self._state = "closed"
+            self._task_group = None
+
+    async def spawn(
+        self,
+        spawnable: Spawnable[R],
+        *,
+        id: str | None = None,
+        name: str | None = None,
+        mailbox_size: int | None = None,
+    ) -> R:
+        """Start an actor and return its reference once it is ready.
+
+        ``spawnable`` is an ``Actor`` instance (giving an ``ActorRef``) or a
+        definition such as ``actors.Agent`` (giving its own kind of reference).
+        ``id`` must be unique among live actors; by default it is ``name-N``.
+        """
+        if self._state != "running":
+            raise RuntimeClosed(self._state)
+        return await self._spawn_in(self._root, None, spawnable, id, name, mailbox_size)
+
+    async def spawn_child(
+        self,
+        parent: Cell,
+        spawnable: Spawnable[R],
+        *,
+        id: str | None = None,
+        name: str | None = None,
+        mailbox_size: int | None = None,
+    ) -> R:
+        """Start an actor in ``parent``'s own task group (used by ``ActorContext.spawn``)."""
+        if parent.children.task_group is None:
+            raise RuntimeClosed(f"stopping actor {parent.id!r}")
+        return await self._spawn_in(parent.children, parent.id, spawnable, id, name, mailbox_size)
+
+    async def _spawn_in(
+        self,
+        group: ActorGroup,
+        parent_id: str | None,
+        spawnable: Spawnable[R],
+        id: str | None,
+        name: str | None,
+        mailbox_size: int | None,
+    ) -> R:
+        actor = spawnable.new_actor()
+        name = name or type(actor).__name__.lower()
+        if id is None:
+            id = f"{name}-{next(self._ids)}"
+        elif not isinstance(id, str) or not id:
+            raise ValueError(f"actor id must be a non-empty string, got {id!r}")
+        if id in self._cells:
+            raise DuplicateActor(id)
+        cell = Cell(
+            actor,
+            id=id,
+            name=name,
+            parent_id=parent_id,
+            mailbox_size=mailbox_size or self.mailbox_size or actor.mailbox_size,
+            runtime=self,
+            group=group,
+        )
+        self._cells[id] = cell
+        self._spawned += 1
+        ref = await group.start(cell)
+        return spawnable.make_ref(ref)
+
+    def cell_finished(self, cell: Cell) -> None:
+        """Called by a cell as it stops (synchronously, from its own task)."""
+        if self._cells.get(cell.id) is cell:
+            del self._cells[cell.id]
+            self._stopped += 1
+            self._handled_by_stopped += cell.mailbox.handled
+            self._failed_by_stopped += cell.mailbox.failed
+
+    def ref(self, actor_id: str) -> ActorRef:
+        """The reference of the live actor ``actor_id``; ``KeyError`` if there is none."""
+        try:
+            return self._cells[actor_id].ref
+        except KeyError:
+            raise KeyError(f"no live actor with id {actor_id!r}") from None
+
+    def statistics(self) -> RuntimeStatistics:
+        """A snapshot of the whole runtime; never waits, stops nothing."""
+        cells = self._cells.values()
+        return RuntimeStatistics(
+            live_actors=len(self._cells),
+            spawned=self._spawned,
+            stopped=self._stopped,
+            handled=self._handled_by_stopped + sum(c.mailbox.handled for c in cells),
+            failed=self._failed_by_stopped + sum(c.mailbox.failed for c in cells),
+            pending_asks=sum(len(c.pending) for c in cells),
+        )

@@ -1,0 +1,226 @@
+"""The Runtime: spawning, structured shutdown, cancellation, statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from runtime import (
+    Actor,
+    ActorRef,
+    ActorStopped,
+    DuplicateActor,
+    Runtime,
+    RuntimeClosed,
+)
+
+from .helpers import Gate, Recorder, Sleeper
+
+
+def task_count() -> int:
+    return len(anyio.get_running_tasks())
+
+
+class SlowStarter(Actor):
+    def __init__(self) -> None:
+        self.ready = False
+
+    async def on_start(self) -> None:
+        await anyio.sleep(0.01)
+        self.ready = True
+
+    async def receive(self, message: Any) -> Any:
+        return self.ready
+
+
+class Parent(Actor):
+    """Spawns ``n`` sleeping children on its first message."""
+
+    def __init__(self) -> None:
+        self.children: list[ActorRef] = []
+        self.sleepers: list[Sleeper] = []
+
+    async def receive(self, message: Any) -> Any:
+        for _ in range(message):
+            sleeper = Sleeper()
+            self.sleepers.append(sleeper)
+            child = await self.context.spawn(sleeper, name="child")
+            self.children.append(child)
+        return [child.id for child in self.children]
+
+
+async def test_spawn_returns_only_once_the_actor_is_ready() -> None:
+    async with Runtime() as rt:
+        actor = SlowStarter()
+        ref = await rt.spawn(actor)
+        assert actor.ready
+        assert await ref.ask("ready?") is True
+
+
+async def test_failing_on_start_fails_the_spawn() -> None:
+    class Broken(Actor):
+        async def on_start(self) -> None:
+            raise OSError("no such resource")
+
+    async with Runtime() as rt:
+        with pytest.raises(OSError, match="no such resource"):
+            await rt.spawn(Broken())
+        assert rt.statistics().live_actors == 0
+
+
+async def test_no_task_outlives_the_runtime() -> None:
+    before = task_count()
+    async with Runtime(grace=0.05) as rt:
+        sleepers = [Sleeper() for _ in range(5)]
+        refs = [await rt.spawn(s) for s in sleepers]
+        for ref in refs:
+            await ref.tell("sleep")
+        parent_actor = Parent()
+        parent = await rt.spawn(parent_actor)
+        await parent.ask(3)
+        for s in sleepers:
+            await s.entered.wait()
+        assert task_count() >= before + 5 + 1 + 3
+    assert task_count() == before
+    assert rt.statistics().live_actors == 0
+    assert all(ref.stopped for ref in refs)
+    assert all(child.stopped for child in parent_actor.children)
+
+
+async def test_leaving_the_block_drains_queued_messages_within_grace() -> None:
+    recorder = Recorder()
+    async with Runtime(grace=5) as rt:
+        ref = await rt.spawn(recorder, mailbox_size=100)
+        for i in range(50):
+            ref.tell_nowait(i)
+    assert recorder.seen == list(range(50))
+
+
+async def test_cancelling_the_whole_runtime_from_outside() -> None:
+    before = task_count()
+    outcome: list[BaseException] = []
+    with anyio.CancelScope() as outer:
+        async with Runtime() as rt:
+            sleeper = Sleeper()
+            ref = await rt.spawn(sleeper)
+
+            async def asker() -> None:
+                try:
+                    await ref.ask("forever")
+                except BaseException as exc:
+                    outcome.append(exc)
+                    raise
+
+            rt_task_group = anyio.create_task_group()
+            async with rt_task_group:
+                rt_task_group.start_soon(asker)
+                await sleeper.entered.wait()
+                await wait_all_tasks_blocked()
+                outer.cancel()
+            pytest.fail("cancellation was swallowed")  # pragma: no cover
+    assert outer.cancelled_caught
+    assert task_count() == before
+    assert ref.stopped
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], anyio.get_cancelled_exc_class())
+
+
+async def test_exception_in_the_body_cancels_actors_at_once() -> None:
+    sleeper = Sleeper()
+    refs = []
+
+    async def body() -> None:
+        async with Runtime(grace=60) as rt:
+            ref = await rt.spawn(sleeper)
+            refs.append(ref)
+            await ref.tell("sleep")
+            await sleeper.entered.wait()
+            raise ZeroDivisionError("from the body")
+
+    with anyio.fail_after(5), pytest.raises(ZeroDivisionError, match="from the body"):
+        await body()
+    assert refs[0].stopped
+
+
+async def test_children_stop_when_their_parent_stops() -> None:
+    async with Runtime() as rt:
+        parent_actor = Parent()
+        parent = await rt.spawn(parent_actor)
+        ids = await parent.ask(4)
+        assert len(ids) == 4
+        assert rt.statistics().live_actors == 5
+        for sleeper, child in zip(parent_actor.sleepers, parent_actor.children, strict=True):
+            await child.tell("sleep")
+            await sleeper.entered.wait()
+        parent.cancel()
+        await parent.wait_stopped()
+        for child in parent_actor.children:
+            await child.wait_stopped()
+            with pytest.raises(ActorStopped):
+                await child.ask("x")
+        assert rt.statistics().live_actors == 0
+
+
+async def test_spawn_outside_the_block_is_a_clear_error() -> None:
+    rt = Runtime()
+    with pytest.raises(RuntimeClosed, match="not started"):
+        await rt.spawn(Recorder())
+    async with rt:
+        pass
+    with pytest.raises(RuntimeClosed, match="closed"):
+        await rt.spawn(Recorder())
+    with pytest.raises(RuntimeClosed):
+        async with rt:
+            pass  # pragma: no cover
+
+
+async def test_ids_are_unique_and_checked() -> None:
+    async with Runtime() as rt:
+        a = await rt.spawn(Recorder(), id="alpha")
+        assert a.id == "alpha"
+        assert rt.ref("alpha") == a
+        with pytest.raises(DuplicateActor, match="'alpha' is already running"):
+            await rt.spawn(Recorder(), id="alpha")
+        with pytest.raises(ValueError, match="non-empty string"):
+            await rt.spawn(Recorder(), id="")
+        b = await rt.spawn(Recorder(), name="rec")
+        c = await rt.spawn(Recorder(), name="rec")
+        assert b.id != c.id
+        assert b.id.startswith("rec-")
+        with pytest.raises(KeyError, match="no live actor"):
+            rt.ref("nobody")
+
+
+async def test_an_actor_instance_is_spawned_once() -> None:
+    async with Runtime() as rt:
+        actor = Recorder()
+        await rt.spawn(actor)
+        with pytest.raises(ValueError, match="already spawned"):
+            await rt.spawn(actor)
+
+
+async def test_runtime_statistics_snapshot() -> None:
+    async with Runtime() as rt:
+        gate = Gate()
+        ref = await rt.spawn(gate)
+        other = await rt.spawn(Recorder())
+        await other.ask("a")
+        reply = ref.ask_nowait("held")
+        await gate.entered.wait()
+        stats = rt.statistics()
+        assert (stats.live_actors, stats.spawned, stats.handled, stats.pending_asks) == (2, 2, 1, 1)
+        gate.release.set()
+        await reply.wait()
+        await other.stop()
+        stats = rt.statistics()
+        assert (stats.live_actors, stats.stopped, stats.handled, stats.pending_asks) == (1, 1, 2, 0)
+
+
+def test_runtime_rejects_bad_options() -> None:
+    with pytest.raises(ValueError, match="grace"):
+        Runtime(grace=-1)
+    with pytest.raises(ValueError, match="mailbox_size"):
+        Runtime(mailbox_size=0)
