@@ -1,3 +1,89 @@
-"""fractor's LLM agents, built as actors on the ``runtime`` kernel."""
+"""fractor's LLM agents, built as actors on the ``runtime`` kernel.
 
-__all__: list[str] = []
+An ``Agent`` is an immutable definition; ``Runtime.spawn(agent)`` runs it as an actor
+and returns an ``AgentRef``. Each task is one execution: model requests and parallel
+tool calls in an ephemeral execution buffer, one ``Result`` back, and only the final
+answer kept in the conversation.
+"""
+
+from ._agent import Agent as Agent
+from ._agent import AgentActor as AgentActor
+from ._agent import AgentRef as AgentRef
+from ._agent import GetConversation as GetConversation
+from ._agent import GetTrace as GetTrace
+from ._agent import Task as Task
+from ._execution import StopCondition as StopCondition
+from ._messages import AssistantMessage as AssistantMessage
+from ._messages import Conversation as Conversation
+from ._messages import ExecutionTrace as ExecutionTrace
+from ._messages import FinishReason as FinishReason
+from ._messages import Message as Message
+from ._messages import ModelRequest as ModelRequest
+from ._messages import ModelResponse as ModelResponse
+from ._messages import Result as Result
+from ._messages import Status as Status
+from ._messages import StepRecord as StepRecord
+from ._messages import SystemMessage as SystemMessage
+from ._messages import ToolCall as ToolCall
+from ._messages import ToolOutcome as ToolOutcome
+from ._messages import ToolResultMessage as ToolResultMessage
+from ._messages import ToolSpec as ToolSpec
+from ._messages import Usage as Usage
+from ._messages import UserMessage as UserMessage
+from ._models import FunctionModel as FunctionModel
+from ._models import Model as Model
+from ._models import ScriptedModel as ScriptedModel
+from ._models import ScriptExhausted as ScriptExhausted
+from ._models import call as call
+from ._models import calls as calls
+from ._models import estimate_tokens as estimate_tokens
+from ._models import fail as fail
+from ._models import reply as reply
+from ._react import MalformedAction as MalformedAction
+from ._react import ReActModel as ReActModel
+from ._tools import Tool as Tool
+from ._tools import Toolbox as Toolbox
+from ._tools import ToolDefinitionError as ToolDefinitionError
+from ._tools import tool as tool
+
+__all__ = [
+    "Agent",
+    "AgentActor",
+    "AgentRef",
+    "AssistantMessage",
+    "Conversation",
+    "ExecutionTrace",
+    "FinishReason",
+    "FunctionModel",
+    "GetConversation",
+    "GetTrace",
+    "MalformedAction",
+    "Message",
+    "Model",
+    "ModelRequest",
+    "ModelResponse",
+    "ReActModel",
+    "Result",
+    "ScriptExhausted",
+    "ScriptedModel",
+    "Status",
+    "StepRecord",
+    "StopCondition",
+    "SystemMessage",
+    "Task",
+    "Tool",
+    "ToolCall",
+    "ToolDefinitionError",
+    "ToolOutcome",
+    "ToolResultMessage",
+    "ToolSpec",
+    "Toolbox",
+    "Usage",
+    "UserMessage",
+    "call",
+    "calls",
+    "estimate_tokens",
+    "fail",
+    "reply",
+    "tool",
+]

@@ -7,6 +7,7 @@ from ._actor import Actor as Actor
 from ._actor import ActorContext as ActorContext
 from ._actor import FailurePolicy as FailurePolicy
 from ._actor import Spawnable as Spawnable
+from ._budget import Budget as Budget
 from ._codec import decode_json as decode_json
 from ._codec import decode_msgpack as decode_msgpack
 from ._codec import encode_json as encode_json
@@ -33,6 +34,7 @@ __all__ = [
     "ActorRef",
     "ActorStopped",
     "AskTimeout",
+    "Budget",
     "DuplicateActor",
     "Envelope",
     "FailurePolicy",

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._cell import Cell
     from ._messages import MailboxStatistics
     from ._ref import ActorRef
+    from ._runtime import Runtime
 
 __all__ = ["Actor", "ActorContext", "FailurePolicy", "Spawnable"]
 
@@ -62,6 +63,11 @@ class ActorContext:
         return self._cell.parent_id
 
     @property
+    def runtime(self) -> Runtime:
+        """The runtime this actor runs in."""
+        return self._cell.runtime
+
+    @property
     def ref(self) -> ActorRef:
         """This actor's own reference (to hand to others)."""
         return self._cell.ref
@@ -98,8 +104,8 @@ class Actor:
     accepts: ClassVar[tuple[type, ...]] = ()
     #: What a handler that raises does to the actor.
     on_failure: ClassVar[FailurePolicy] = "resume"
-    #: Default mailbox capacity for this actor class.
-    mailbox_size: ClassVar[int] = 64
+    #: Mailbox capacity (a class default; an instance may set its own before spawn).
+    mailbox_size: int = 64
 
     _context: ActorContext | None = None
 

@@ -22,6 +22,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ._actor import Spawnable
+from ._budget import Budget
 from ._cell import ActorGroup, Cell
 from ._exceptions import DuplicateActor, RuntimeClosed
 from ._messages import RuntimeStatistics
@@ -36,16 +37,27 @@ State = Literal["not started", "running", "closing", "closed"]
 class Runtime:
     """Owns every actor in one task group. Use it as an async context manager.
 
-    ``grace`` is how long leaving the block waits for actors to finish their queued
-    messages before cancelling them; ``mailbox_size`` is the default capacity of a
-    new actor's mailbox when its class does not set one.
+    ``budget`` limits everything the runtime runs. ``grace`` is how long leaving the
+    block waits for actors to finish their queued messages before cancelling them;
+    ``mailbox_size`` is the default capacity of a new actor's mailbox when its class
+    does not set one.
     """
 
-    def __init__(self, *, grace: float = 5.0, mailbox_size: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        budget: Budget | None = None,
+        grace: float = 5.0,
+        mailbox_size: int | None = None,
+    ) -> None:
         if grace < 0:
             raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
         if mailbox_size is not None and (not isinstance(mailbox_size, int) or mailbox_size < 1):
             raise ValueError(f"mailbox_size must be a whole number >= 1, got {mailbox_size!r}")
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a runtime.Budget, got {type(budget).__qualname__}")
+        #: Limits over everything this runtime runs (enforced by the agent layer).
+        self.budget = budget
         self.grace = grace
         self.mailbox_size = mailbox_size
         self._state: State = "not started"

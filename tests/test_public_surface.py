@@ -29,7 +29,7 @@ def test_runtime_surface_names() -> None:
     import runtime
 
     expected = {
-        "Actor", "ActorContext", "ActorError", "ActorRef", "ActorStopped", "AskTimeout",
+        "Actor", "ActorContext", "ActorError", "ActorRef", "ActorStopped", "AskTimeout", "Budget",
         "DuplicateActor", "Envelope", "FailurePolicy", "FractorError", "MailboxFull",
         "MailboxStatistics", "PendingReply", "Runtime", "RuntimeClosed",
         "RuntimeStatistics", "Spawnable", "UnknownMessage", "decode_json", "decode_msgpack",

@@ -1,0 +1,229 @@
+"""``Agent`` (an immutable definition), its actor, and ``AgentRef`` (the handle).
+
+An agent actor owns its context sections: the system prompt (the agent's
+instructions), a **summary** and a **buffer** section (room for compaction of old
+turns), the persistent **messages** (user turns and final answers only) and the
+ephemeral **execution buffer**. It handles one task at a time; each task is one
+``Execution``. Snapshots of the conversation and the traces are asked through the
+mailbox like everything else: nobody reaches into the actor's state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from runtime import Actor, ActorRef, Budget, MailboxStatistics
+
+from ._execution import Execution, StopCondition
+from ._messages import (
+    AssistantMessage,
+    Conversation,
+    ExecutionTrace,
+    Message,
+    Result,
+    SystemMessage,
+    UserMessage,
+)
+from ._models import Model
+from ._tools import Tool, Toolbox, tool
+
+__all__ = ["Agent", "AgentActor", "AgentRef", "GetConversation", "GetTrace", "Task"]
+
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+class Task(msgspec.Struct, frozen=True, kw_only=True):
+    """A task for an agent: one user message, optionally with its own budget."""
+
+    text: str
+    budget: Budget | None = None
+
+
+class GetConversation(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask an agent for a snapshot of its context sections."""
+
+
+class GetTrace(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask an agent for the traces of its recent executions."""
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """An immutable agent definition; ``Runtime.spawn`` turns it into a running actor.
+
+    ``tools`` are ``@tool`` functions (a plain function is wrapped with ``tool``).
+    ``budget`` limits each execution. ``tool_concurrency`` bounds how many tool calls
+    of one step run at once. ``stop_when`` is called with each step's record after
+    its tools ran; returning True ends the execution. ``trace_limit`` is how many
+    execution traces the actor keeps.
+    """
+
+    name: str
+    model: Model
+    tools: Sequence[Tool[..., Any] | Callable[..., Any]] = ()
+    instructions: str = ""
+    subagents: Sequence[Agent] = ()
+    budget: Budget | None = None
+    description: str = ""
+    tool_concurrency: int = 64
+    stop_when: StopCondition | None = None
+    mailbox_size: int = 16
+    trace_limit: int = 100
+    toolbox: Toolbox = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(
+                f"Agent name must be 1 to 64 letters, digits, '_' or '-', got {self.name!r}"
+            )
+        if not callable(getattr(self.model, "request", None)):
+            raise TypeError(
+                f"Agent {self.name!r}: model must implement the Model protocol "
+                f"(an async request() method), got {type(self.model).__qualname__}"
+            )
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise TypeError(f"Agent {self.name!r}: budget must be a runtime.Budget")
+        for option in ("tool_concurrency", "mailbox_size", "trace_limit"):
+            value = getattr(self, option)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Agent {self.name!r}: {option} must be >= 1, got {value!r}")
+        tools = tuple(t if isinstance(t, Tool) else tool(t) for t in self.tools)
+        object.__setattr__(self, "tools", tools)
+        object.__setattr__(self, "subagents", tuple(self.subagents))
+        object.__setattr__(self, "toolbox", Toolbox(tools))
+
+    # Spawnable
+    def new_actor(self) -> AgentActor:
+        return AgentActor(self)
+
+    def make_ref(self, ref: ActorRef) -> AgentRef:
+        return AgentRef(ref, self)
+
+
+class AgentActor(Actor):
+    """The running agent: owns its conversation, execution buffer and traces."""
+
+    accepts = (Task, GetConversation, GetTrace)
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.mailbox_size = agent.mailbox_size
+        self.system = agent.instructions
+        self.summary: list[Message] = []
+        self.buffer: list[Message] = []
+        self.messages: list[Message] = []
+        self.execution: list[Message] = []
+        self.traces: deque[ExecutionTrace] = deque(maxlen=agent.trace_limit)
+        self.executions = 0
+
+    async def receive(self, message: Task | GetConversation | GetTrace) -> Any:
+        match message:
+            case Task():
+                return await self.execute(message)
+            case GetConversation():
+                return self.snapshot()
+            case GetTrace():
+                return tuple(self.traces)
+        raise AssertionError("unreachable: accepts filters message types")  # pragma: no cover
+
+    def snapshot(self) -> Conversation:
+        return Conversation(
+            system=self.system,
+            summary=tuple(self.summary),
+            buffer=tuple(self.buffer),
+            messages=tuple(self.messages),
+            execution=tuple(self.execution),
+        )
+
+    async def execute(self, task: Task) -> Result:
+        agent = self.agent
+        # An earlier execution may have died mid-way: never carry its buffer over.
+        self.execution.clear()
+        self.messages.append(UserMessage(content=task.text))
+        self.executions += 1
+        agent_id = self.context.id
+        head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
+        budget = agent.budget.merge(task.budget) if agent.budget else task.budget
+        execution = Execution(
+            agent_id=agent_id,
+            execution_id=f"{agent_id}/{self.executions}",
+            task=task.text,
+            history=(*head, *self.summary, *self.buffer, *self.messages),
+            buffer=self.execution,
+            model=agent.model,
+            toolbox=agent.toolbox,
+            budget=budget,
+            tool_concurrency=agent.tool_concurrency,
+            stop_when=agent.stop_when,
+        )
+        try:
+            await execution.run()
+        finally:
+            # Every path, cancellation included: empty buffer, one final response.
+            self.execution.clear()
+            text = execution.answer()
+            self.messages.append(AssistantMessage(content=text))
+            self.traces.append(execution.trace(text))
+        return execution.result(text)
+
+
+class AgentRef:
+    """The handle to a running agent."""
+
+    __slots__ = ("_ref", "agent")
+
+    def __init__(self, ref: ActorRef, agent: Agent) -> None:
+        self._ref = ref
+        self.agent = agent
+
+    @property
+    def id(self) -> str:
+        return self._ref.id
+
+    @property
+    def actor(self) -> ActorRef:
+        """The kernel reference underneath."""
+        return self._ref
+
+    def __repr__(self) -> str:
+        return f"<AgentRef {self._ref.id!r} ({self.agent.name})>"
+
+    async def ask(self, text: str, *, budget: Budget | None = None) -> Result:
+        """Give the agent a task and wait for its one ``Result``."""
+        result: Result = await self._ref.ask(_task(text, budget))
+        return result
+
+    async def tell(self, text: str, *, budget: Budget | None = None) -> None:
+        """Give the agent a task without waiting; its answer joins its conversation."""
+        await self._ref.tell(_task(text, budget))
+
+    async def conversation(self) -> Conversation:
+        """A snapshot of the agent's context sections, asked through its mailbox."""
+        snapshot: Conversation = await self._ref.ask(GetConversation())
+        return snapshot
+
+    async def trace(self) -> tuple[ExecutionTrace, ...]:
+        """The traces of the agent's recent executions, oldest first."""
+        traces: tuple[ExecutionTrace, ...] = await self._ref.ask(GetTrace())
+        return traces
+
+    async def stop(self, *, grace: float | None = None) -> None:
+        await self._ref.stop(grace=grace)
+
+    def cancel(self) -> None:
+        self._ref.cancel()
+
+    def statistics(self) -> MailboxStatistics:
+        return self._ref.statistics()
+
+
+def _task(text: str, budget: Budget | None) -> Task:
+    if not isinstance(text, str):
+        raise TypeError(f"a task is text (str), got {type(text).__qualname__}")
+    return Task(text=text, budget=budget)

@@ -1,0 +1,200 @@
+"""Chat messages and the other values agents exchange, all frozen msgspec Structs.
+
+Chat messages form a tagged union (``Message``), dispatched with ``match``:
+
+- ``SystemMessage``: the agent's instructions, first in every inference context.
+- ``UserMessage``: a task or a user turn.
+- ``AssistantMessage``: the model's text, with the tool calls it asked for (if any).
+- ``ToolResultMessage``: the result of one tool call, naming the call's id; flagged
+  ``is_error`` when the tool failed, timed out, got bad arguments or does not exist.
+
+Every type here round-trips through msgspec JSON and MessagePack (invariant 6).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "AssistantMessage",
+    "Conversation",
+    "ExecutionTrace",
+    "FinishReason",
+    "Message",
+    "ModelRequest",
+    "ModelResponse",
+    "Result",
+    "Status",
+    "StepRecord",
+    "SystemMessage",
+    "ToolCall",
+    "ToolOutcome",
+    "ToolResultMessage",
+    "ToolSpec",
+    "Usage",
+    "UserMessage",
+]
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool call asked for by the model. ``arguments`` is JSON text, as on the wire."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+class SystemMessage(msgspec.Struct, frozen=True, kw_only=True, tag="system"):
+    content: str
+
+
+class UserMessage(msgspec.Struct, frozen=True, kw_only=True, tag="user"):
+    content: str
+
+
+class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True, tag="assistant"):
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+class ToolResultMessage(msgspec.Struct, frozen=True, kw_only=True, tag="tool"):
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+
+
+Message = SystemMessage | UserMessage | AssistantMessage | ToolResultMessage
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What an execution (or one model request) consumed."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    requests: int = 0
+    tool_calls: int = 0
+    cost: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            requests=self.requests + other.requests,
+            tool_calls=self.tool_calls + other.tool_calls,
+            cost=self.cost + other.cost,
+        )
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool as the model sees it: name, description and a JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "error"]
+
+
+class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One inference request: the compiled context, the tools offered, the output cap."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    max_tokens: int | None = None
+
+
+class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """What a model answered: text, tool calls, usage and why it stopped."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = Usage()
+    finish_reason: FinishReason = "stop"
+    model: str = ""
+
+
+Status = Literal["completed", "budget_exceeded", "timed_out", "cancelled", "failed"]
+
+
+class Result(msgspec.Struct, frozen=True, kw_only=True):
+    """The one reply to one task: the final text, how the execution ended, its usage."""
+
+    text: str
+    status: Status
+    stop_reason: str
+    usage: Usage
+    agent_id: str
+    execution_id: str = ""
+    steps: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+
+class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool call of a step, as the trace keeps it."""
+
+    call: ToolCall
+    content: str
+    is_error: bool
+    seconds: float
+    attempts: int = 1
+
+
+class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of an execution: the model's answer and the tool calls it led to."""
+
+    index: int
+    input_messages: int
+    response_text: str
+    tool_calls: tuple[ToolCall, ...]
+    outcomes: tuple[ToolOutcome, ...]
+    usage: Usage
+    model_seconds: float
+    tools_seconds: float
+    finish_reason: FinishReason
+    error: str = ""
+
+
+class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one execution did. Kept for debugging; never enters the conversation."""
+
+    execution_id: str
+    agent_id: str
+    task: str
+    steps: tuple[StepRecord, ...]
+    status: Status
+    stop_reason: str
+    final_text: str
+    usage: Usage
+    seconds: float
+
+
+class Conversation(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of an agent's context sections.
+
+    ``messages`` is the persistent part: user turns and final answers only.
+    ``execution`` is the execution buffer: empty between executions.
+    """
+
+    system: str
+    summary: tuple[Message, ...]
+    buffer: tuple[Message, ...]
+    messages: tuple[Message, ...]
+    execution: tuple[Message, ...]
+
+    def context(self) -> tuple[Message, ...]:
+        """The inference context these sections compile to."""
+        head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
+        return head + self.summary + self.buffer + self.messages + self.execution
