@@ -39,6 +39,8 @@ from ._models import calls as calls
 from ._models import estimate_tokens as estimate_tokens
 from ._models import fail as fail
 from ._models import reply as reply
+from ._policy import RestartPolicy as RestartPolicy
+from ._policy import RetryPolicy as RetryPolicy
 from ._react import MalformedAction as MalformedAction
 from ._react import ReActModel as ReActModel
 from ._tools import Tool as Tool
@@ -63,7 +65,9 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ReActModel",
+    "RestartPolicy",
     "Result",
+    "RetryPolicy",
     "ScriptExhausted",
     "ScriptedModel",
     "Status",

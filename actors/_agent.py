@@ -16,11 +16,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import msgspec
 
-from runtime import Actor, ActorRef, Budget, MailboxStatistics
+from runtime import (
+    Actor,
+    ActorRef,
+    Budget,
+    BudgetExceeded,
+    MailboxStatistics,
+    Node,
+    Usage,
+)
 
-from ._execution import Execution, StopCondition
+from ._execution import Execution, StopCondition, Task
 from ._messages import (
     AssistantMessage,
     Conversation,
@@ -28,21 +37,16 @@ from ._messages import (
     Message,
     Result,
     SystemMessage,
+    ToolSpec,
     UserMessage,
 )
 from ._models import Model
+from ._policy import RestartPolicy, RetryPolicy
 from ._tools import Tool, Toolbox, tool
 
 __all__ = ["Agent", "AgentActor", "AgentRef", "GetConversation", "GetTrace", "Task"]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-
-
-class Task(msgspec.Struct, frozen=True, kw_only=True):
-    """A task for an agent: one user message, optionally with its own budget."""
-
-    text: str
-    budget: Budget | None = None
 
 
 class GetConversation(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,10 +62,15 @@ class Agent:
     """An immutable agent definition; ``Runtime.spawn`` turns it into a running actor.
 
     ``tools`` are ``@tool`` functions (a plain function is wrapped with ``tool``).
-    ``budget`` limits each execution. ``tool_concurrency`` bounds how many tool calls
-    of one step run at once. ``stop_when`` is called with each step's record after
-    its tools ran; returning True ends the execution. ``trace_limit`` is how many
-    execution traces the actor keeps.
+    ``subagents`` are other agents offered to the model as tools (name, description,
+    one ``task`` argument); each call runs the subagent as a child actor and returns
+    only its final response. ``budget`` limits each execution, descendants included.
+    ``tool_concurrency`` bounds how many tool calls of one step run at once.
+    ``stop_when`` is called with each step's record after its tools ran; returning
+    True ends the execution. ``max_tokens`` caps each model request's output (the
+    supervisor may cap it lower). ``retry`` and ``restart`` are the supervision
+    policies; ``escalate`` makes a failure of this agent, run as a subagent, fail its
+    parent too. ``trace_limit`` is how many execution traces the actor keeps.
     """
 
     name: str
@@ -73,9 +82,15 @@ class Agent:
     description: str = ""
     tool_concurrency: int = 64
     stop_when: StopCondition | None = None
+    max_tokens: int | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    escalate: bool = False
     mailbox_size: int = 16
     trace_limit: int = 100
     toolbox: Toolbox = field(init=False, repr=False, compare=False)
+    specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
+    subagents_by_name: dict[str, Agent] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -93,10 +108,35 @@ class Agent:
             value = getattr(self, option)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Agent {self.name!r}: {option} must be >= 1, got {value!r}")
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
+            raise ValueError(
+                f"Agent {self.name!r}: max_tokens must be >= 1, got {self.max_tokens!r}"
+            )
         tools = tuple(t if isinstance(t, Tool) else tool(t) for t in self.tools)
+        toolbox = Toolbox(tools)
+        subagents = tuple(self.subagents)
+        by_name: dict[str, Agent] = {}
+        for subagent in subagents:
+            if not isinstance(subagent, Agent):
+                raise TypeError(
+                    f"Agent {self.name!r}: subagents are Agent definitions, "
+                    f"got {type(subagent).__qualname__}"
+                )
+            if subagent.name in toolbox or subagent.name in by_name:
+                raise ValueError(
+                    f"Agent {self.name!r}: the name {subagent.name!r} is used twice among "
+                    "its tools and subagents; the model tells them apart by name"
+                )
+            by_name[subagent.name] = subagent
         object.__setattr__(self, "tools", tools)
-        object.__setattr__(self, "subagents", tuple(self.subagents))
-        object.__setattr__(self, "toolbox", Toolbox(tools))
+        object.__setattr__(self, "subagents", subagents)
+        object.__setattr__(self, "toolbox", toolbox)
+        object.__setattr__(self, "subagents_by_name", by_name)
+        object.__setattr__(
+            self, "specs", toolbox.specs + tuple(_subagent_spec(s) for s in subagents)
+        )
 
     # Spawnable
     def new_actor(self) -> AgentActor:
@@ -120,7 +160,7 @@ class AgentActor(Actor):
         self.messages: list[Message] = []
         self.execution: list[Message] = []
         self.traces: deque[ExecutionTrace] = deque(maxlen=agent.trace_limit)
-        self.executions = 0
+        self.restarts: deque[float] = deque()
 
     async def receive(self, message: Task | GetConversation | GetTrace) -> Any:
         match message:
@@ -143,34 +183,73 @@ class AgentActor(Actor):
 
     async def execute(self, task: Task) -> Result:
         agent = self.agent
+        context = self.context
+        supervisor = context.runtime.supervisor
         # An earlier execution may have died mid-way: never carry its buffer over.
         self.execution.clear()
         self.messages.append(UserMessage(content=task.text))
-        self.executions += 1
-        agent_id = self.context.id
         head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
-        budget = agent.budget.merge(task.budget) if agent.budget else task.budget
-        execution = Execution(
-            agent_id=agent_id,
-            execution_id=f"{agent_id}/{self.executions}",
-            task=task.text,
-            history=(*head, *self.summary, *self.buffer, *self.messages),
-            buffer=self.execution,
-            model=agent.model,
-            toolbox=agent.toolbox,
-            budget=budget,
-            tool_concurrency=agent.tool_concurrency,
-            stop_when=agent.stop_when,
-        )
+        history = (*head, *self.summary, *self.buffer, *self.messages)
+        if task.node:
+            node = supervisor.get(task.node)  # opened by the parent that delegated
+        else:
+            budget = agent.budget.merge(task.budget) if agent.budget else task.budget
+            try:
+                node = supervisor.open(supervisor.root, name=agent.name, limits=budget)
+            except BudgetExceeded as exc:
+                return self._refused(task, str(exc))
+        node.actor_id = context.id
+        execution = self._new_execution(node, task, history)
         try:
             await execution.run()
+            while execution.status == "failed" and self._may_restart():
+                self.restarts.append(anyio.current_time())
+                self.traces.append(execution.trace(execution.answer()))
+                self.execution.clear()  # fresh buffer, same conversation
+                execution = self._new_execution(node, task, history)
+                await execution.run()
         finally:
             # Every path, cancellation included: empty buffer, one final response.
             self.execution.clear()
             text = execution.answer()
             self.messages.append(AssistantMessage(content=text))
             self.traces.append(execution.trace(text))
+            supervisor.close(node, execution.status, execution.reason)
         return execution.result(text)
+
+    def _new_execution(self, node: Node, task: Task, history: tuple[Message, ...]) -> Execution:
+        context = self.context
+        return Execution(
+            agent=self.agent,
+            agent_id=context.id,
+            node=node,
+            supervisor=context.runtime.supervisor,
+            task=task.text,
+            history=history,
+            buffer=self.execution,
+            spawn=context.spawn,
+        )
+
+    def _may_restart(self) -> bool:
+        policy = self.agent.restart
+        if policy.max_restarts == 0:
+            return False
+        now = anyio.current_time()
+        while self.restarts and now - self.restarts[0] > policy.window:
+            self.restarts.popleft()
+        return len(self.restarts) < policy.max_restarts
+
+    def _refused(self, task: Task, reason: str) -> Result:
+        """A task the supervisor would not start (depth or agents limit)."""
+        text = f"[budget_exceeded] The task was not started: {reason}."
+        self.messages.append(AssistantMessage(content=text))
+        return Result(
+            text=text,
+            status="budget_exceeded",
+            stop_reason=reason,
+            usage=Usage(),
+            agent_id=self.context.id,
+        )
 
 
 class AgentRef:
@@ -221,6 +300,22 @@ class AgentRef:
 
     def statistics(self) -> MailboxStatistics:
         return self._ref.statistics()
+
+
+def _subagent_spec(agent: Agent) -> ToolSpec:
+    description = agent.description or agent.instructions or f"The {agent.name} agent."
+    return ToolSpec(
+        name=agent.name,
+        description=f"Delegate a task to the {agent.name} subagent: {description}",
+        parameters={
+            "type": "object",
+            "properties": {
+                "task": {"type": "string", "description": "What the subagent should do."}
+            },
+            "required": ["task"],
+            "additionalProperties": False,
+        },
+    )
 
 
 def _task(text: str, budget: Budget | None) -> Task:

@@ -13,10 +13,13 @@ useful text, so a caller always gets an answer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
+
+from runtime import Budget, BudgetExceeded, Node, Supervisor, Usage
 
 from ._messages import (
     AssistantMessage,
@@ -30,19 +33,31 @@ from ._messages import (
     ToolCall,
     ToolOutcome,
     ToolResultMessage,
-    Usage,
 )
+from ._policy import is_retryable
 
 if TYPE_CHECKING:
-    from runtime import Budget
+    from ._agent import Agent, AgentRef
 
-    from ._models import Model
-    from ._tools import Toolbox
-
-__all__ = ["Execution", "StopCondition", "synthesize"]
+__all__ = ["Execution", "Spawn", "StopCondition", "Task", "synthesize"]
 
 #: A user stop condition: called after each step that ran tools; True ends the execution.
 StopCondition = Callable[[StepRecord], bool]
+#: How an execution starts a child actor for a subagent (the agent's own spawn).
+Spawn = Callable[["Agent"], Awaitable["AgentRef"]]
+
+
+class Task(msgspec.Struct, frozen=True, kw_only=True):
+    """A task for an agent: one user message, optionally with its own budget.
+
+    ``node`` is set when a parent execution already opened this task's node in the
+    supervisor's tree (a subagent call); empty for a task from outside.
+    """
+
+    text: str
+    budget: Budget | None = None
+    node: str = ""
+
 
 _EMPTY_USAGE = Usage()
 
@@ -70,113 +85,116 @@ class Execution:
     ``buffer`` is the agent's execution buffer (a list the agent owns and this
     execution fills); ``history`` compiles everything before it (system prompt,
     summary, buffer section, conversation) and is fixed for the whole execution.
+    ``node`` is this execution's place in the supervisor's tree: every step, request
+    and tool call is charged there, and its cancel scope is what the supervisor
+    cancels when a limit (or the deadline) stops this subtree.
     """
 
     __slots__ = (
+        "agent",
         "agent_id",
-        "budget",
         "buffer",
+        "escalation",
         "execution_id",
         "final_text",
         "history",
         "last_text",
-        "model",
+        "node",
         "reason",
+        "spawn",
         "started",
         "status",
         "steps",
-        "stop_when",
+        "supervisor",
         "task",
-        "tool_concurrency",
-        "toolbox",
-        "usage",
     )
 
     def __init__(
         self,
         *,
+        agent: Agent,
         agent_id: str,
-        execution_id: str,
+        node: Node,
+        supervisor: Supervisor,
         task: str,
         history: tuple[Message, ...],
         buffer: list[Message],
-        model: Model,
-        toolbox: Toolbox,
-        budget: Budget | None,
-        tool_concurrency: int,
-        stop_when: StopCondition | None,
+        spawn: Spawn,
     ) -> None:
+        self.agent = agent
         self.agent_id = agent_id
-        self.execution_id = execution_id
+        self.node = node
+        self.supervisor = supervisor
+        self.execution_id = node.id
         self.task = task
         self.history = history
         self.buffer = buffer
-        self.model = model
-        self.toolbox = toolbox
-        self.budget = budget
-        self.tool_concurrency = tool_concurrency
-        self.stop_when = stop_when
+        self.spawn = spawn
         self.steps: list[StepRecord] = []
-        self.usage = _EMPTY_USAGE
         self.status: Status = "cancelled"
         self.reason = "cancelled before it finished"
         self.final_text = ""
         self.last_text = ""
+        self.escalation = ""
         self.started = time.perf_counter()
+
+    @property
+    def usage(self) -> Usage:
+        """This execution's usage, all descendants included."""
+        return self.node.usage()
 
     async def run(self) -> None:
         """Run steps until a final answer or a stop; never raises an ``Exception``.
 
-        Cancellation propagates; ``status`` then stays "cancelled".
+        Cancellation from outside (the actor, the runtime) propagates, and ``status``
+        stays "cancelled". A stop from the supervisor (a limit of this node or an
+        ancestor, the deadline) ends the steps and becomes this execution's status.
         """
-        budget = self.budget
-        seconds = budget.seconds if budget is not None else None
-        try:
-            if seconds is None:
+        node = self.node
+        with anyio.CancelScope(deadline=node.deadline) as scope:
+            node.scope = scope
+            if node.stop_status is not None:
+                scope.cancel()
+            try:
                 await self._steps()
-            else:
-                with anyio.move_on_after(seconds) as scope:
-                    await self._steps()
-                if scope.cancelled_caught:
-                    self._stop(
-                        "timed_out", f"deadline of {seconds:g} s passed (agent {self.agent_id})"
-                    )
-        except Exception as exc:
-            self._stop("failed", f"{type(exc).__name__}: {exc}")
+            except BudgetExceeded:
+                pass  # the supervisor has stopped this subtree and says why, below
+            except Exception as exc:
+                self._stop("failed", f"{type(exc).__name__}: {exc}")
+        node.scope = None
+        if node.stop_status is not None or scope.cancelled_caught:
+            self._stop(*self.supervisor.why_stopped(node))
 
     async def _steps(self) -> None:
-        budget = self.budget
-        step_limit = budget.steps if budget is not None else None
-        specs = self.toolbox.specs
+        agent = self.agent
+        supervisor = self.supervisor
+        node = self.node
+        specs = agent.specs
         while True:
-            if step_limit is not None and len(self.steps) >= step_limit:
-                self._stop(
-                    "budget_exceeded", f"step limit of {step_limit} reached (agent {self.agent_id})"
-                )
-                return
+            supervisor.charge(node, steps=1)
             context = self.history + tuple(self.buffer)
             request = ModelRequest(messages=context, tools=specs)
             began = time.perf_counter()
             try:
-                response = await self.model.request(request)
+                response, usage = await self._request(request)
+            except BudgetExceeded:
+                raise
             except Exception as exc:
                 self._record_failed_request(len(context), began, exc)
                 self._stop("failed", f"model request failed: {type(exc).__name__}: {exc}")
                 return
             model_seconds = time.perf_counter() - began
-            self.usage += response.usage
             if response.text:
                 self.last_text = response.text
             calls = response.tool_calls
             if not calls:
-                self._record(len(context), response.text, (), (), response, model_seconds, 0.0)
+                self._record(len(context), response, usage, (), model_seconds, 0.0)
                 if response.text:
                     self.final_text = response.text
                     self._stop("completed", "final answer")
                 else:
-                    self._stop(
-                        "completed", f"the model stopped ({response.finish_reason}) without text"
-                    )
+                    reason = f"the model stopped ({response.finish_reason}) without text"
+                    self._stop("completed", reason)
                 return
             # Text that comes with tool calls is trace, never the answer.
             self.buffer.append(AssistantMessage(content=response.text, tool_calls=calls))
@@ -192,55 +210,129 @@ class Execution:
                 )
                 for outcome in outcomes
             )
-            self.usage += Usage(tool_calls=len(calls))
             record = self._record(
-                len(context), response.text, calls, outcomes, response, model_seconds, tools_seconds
+                len(context), response, usage, outcomes, model_seconds, tools_seconds
             )
-            if self.stop_when is not None and self.stop_when(record):
+            if self.escalation:
+                self._stop("failed", self.escalation)
+                return
+            stop_when = agent.stop_when
+            if stop_when is not None and stop_when(record):
                 self._stop("completed", "the agent's stop condition was met")
                 return
 
+    async def _request(self, request: ModelRequest) -> tuple[ModelResponse, Usage]:
+        """One model request under the budget: reserve, send (with retries), settle."""
+        agent = self.agent
+        model = agent.model
+        supervisor = self.supervisor
+        node = self.node
+        estimate = model.estimate_tokens(request)
+        attempt = 0
+        while True:
+            reservation = supervisor.reserve(
+                node, input_estimate=estimate, max_tokens=agent.max_tokens, model=model.name
+            )
+            if reservation.max_tokens is not None:
+                request = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
+            try:
+                response = await model.request(request)
+            except Exception as exc:
+                supervisor.settle(node, reservation, None)
+                attempt += 1
+                if attempt > agent.retry.retries or not is_retryable(exc):
+                    raise
+                await anyio.sleep(agent.retry.delay(attempt))
+                continue
+            except BaseException:
+                supervisor.settle(node, reservation, None)
+                raise
+            return response, supervisor.settle(node, reservation, response.usage)
+
     async def _run_tools(self, calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
         """Run every call of one step concurrently; outcomes keep the calls' order."""
-        run = self.toolbox.run
         if len(calls) == 1:
-            return [await run(calls[0])]
+            return [await self._run_call(calls[0])]
         outcomes: list[ToolOutcome] = [_NOT_RUN] * len(calls)
-        limiter = (
-            anyio.CapacityLimiter(self.tool_concurrency)
-            if len(calls) > self.tool_concurrency
-            else None
-        )
+        concurrency = self.agent.tool_concurrency
+        limiter = anyio.CapacityLimiter(concurrency) if len(calls) > concurrency else None
 
         async def run_one(index: int, call: ToolCall) -> None:
             if limiter is None:
-                outcomes[index] = await run(call)
+                outcomes[index] = await self._run_call(call)
             else:
                 async with limiter:
-                    outcomes[index] = await run(call)
+                    outcomes[index] = await self._run_call(call)
 
         async with anyio.create_task_group() as tg:
             for index, call in enumerate(calls):
                 tg.start_soon(run_one, index, call)
         return outcomes
 
+    async def _run_call(self, call: ToolCall) -> ToolOutcome:
+        subagent = self.agent.subagents_by_name.get(call.name)
+        if subagent is not None:
+            return await self._delegate(subagent, call)  # counted as an agent, not a call
+        try:
+            self.supervisor.charge(self.node, tool_calls=1)
+        except BudgetExceeded as exc:
+            return _refused(call, f"tool call refused: {exc}")
+        return await self.agent.toolbox.run(call)
+
+    async def _delegate(self, subagent: Agent, call: ToolCall) -> ToolOutcome:
+        """Run a subagent as a child actor; only its final response comes back."""
+        began = time.perf_counter()
+        try:
+            task = _decode_task(call.arguments).task
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return _refused(
+                call,
+                f"invalid arguments for subagent {call.name!r}: {exc}. "
+                'Expected arguments: {"task": "<what the subagent should do>"}',
+            )
+        supervisor = self.supervisor
+        try:
+            child_node = supervisor.open(self.node, name=subagent.name, limits=subagent.budget)
+        except BudgetExceeded as exc:
+            return _refused(call, f"subagent {call.name!r} not started: {exc}")
+        child: AgentRef | None = None
+        try:
+            child = await self.spawn(subagent)
+            child_node.actor_id = child.id
+            result: Result = await child.actor.ask(Task(text=task, node=child_node.id))
+        except Exception as exc:
+            supervisor.close(child_node, "failed", f"{type(exc).__name__}: {exc}")
+            return _refused(call, f"subagent {call.name!r} failed: {type(exc).__name__}: {exc}")
+        finally:
+            # Unanswered (this step was interrupted): the child ends for the same reason.
+            supervisor.abandon(child_node, self.node)
+            if child is not None:
+                child.cancel()  # the child is stopped once its task is answered
+        if result.status == "failed" and subagent.escalate:
+            self.escalation = f"subagent {call.name!r} failed and escalated: {result.stop_reason}"
+        return ToolOutcome(
+            call=call,
+            content=result.text,
+            is_error=result.status != "completed",
+            seconds=time.perf_counter() - began,
+        )
+
     def _record(
         self,
         input_messages: int,
-        text: str,
-        calls: tuple[ToolCall, ...],
-        outcomes: Sequence[ToolOutcome],
         response: ModelResponse,
+        usage: Usage,
+        outcomes: Sequence[ToolOutcome],
         model_seconds: float,
         tools_seconds: float,
     ) -> StepRecord:
         record = StepRecord(
             index=len(self.steps),
             input_messages=input_messages,
-            response_text=text,
-            tool_calls=calls,
+            response_text=response.text,
+            tool_calls=response.tool_calls,
             outcomes=tuple(outcomes),
-            usage=response.usage,
+            usage=usage,
             model_seconds=model_seconds,
             tools_seconds=tools_seconds,
             finish_reason=response.finish_reason,
@@ -270,7 +362,7 @@ class Execution:
 
     def answer(self) -> str:
         """The final response: the model's, or a synthesized one."""
-        if self.final_text:
+        if self.final_text and self.status == "completed":
             return self.final_text
         return synthesize(self.status, self.reason, self.steps, self.last_text)
 
@@ -297,6 +389,17 @@ class Execution:
             usage=self.usage,
             seconds=time.perf_counter() - self.started,
         )
+
+
+class _TaskArguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    task: str
+
+
+_decode_task = msgspec.json.Decoder(_TaskArguments).decode
+
+
+def _refused(call: ToolCall, content: str) -> ToolOutcome:
+    return ToolOutcome(call=call, content=content, is_error=True, seconds=0.0, attempts=0)
 
 
 _NOT_RUN = ToolOutcome(

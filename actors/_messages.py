@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from runtime import Usage as Usage
+
 __all__ = [
     "AssistantMessage",
     "Conversation",
@@ -33,7 +35,6 @@ __all__ = [
     "ToolOutcome",
     "ToolResultMessage",
     "ToolSpec",
-    "Usage",
     "UserMessage",
 ]
 
@@ -67,31 +68,6 @@ class ToolResultMessage(msgspec.Struct, frozen=True, kw_only=True, tag="tool"):
 
 
 Message = SystemMessage | UserMessage | AssistantMessage | ToolResultMessage
-
-
-class Usage(msgspec.Struct, frozen=True, kw_only=True):
-    """What an execution (or one model request) consumed."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    requests: int = 0
-    tool_calls: int = 0
-    cost: float = 0.0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cached_tokens=self.cached_tokens + other.cached_tokens,
-            requests=self.requests + other.requests,
-            tool_calls=self.tool_calls + other.tool_calls,
-            cost=self.cost + other.cost,
-        )
 
 
 class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):

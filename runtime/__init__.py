@@ -8,6 +8,8 @@ from ._actor import ActorContext as ActorContext
 from ._actor import FailurePolicy as FailurePolicy
 from ._actor import Spawnable as Spawnable
 from ._budget import Budget as Budget
+from ._budget import Price as Price
+from ._budget import Usage as Usage
 from ._codec import decode_json as decode_json
 from ._codec import decode_msgpack as decode_msgpack
 from ._codec import encode_json as encode_json
@@ -15,6 +17,7 @@ from ._codec import encode_msgpack as encode_msgpack
 from ._exceptions import ActorError as ActorError
 from ._exceptions import ActorStopped as ActorStopped
 from ._exceptions import AskTimeout as AskTimeout
+from ._exceptions import BudgetExceeded as BudgetExceeded
 from ._exceptions import DuplicateActor as DuplicateActor
 from ._exceptions import FractorError as FractorError
 from ._exceptions import MailboxFull as MailboxFull
@@ -26,6 +29,12 @@ from ._messages import RuntimeStatistics as RuntimeStatistics
 from ._ref import ActorRef as ActorRef
 from ._ref import PendingReply as PendingReply
 from ._runtime import Runtime as Runtime
+from ._supervisor import Node as Node
+from ._supervisor import NodeSnapshot as NodeSnapshot
+from ._supervisor import NodeStatus as NodeStatus
+from ._supervisor import Reservation as Reservation
+from ._supervisor import Supervisor as Supervisor
+from ._supervisor import TreeSnapshot as TreeSnapshot
 
 __all__ = [
     "Actor",
@@ -35,18 +44,27 @@ __all__ = [
     "ActorStopped",
     "AskTimeout",
     "Budget",
+    "BudgetExceeded",
     "DuplicateActor",
     "Envelope",
     "FailurePolicy",
     "FractorError",
     "MailboxFull",
     "MailboxStatistics",
+    "Node",
+    "NodeSnapshot",
+    "NodeStatus",
     "PendingReply",
+    "Price",
+    "Reservation",
     "Runtime",
     "RuntimeClosed",
     "RuntimeStatistics",
     "Spawnable",
+    "Supervisor",
+    "TreeSnapshot",
     "UnknownMessage",
+    "Usage",
     "decode_json",
     "decode_msgpack",
     "encode_json",

@@ -1,4 +1,4 @@
-"""``Budget``: hard limits for a runtime, an agent, or one task.
+"""``Budget`` (hard limits), ``Usage`` (what was consumed) and ``Price`` (what it costs).
 
 Every field is optional; ``None`` means unlimited. A budget on the ``Runtime`` covers
 everything it runs; one on an agent (or passed to ``ask``) covers one execution of
@@ -11,7 +11,7 @@ import math
 
 import msgspec
 
-__all__ = ["Budget"]
+__all__ = ["Budget", "Price", "Usage"]
 
 _COUNTERS = ("depth", "tokens", "input_tokens", "output_tokens", "requests", "tool_calls")
 _MORE_COUNTERS = ("steps", "agents")
@@ -61,3 +61,59 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True):
             mine, theirs = getattr(self, name), getattr(other, name)
             fields[name] = theirs if mine is None else mine if theirs is None else min(mine, theirs)
         return Budget(**fields)
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What an execution (or one model request) consumed."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    requests: int = 0
+    tool_calls: int = 0
+    cost: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            requests=self.requests + other.requests,
+            tool_calls=self.tool_calls + other.tool_calls,
+            cost=self.cost + other.cost,
+        )
+
+
+class Price(msgspec.Struct, frozen=True, kw_only=True):
+    """What one model costs, in any currency unit, per million tokens."""
+
+    input_per_million: float
+    output_per_million: float
+    cached_input_per_million: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise ValueError(f"Price.{name} must be a finite number >= 0, got {value!r}")
+
+    def cost(self, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:
+        """The cost of one request; cached input tokens at their own price if given."""
+        cached_price = self.cached_input_per_million
+        if cached_price is None:
+            cached_price = self.input_per_million
+        fresh = max(input_tokens - cached_tokens, 0)
+        return (
+            fresh * self.input_per_million
+            + min(cached_tokens, input_tokens) * cached_price
+            + output_tokens * self.output_per_million
+        ) / 1_000_000

@@ -12,8 +12,13 @@
     │   ├── AskTimeout                no reply within the ask's timeout
     │   │                             (also a ``TimeoutError``)
     │   └── DuplicateActor            an actor id already in use (also a ``ValueError``)
-    └── RuntimeClosed                 the ``Runtime`` is not running (not entered yet,
-                                      or already left)
+    ├── RuntimeClosed                 the ``Runtime`` is not running (not entered yet,
+    │                                 or already left)
+    └── BudgetExceeded                a hard limit of the supervisor's tree refused a
+                                      charge: names the limit and the node that has it
+
+The ``actors`` package adds, under ``FractorError``: ``ToolDefinitionError`` (also a
+``TypeError``), ``ScriptExhausted`` and ``MalformedAction``.
 
 Errors are raised inside an actor and become values only at actor boundaries: a
 handler that raises fails the pending ``ask`` with that very exception; the asker
@@ -26,6 +31,7 @@ __all__ = [
     "ActorError",
     "ActorStopped",
     "AskTimeout",
+    "BudgetExceeded",
     "DuplicateActor",
     "FractorError",
     "MailboxFull",
@@ -104,3 +110,19 @@ class RuntimeClosed(FractorError):
     def __init__(self, state: str) -> None:
         super().__init__(f"the runtime is {state}; use it inside 'async with Runtime() as rt:'")
         self.state = state
+
+
+class BudgetExceeded(FractorError):
+    """A hard limit refused a charge: nothing was spent beyond it.
+
+    ``limit`` is the ``Budget`` field; ``node_id`` and ``node_name`` name the node whose
+    budget it is (the node itself or an ancestor); ``allowed`` is the limit's value.
+    """
+
+    def __init__(self, limit: str, allowed: float, node_id: str, node_name: str) -> None:
+        shown = f"{allowed:g}" if isinstance(allowed, float) else str(allowed)
+        super().__init__(f"{limit} limit of {shown} reached (budget of {node_name} {node_id!r})")
+        self.limit = limit
+        self.allowed = allowed
+        self.node_id = node_id
+        self.node_name = node_name

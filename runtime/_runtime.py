@@ -22,11 +22,12 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ._actor import Spawnable
-from ._budget import Budget
+from ._budget import Budget, Price
 from ._cell import ActorGroup, Cell
 from ._exceptions import DuplicateActor, RuntimeClosed
 from ._messages import RuntimeStatistics
 from ._ref import ActorRef
+from ._supervisor import Supervisor, TreeSnapshot
 
 __all__ = ["Runtime"]
 
@@ -37,7 +38,8 @@ State = Literal["not started", "running", "closing", "closed"]
 class Runtime:
     """Owns every actor in one task group. Use it as an async context manager.
 
-    ``budget`` limits everything the runtime runs. ``grace`` is how long leaving the
+    ``budget`` limits everything the runtime runs; ``prices`` (per model name) let
+    the supervisor compute cost. ``grace`` is how long leaving the
     block waits for actors to finish their queued messages before cancelling them;
     ``mailbox_size`` is the default capacity of a new actor's mailbox when its class
     does not set one.
@@ -47,6 +49,7 @@ class Runtime:
         self,
         *,
         budget: Budget | None = None,
+        prices: dict[str, Price] | None = None,
         grace: float = 5.0,
         mailbox_size: int | None = None,
     ) -> None:
@@ -56,8 +59,10 @@ class Runtime:
             raise ValueError(f"mailbox_size must be a whole number >= 1, got {mailbox_size!r}")
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a runtime.Budget, got {type(budget).__qualname__}")
-        #: Limits over everything this runtime runs (enforced by the agent layer).
+        #: Limits over everything this runtime runs.
         self.budget = budget
+        #: The tree of executions and their budgets.
+        self.supervisor = Supervisor(budget, prices)
         self.grace = grace
         self.mailbox_size = mailbox_size
         self._state: State = "not started"
@@ -81,6 +86,7 @@ class Runtime:
         await task_group.__aenter__()
         self._task_group = task_group
         self._root.task_group = task_group
+        self.supervisor.start()
         self._state = "running"
         return self
 
@@ -149,7 +155,10 @@ class Runtime:
         mailbox_size: int | None,
     ) -> R:
         actor = spawnable.new_actor()
-        name = name or type(actor).__name__.lower()
+        spawnable_name = getattr(spawnable, "name", None)
+        if not isinstance(spawnable_name, str):
+            spawnable_name = type(actor).__name__.lower()
+        name = name or spawnable_name
         if id is None:
             id = f"{name}-{next(self._ids)}"
         elif not isinstance(id, str) or not id:
@@ -196,3 +205,7 @@ class Runtime:
             failed=self._failed_by_stopped + sum(c.mailbox.failed for c in cells),
             pending_asks=sum(len(c.pending) for c in cells),
         )
+
+    def tree(self) -> TreeSnapshot:
+        """A live snapshot of the supervisor's tree; never waits, stops nothing."""
+        return self.supervisor.snapshot()

@@ -167,7 +167,7 @@ async def test_text_with_tool_calls_is_not_the_answer() -> None:
         ref = await rt.spawn(Agent("a", model, tools=[add], budget=Budget(steps=1)))
         result = await ref.ask("1+2?")
     assert result.status == "budget_exceeded"
-    assert result.stop_reason == f"step limit of 1 reached (agent {ref.id})"
+    assert result.stop_reason == f"steps limit of 1 reached (budget of a {result.execution_id!r})"
     assert result.text != "Let me add these."
     assert result.text.startswith("[budget_exceeded]")
     assert "Last text from the model: Let me add these." in result.text
@@ -338,3 +338,35 @@ async def test_the_design_example_runs_as_written() -> None:
         result = await ref.ask("What's the weather in Paris?")
     assert (result.status, result.text) == ("completed", "Sunny, 22°C in Paris.")
     assert result.usage.total_tokens > 0
+
+
+async def test_react_driver_under_the_same_conversation_and_buffer_rules() -> None:
+    from actors import ReActModel
+
+    text_only = ScriptedModel(
+        [
+            reply('{"thought": "add first", "actions": [{"tool": "add", "arguments": {"a": 2}}]}'),
+            reply("I will now add."),  # malformed: corrected inside the driver
+            reply(
+                '{"thought": "retry", "actions": [{"tool": "add", "arguments": {"a": 2, "b": 3}}]}'
+            ),
+            reply('```json\n{"thought": "done", "final": "2 + 3 = 5"}\n```'),
+        ]
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("react", ReActModel(text_only), tools=[add]))
+        result = await ref.ask("What is 2 + 3?")
+        conversation = await ref.conversation()
+        (trace,) = await ref.trace()
+    assert (result.status, result.text) == ("completed", "2 + 3 = 5")
+    assert conversation.messages == (
+        UserMessage(content="What is 2 + 3?"),
+        AssistantMessage(content="2 + 3 = 5"),
+    )
+    assert conversation.execution == ()
+    # The first action had a bad argument: an error result the model read and fixed.
+    assert [o.is_error for step in trace.steps for o in step.outcomes] == [True, False]
+    assert trace.steps[1].outcomes[0].content == "5"
+    assert result.usage.requests == 4  # every inner request, corrections included
+    # The inner model never received native tools, only text.
+    assert all(request.tools == () for request in text_only.requests)
