@@ -151,17 +151,24 @@ class Execution:
         ancestor, the deadline) ends the steps and becomes this execution's status.
         """
         node = self.node
-        with anyio.CancelScope(deadline=node.deadline) as scope:
-            node.scope = scope
-            if node.stop_status is not None:
-                scope.cancel()
-            try:
-                await self._steps()
-            except BudgetExceeded:
-                pass  # the supervisor has stopped this subtree and says why, below
-            except Exception as exc:
-                self._stop("failed", f"{type(exc).__name__}: {exc}")
-        node.scope = None
+        try:
+            with anyio.CancelScope(deadline=node.deadline) as scope:
+                node.scope = scope
+                if node.stop_status is not None:
+                    scope.cancel()
+                try:
+                    await self._steps()
+                except BudgetExceeded:
+                    pass  # the supervisor has stopped this subtree and says why, below
+                except Exception as exc:
+                    self._stop("failed", f"{type(exc).__name__}: {exc}")
+        except anyio.get_cancelled_exc_class():
+            # Cancelled from outside (the actor, its parent actor, the runtime): a stop
+            # or deadline of the tree may still be the reason, which the answer names.
+            self._stop(*self.supervisor.why_stopped(node))
+            raise
+        finally:
+            node.scope = None
         if node.stop_status is not None or scope.cancelled_caught:
             self._stop(*self.supervisor.why_stopped(node))
 
@@ -297,9 +304,12 @@ class Execution:
             return _refused(call, f"subagent {call.name!r} not started: {exc}")
         child: AgentRef | None = None
         try:
-            child = await self.spawn(subagent)
-            child_node.actor_id = child.id
-            result: Result = await child.actor.ask(Task(text=task, node=child_node.id))
+            # Shielded: a spawn that completes as this step is cancelled must still hand
+            # back the child, so that the finally below can stop it.
+            with anyio.CancelScope(shield=True):
+                child = spawned = await self.spawn(subagent)
+            child_node.actor_id = spawned.id
+            result: Result = await spawned.actor.ask(Task(text=task, node=child_node.id))
         except Exception as exc:
             supervisor.close(child_node, "failed", f"{type(exc).__name__}: {exc}")
             return _refused(call, f"subagent {call.name!r} failed: {type(exc).__name__}: {exc}")

@@ -1,0 +1,452 @@
+"""Subagents and the supervisor, end to end (DESIGN.md sections 3 and 4)."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from actors import (
+    Agent,
+    AssistantMessage,
+    FunctionModel,
+    ModelRequest,
+    RestartPolicy,
+    RetryPolicy,
+    ScriptedModel,
+    ToolResultMessage,
+    UserMessage,
+    call,
+    calls,
+    fail,
+    reply,
+    tool,
+)
+from actors._models import Turn
+from runtime import Budget, Price, Runtime
+
+
+def last_message_text(request: ModelRequest) -> str:
+    return request.messages[-1].content
+
+
+def stepped(*turns: Turn) -> FunctionModel:
+    """A model answering each execution with ``turns`` in order, counting its own steps."""
+
+    def respond(request: ModelRequest) -> Turn:
+        done = sum(isinstance(m, AssistantMessage) and bool(m.tool_calls) for m in request.messages)
+        return turns[min(done, len(turns) - 1)]
+
+    return FunctionModel(respond)
+
+
+@tool
+async def lookup(topic: str) -> str:
+    """Look a topic up."""
+    return f"notes on {topic}"
+
+
+async def test_only_the_childs_final_response_reaches_the_parent() -> None:
+    researcher = Agent(
+        "researcher",
+        stepped(call("lookup", topic="tides"), reply("CHILD FINAL: tides follow the moon")),
+        tools=[lookup],
+        description="Researches one topic.",
+    )
+    lead_model = ScriptedModel(
+        [call("researcher", task="research tides"), reply("Lead: the moon drives tides.")]
+    )
+    lead = Agent("lead", lead_model, subagents=[researcher])
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        result = await ref.ask("Why are there tides?")
+        conversation = await ref.conversation()
+        live_after = rt.statistics().live_actors
+    assert result.status == "completed"
+    assert result.text == "Lead: the moon drives tides."
+    # The child's usage is part of the parent's: 2 lead requests + 2 child requests.
+    assert result.usage.requests == 4
+    assert result.usage.tool_calls == 1
+    spec = next(s for s in lead_model.requests[0].tools if s.name == "researcher")
+    assert "Researches one topic." in spec.description
+    assert spec.parameters["required"] == ["task"]
+    # The parent saw exactly one trace of the child: the tool result, its final text.
+    second = lead_model.requests[1].messages
+    results = [m for m in second if isinstance(m, ToolResultMessage)]
+    assert [r.content for r in results] == ["CHILD FINAL: tides follow the moon"]
+    everything = [m.content for m in second] + [m.content for m in conversation.messages]
+    assert not any("notes on tides" in text for text in everything)
+    assert conversation.messages == (
+        UserMessage(content="Why are there tides?"),
+        AssistantMessage(content="Lead: the moon drives tides."),
+    )
+    assert live_after == 1  # the child actor was stopped once it answered
+
+
+async def test_three_children_run_concurrently() -> None:
+    @tool
+    async def slow_fetch(topic: str) -> str:
+        """Takes 200 ms."""
+        await anyio.sleep(0.2)
+        return topic
+
+    child = Agent(
+        "child", stepped(call("slow_fetch", topic="x"), reply("child done")), tools=[slow_fetch]
+    )
+    lead = Agent(
+        "lead",
+        ScriptedModel(
+            [calls(*(call("child", task=f"part {i}") for i in range(3))), reply("all done")]
+        ),
+        subagents=[child],
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        began = time.perf_counter()
+        result = await ref.ask("go")
+        elapsed = time.perf_counter() - began
+    assert result.text == "all done"
+    assert result.usage.tool_calls == 3
+    assert elapsed < 0.55, f"children ran one after another ({elapsed:.2f} s)"
+
+
+async def test_a_thousand_children_share_a_tool_call_budget_exactly() -> None:
+    ran = 0
+
+    @tool
+    async def work() -> str:
+        """Counts the calls that really run."""
+        nonlocal ran
+        ran += 1
+        await anyio.lowlevel.checkpoint()
+        return "ok"
+
+    child = Agent("child", stepped(call("work"), reply("done")), tools=[work])
+    lead = Agent(
+        "lead",
+        ScriptedModel([calls(*(call("child", task=f"t{i}") for i in range(1000))), reply("x")]),
+        subagents=[child],
+        tool_concurrency=1000,
+        budget=Budget(tool_calls=100),
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        with anyio.fail_after(60):
+            result = await ref.ask("fan out")
+        await anyio.wait_all_tasks_blocked()  # let the cancelled children finish
+        tree = rt.tree()
+        live = rt.statistics().live_actors
+    assert ran == 100
+    assert result.status == "budget_exceeded"
+    assert result.usage.tool_calls == 100
+    assert "tool_calls limit of 100 reached" in result.stop_reason
+    children = [n for n in tree.nodes if n.name == "child"]
+    assert len(children) == 1000
+    assert all(n.status in ("completed", "budget_exceeded") for n in children)
+    assert not any(n.status == "running" for n in tree.nodes if n.id != "root")
+    assert live == 1
+
+
+async def test_top_level_agents_share_the_runtime_budget_and_all_answer() -> None:
+    ran = 0
+
+    @tool
+    async def work() -> str:
+        """Counts the calls that really run."""
+        nonlocal ran
+        ran += 1
+        await anyio.lowlevel.checkpoint()
+        return "ok"
+
+    agent = Agent("worker", stepped(call("work"), reply("done")), tools=[work])
+    results = []
+    async with Runtime(budget=Budget(tool_calls=100)) as rt:
+        refs = [await rt.spawn(agent) for _ in range(300)]
+
+        async def ask(index: int) -> None:
+            results.append(await refs[index].ask("work"))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for index in range(len(refs)):
+                    tg.start_soon(ask, index)
+    assert ran == 100
+    assert len(results) == 300
+    assert {r.status for r in results} <= {"completed", "budget_exceeded"}
+    assert sum(r.usage.tool_calls for r in results) == 100
+
+
+async def test_deadline_times_out_the_whole_tree_and_nothing_keeps_running() -> None:
+    @tool
+    async def sleepy() -> str:
+        """Sleeps 30 s."""
+        await anyio.sleep(30)
+        return "late"  # pragma: no cover
+
+    grandchild = Agent("grandchild", stepped(call("sleepy"), reply("never")), tools=[sleepy])
+    child = Agent(
+        "child",
+        stepped(calls(call("sleepy"), call("grandchild", task="deeper")), reply("never")),
+        tools=[sleepy],
+        subagents=[grandchild],
+    )
+    lead = Agent(
+        "lead",
+        ScriptedModel([calls(*(call("child", task=f"c{i}") for i in range(3))), reply("never")]),
+        subagents=[child],
+        budget=Budget(seconds=0.3),
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        began = time.perf_counter()
+        with anyio.fail_after(10):
+            result = await ref.ask("go")
+        elapsed = time.perf_counter() - began
+        await anyio.wait_all_tasks_blocked()  # let the cancelled children finish
+        tree = rt.tree()
+        live = rt.statistics().live_actors
+    assert result.status == "timed_out"
+    assert "deadline of 0.3 s passed (budget of lead" in result.stop_reason
+    assert result.text.startswith("[timed_out]")
+    assert elapsed < 5
+    nodes = [n for n in tree.nodes if n.id != "root"]
+    assert sorted(n.name for n in nodes) == ["child"] * 3 + ["grandchild"] * 3 + ["lead"]
+    assert {n.status for n in nodes} == {"timed_out"}
+    assert live == 1
+
+
+async def test_a_failing_child_is_a_value_and_the_parent_finishes() -> None:
+    broken = Agent("broken", stepped(fail(RuntimeError("child exploded"))))
+    lead_model = ScriptedModel([call("broken", task="try"), reply("Recovered without it.")])
+    lead = Agent("lead", lead_model, subagents=[broken])
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        result = await ref.ask("go")
+    assert result.status == "completed"
+    assert result.text == "Recovered without it."
+    (tool_result,) = [
+        m for m in lead_model.requests[1].messages if isinstance(m, ToolResultMessage)
+    ]
+    assert tool_result.is_error
+    assert tool_result.content.startswith("[failed]")
+    assert "RuntimeError: child exploded" in tool_result.content
+
+
+async def test_escalation_fails_the_parent() -> None:
+    broken = Agent("broken", stepped(fail(RuntimeError("child exploded"))), escalate=True)
+    lead = Agent(
+        "lead", ScriptedModel([call("broken", task="try"), reply("never")]), subagents=[broken]
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        result = await ref.ask("go")
+    assert result.status == "failed"
+    assert "subagent 'broken' failed and escalated" in result.stop_reason
+
+
+async def test_a_child_over_its_own_budget_answers_and_the_parent_carries_on() -> None:
+    chatty = Agent(
+        "chatty",
+        stepped(call("lookup", topic="a"), call("lookup", topic="b"), reply("never")),
+        tools=[lookup],
+        budget=Budget(steps=2),
+    )
+    lead_model = ScriptedModel([call("chatty", task="talk"), reply("Parent carried on.")])
+    lead = Agent("lead", lead_model, subagents=[chatty])
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        result = await ref.ask("go")
+        tree = rt.tree()
+    assert result.status == "completed"
+    assert result.text == "Parent carried on."
+    (tool_result,) = [
+        m for m in lead_model.requests[1].messages if isinstance(m, ToolResultMessage)
+    ]
+    assert tool_result.content.startswith("[budget_exceeded]")
+    assert "steps limit of 2 reached (budget of chatty" in tool_result.content
+    assert tree.children(result.execution_id)[0].status == "budget_exceeded"
+
+
+async def test_depth_limit_refuses_the_spawn_as_a_tool_error() -> None:
+    leaf = Agent("leaf", stepped(reply("leaf")))
+    middle = Agent(
+        "middle", stepped(call("leaf", task="x"), reply("middle done")), subagents=[leaf]
+    )
+    lead_model = ScriptedModel([call("middle", task="x"), reply("lead done")])
+    lead = Agent("lead", lead_model, subagents=[middle])
+    async with Runtime(budget=Budget(depth=2)) as rt:
+        ref = await rt.spawn(lead)
+        result = await ref.ask("go")
+        tree = rt.tree()
+    assert result.text == "lead done"
+    assert [n.name for n in tree.nodes if n.name == "leaf"] == []
+    middle_node = next(n for n in tree.nodes if n.name == "middle")
+    assert middle_node.status == "completed"
+    assert middle_node.depth == 2
+
+
+async def test_output_tokens_are_reserved_by_capping_max_tokens() -> None:
+    model = ScriptedModel(
+        [
+            call("lookup", topic="x", usage=None),
+            reply("a long answer " * 40),
+        ]
+    )
+    agent = Agent("a", model, tools=[lookup], max_tokens=500)
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        result = await ref.ask("go", budget=Budget(output_tokens=60))
+    first, second = model.requests
+    assert first.max_tokens == 60
+    used_first = 60 - second.max_tokens  # type: ignore[operator]
+    assert 0 < used_first < 60
+    assert result.usage.output_tokens <= 60
+    assert result.status == "completed"  # the reply was cut at the cap, not over it
+
+
+async def test_cost_is_computed_from_prices_and_limited() -> None:
+    model = ScriptedModel([reply("x" * 400)], name="priced")
+    agent = Agent("a", model)
+    prices = {"priced": Price(input_per_million=1_000_000, output_per_million=2_000_000)}
+    async with Runtime(prices=prices) as rt:
+        ref = await rt.spawn(agent)
+        result = await ref.ask("hi", budget=Budget(cost=50.0))
+    # input: a handful of tokens at 1 per token; output capped so the cost fits.
+    assert 0 < result.usage.cost <= 50.0
+    assert model.requests[0].max_tokens is not None
+    assert model.requests[0].max_tokens * 2 <= 50
+
+
+async def test_cost_limit_without_a_price_is_a_clear_failure() -> None:
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", ScriptedModel([reply("x")], name="unpriced")))
+        result = await ref.ask("hi", budget=Budget(cost=1.0))
+    assert result.status == "failed"
+    assert "no price is known for model 'unpriced'" in result.stop_reason
+
+
+async def test_model_requests_are_retried_with_backoff() -> None:
+    model = ScriptedModel(
+        [fail(ConnectionError("reset")), fail(TimeoutError("slow")), reply("third time")]
+    )
+    agent = Agent("a", model, retry=RetryPolicy(retries=2, initial_delay=0.001, jitter=0.5))
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        result = await ref.ask("go")
+    assert (result.status, result.text) == ("completed", "third time")
+    assert result.usage.requests == 3
+
+
+async def test_programming_errors_are_not_retried() -> None:
+    model = ScriptedModel([fail(ValueError("bad request shape")), reply("unreached")])
+    agent = Agent("a", model, retry=RetryPolicy(retries=3, initial_delay=0))
+    async with Runtime() as rt:
+        result = await (await rt.spawn(agent)).ask("go")
+    assert result.status == "failed"
+    assert model.remaining == 1
+
+
+def test_retry_delays_grow_exponentially_within_bounds() -> None:
+    policy = RetryPolicy(retries=5, initial_delay=0.1, max_delay=0.5, multiplier=2, jitter=0)
+    assert [policy.delay(n) for n in range(1, 6)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    jittery = RetryPolicy(initial_delay=1.0, jitter=0.2)
+    assert all(0.8 <= jittery.delay(1) <= 1.2 for _ in range(50))
+    with pytest.raises(ValueError, match=r"RetryPolicy\.multiplier"):
+        RetryPolicy(multiplier=0.5)
+
+
+async def test_a_failed_execution_is_restarted_with_a_fresh_buffer() -> None:
+    model = ScriptedModel(
+        [call("lookup", topic="x"), fail(ValueError("broke mid-way")), reply("second run")]
+    )
+    agent = Agent("a", model, tools=[lookup], restart=RestartPolicy(max_restarts=1))
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        result = await ref.ask("go")
+        conversation = await ref.conversation()
+        traces = await ref.trace()
+    assert (result.status, result.text) == ("completed", "second run")
+    # The restart began from the conversation alone: no tool trace of the failed run.
+    restarted = model.requests[2].messages
+    assert [type(m).__name__ for m in restarted] == ["UserMessage"]
+    assert len(conversation.messages) == 2
+    assert [t.status for t in traces] == ["failed", "completed"]
+
+
+async def test_restarts_are_bounded_by_the_policy() -> None:
+    model = ScriptedModel([fail(ValueError(f"boom {i}")) for i in range(5)])
+    agent = Agent("a", model, restart=RestartPolicy(max_restarts=2, window=60))
+    async with Runtime() as rt:
+        result = await (await rt.spawn(agent)).ask("go")
+    assert result.status == "failed"
+    assert model.remaining == 2  # one run and two restarts
+
+
+async def test_cancelling_a_node_cancels_its_subtree_and_the_ask_answers() -> None:
+    entered = anyio.Event()
+
+    @tool
+    async def hang() -> str:
+        """Never returns."""
+        entered.set()
+        await anyio.sleep_forever()
+        return "never"  # pragma: no cover
+
+    child = Agent("child", stepped(call("hang"), reply("never")), tools=[hang])
+    lead = Agent(
+        "lead", ScriptedModel([call("child", task="x"), reply("never")]), subagents=[child]
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        results = []
+
+        async def ask() -> None:
+            results.append(await ref.ask("go"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            await entered.wait()
+            tree = rt.tree()
+            lead_node = next(n for n in tree.nodes if n.name == "lead")
+            assert [n.name for n in tree.children(lead_node.id)] == ["child"]
+            assert tree.node(lead_node.id).status == "running"
+            rt.supervisor.cancel(lead_node.id)
+        after = rt.tree()
+    (result,) = results
+    assert result.status == "cancelled"
+    assert {n.status for n in after.nodes if n.id != "root"} == {"cancelled"}
+
+
+async def test_the_tree_snapshot_is_live() -> None:
+    seen = []
+    gate = anyio.Event()
+
+    @tool
+    async def wait_here() -> str:
+        """Waits for the test."""
+        await gate.wait()
+        return "released"
+
+    lead = Agent("lead", ScriptedModel([call("wait_here"), reply("ok")]), tools=[wait_here])
+    async with Runtime(budget=Budget(tokens=10_000)) as rt:
+        ref = await rt.spawn(lead)
+        async with anyio.create_task_group() as tg:
+
+            async def ask() -> None:
+                seen.append(await ref.ask("go"))
+
+            tg.start_soon(ask)
+            await anyio.wait_all_tasks_blocked()
+            running = rt.tree()
+            gate.set()
+        done = rt.tree()
+    (node,) = [n for n in running.nodes if n.name == "lead"]
+    assert node.status == "running"
+    assert node.parent_id == "root"
+    assert node.actor_id == ref.id
+    assert node.usage.requests == 1
+    assert running.node("root").limits == Budget(tokens=10_000)
+    assert done.node(node.id).status == "completed"
+    assert seen[0].execution_id == node.id
