@@ -398,6 +398,8 @@ class Execution:
             final_text=text,
             usage=self.usage,
             seconds=time.perf_counter() - self.started,
+            parent_id=parent.id if (parent := self.node.parent) and parent.parent else "",
+            agent_name=self.agent.name,
         )
 
 

@@ -155,6 +155,9 @@ class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True):
     final_text: str
     usage: Usage
     seconds: float
+    #: The execution that delegated this one (a subagent call); empty at the top.
+    parent_id: str = ""
+    agent_name: str = ""
 
 
 class Conversation(msgspec.Struct, frozen=True, kw_only=True):
