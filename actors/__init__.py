@@ -12,6 +12,7 @@ from ._agent import AgentRef as AgentRef
 from ._agent import GetConversation as GetConversation
 from ._agent import GetTrace as GetTrace
 from ._agent import Task as Task
+from ._anthropic import AnthropicModel as AnthropicModel
 from ._execution import StopCondition as StopCondition
 from ._messages import AssistantMessage as AssistantMessage
 from ._messages import Conversation as Conversation
@@ -39,19 +40,29 @@ from ._models import calls as calls
 from ._models import estimate_tokens as estimate_tokens
 from ._models import fail as fail
 from ._models import reply as reply
+from ._openai import OpenAIModel as OpenAIModel
+from ._persistence import AgentState as AgentState
 from ._policy import RestartPolicy as RestartPolicy
 from ._policy import RetryPolicy as RetryPolicy
+from ._provider import ProviderError as ProviderError
+from ._provider import model_from_string as model_from_string
 from ._react import MalformedAction as MalformedAction
 from ._react import ReActModel as ReActModel
 from ._tools import Tool as Tool
 from ._tools import Toolbox as Toolbox
 from ._tools import ToolDefinitionError as ToolDefinitionError
 from ._tools import tool as tool
+from ._traces import collect_trace_tree as collect_trace_tree
+from ._traces import export_traces as export_traces
+from ._traces import load_traces as load_traces
+from ._traces import render_trace_tree as render_trace_tree
 
 __all__ = [
     "Agent",
     "AgentActor",
     "AgentRef",
+    "AgentState",
+    "AnthropicModel",
     "AssistantMessage",
     "Conversation",
     "ExecutionTrace",
@@ -64,6 +75,8 @@ __all__ = [
     "Model",
     "ModelRequest",
     "ModelResponse",
+    "OpenAIModel",
+    "ProviderError",
     "ReActModel",
     "RestartPolicy",
     "Result",
@@ -86,8 +99,13 @@ __all__ = [
     "UserMessage",
     "call",
     "calls",
+    "collect_trace_tree",
     "estimate_tokens",
+    "export_traces",
     "fail",
+    "load_traces",
+    "model_from_string",
+    "render_trace_tree",
     "reply",
     "tool",
 ]

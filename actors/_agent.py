@@ -11,13 +11,13 @@ mailbox like everything else: nobody reaches into the actor's state.
 from __future__ import annotations
 
 import re
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import msgspec
+import structlog
 
 from runtime import (
     Actor,
@@ -26,6 +26,8 @@ from runtime import (
     BudgetExceeded,
     MailboxStatistics,
     Node,
+    Record,
+    Store,
     Usage,
 )
 
@@ -41,12 +43,18 @@ from ._messages import (
     UserMessage,
 )
 from ._models import Model
+from ._persistence import AgentState, decode_state, encode_state, is_automatic_id
 from ._policy import RestartPolicy, RetryPolicy
 from ._tools import Tool, Toolbox, tool
+from ._traces import trace_record
 
 __all__ = ["Agent", "AgentActor", "AgentRef", "GetConversation", "GetTrace", "Task"]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+#: How long saving an execution to the store may take (shielded from cancellation).
+SAVE_TIMEOUT = 10.0
+
+log = structlog.get_logger("fractor.actors")
 
 
 class GetConversation(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,7 +88,7 @@ class Agent:
     subagents: Sequence[Agent] = ()
     budget: Budget | None = None
     description: str = ""
-    tool_concurrency: int = 64
+    tool_concurrency: int = 256
     stop_when: StopCondition | None = None
     max_tokens: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -154,13 +162,44 @@ class AgentActor(Actor):
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.mailbox_size = agent.mailbox_size
+        self.spawns_children = bool(agent.subagents)
         self.system = agent.instructions
         self.summary: list[Message] = []
         self.buffer: list[Message] = []
         self.messages: list[Message] = []
         self.execution: list[Message] = []
-        self.traces: deque[ExecutionTrace] = deque(maxlen=agent.trace_limit)
-        self.restarts: deque[float] = deque()
+        # Plain lists, not deques: an idle agent's footprint counts (10,000 of them).
+        self.traces: list[ExecutionTrace] = []
+        self.restarts: list[float] = []
+        #: Whether this agent keeps its state in the runtime's store (set on start).
+        self.persistent = False
+        #: Saves to the store that failed (each one logged as a warning).
+        self.store_failures = 0
+        # Trace records whose save failed: retried with the next save.
+        self._unsaved: list[Record] = []
+
+    async def on_start(self) -> None:
+        """Resume the persistent sections from the runtime's store, if it has them.
+
+        Only a top-level agent with an id of its own keeps a state (see
+        ``actors._persistence``). A stored state that cannot be read fails the spawn
+        with ``StoreError``: starting over would overwrite it at the next save.
+        """
+        context = self.context
+        store = context.runtime.store
+        self.persistent = (
+            store is not None
+            and context.parent_id is None
+            and not is_automatic_id(context.id, context.name)
+        )
+        if store is None or not self.persistent:
+            return
+        data = await store.load(context.id)
+        if data is not None:
+            state = decode_state(data, store=repr(store), actor_id=context.id)
+            self.summary[:] = state.summary
+            self.buffer[:] = state.buffer
+            self.messages[:] = state.messages
 
     async def receive(self, message: Task | GetConversation | GetTrace) -> Any:
         match message:
@@ -204,7 +243,7 @@ class AgentActor(Actor):
             await execution.run()
             while execution.status == "failed" and self._may_restart():
                 self.restarts.append(anyio.current_time())
-                self.traces.append(execution.trace(execution.answer()))
+                self._keep(execution.trace(execution.answer()))
                 self.execution.clear()  # fresh buffer, same conversation
                 execution = self._new_execution(node, task, history)
                 await execution.run()
@@ -213,9 +252,49 @@ class AgentActor(Actor):
             self.execution.clear()
             text = execution.answer()
             self.messages.append(AssistantMessage(content=text))
-            self.traces.append(execution.trace(text))
+            self._keep(execution.trace(text))
             supervisor.close(node, execution.status, execution.reason)
+        # Returned normally: the turn is complete, store it (a cancelled one never is).
+        store = context.runtime.store
+        if store is not None:
+            await self._save(store, self.traces[-1])
         return execution.result(text)
+
+    async def _save(self, store: Store, trace: ExecutionTrace) -> None:
+        """Save the persistent sections and ``trace`` in one transaction.
+
+        Shielded: once an execution has returned, its turn is stored even if the
+        actor is cancelled meanwhile. A failure never loses the ``Result``: it is
+        logged as a warning and counted in ``store_failures``; the next save
+        writes the whole state again and retries the traces that were not saved.
+        """
+        records = [*self._unsaved, trace_record(trace)]
+        state = None
+        if self.persistent:
+            state = encode_state(
+                AgentState(
+                    summary=tuple(self.summary),
+                    buffer=tuple(self.buffer),
+                    messages=tuple(self.messages),
+                )
+            )
+        try:
+            with anyio.fail_after(SAVE_TIMEOUT, shield=True):
+                await store.save(self.context.id, state, records=records)
+        except Exception as exc:
+            self.store_failures += 1
+            self._unsaved = records[-self.agent.trace_limit :]
+            log.warning(
+                "agent state not saved",
+                agent_id=self.context.id,
+                execution_id=trace.execution_id,
+                store=repr(store),
+                error=f"{type(exc).__name__}: {exc}",
+                unsaved_traces=len(self._unsaved),
+                failures=self.store_failures,
+            )
+        else:
+            self._unsaved.clear()
 
     def _new_execution(self, node: Node, task: Task, history: tuple[Message, ...]) -> Execution:
         context = self.context
@@ -227,16 +306,21 @@ class AgentActor(Actor):
             task=task.text,
             history=history,
             buffer=self.execution,
-            spawn=context.spawn,
+            context=context,
         )
+
+    def _keep(self, trace: ExecutionTrace) -> None:
+        """Keep ``trace``, and at most ``trace_limit`` traces in all."""
+        self.traces.append(trace)
+        if len(self.traces) > self.agent.trace_limit:
+            del self.traces[0]
 
     def _may_restart(self) -> bool:
         policy = self.agent.restart
         if policy.max_restarts == 0:
             return False
         now = anyio.current_time()
-        while self.restarts and now - self.restarts[0] > policy.window:
-            self.restarts.popleft()
+        self.restarts = [at for at in self.restarts if now - at <= policy.window]
         return len(self.restarts) < policy.max_restarts
 
     def _refused(self, task: Task, reason: str) -> Result:

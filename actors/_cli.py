@@ -8,6 +8,9 @@ from collections.abc import Sequence
 
 import anyio
 
+from ._cli_run import add_run_parser, run_command
+from ._cli_trace import add_trace_parser, trace_command
+
 __all__ = ["main"]
 
 
@@ -22,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--backend", choices=("asyncio", "trio"), default="asyncio", help="event loop to run on"
     )
+    add_trace_parser(commands)
+    add_run_parser(commands)
     return parser
 
 
@@ -35,6 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         anyio.run(run_kernel_demo, args.workers, args.jobs, backend=args.backend)
         return 0
+    if args.command == "trace":
+        return anyio.run(trace_command, args)
+    if args.command == "run":
+        return anyio.run(run_command, args, backend=args.backend)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

@@ -12,14 +12,15 @@ useful text, so a caller always gets an answer.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 
-from runtime import Budget, BudgetExceeded, Node, Supervisor, Usage
+from runtime import ActorContext, Budget, BudgetExceeded, Node, Supervisor, Usage
 
 from ._messages import (
     AssistantMessage,
@@ -39,12 +40,10 @@ from ._policy import is_retryable
 if TYPE_CHECKING:
     from ._agent import Agent, AgentRef
 
-__all__ = ["Execution", "Spawn", "StopCondition", "Task", "synthesize"]
+__all__ = ["Execution", "StopCondition", "Task", "synthesize"]
 
 #: A user stop condition: called after each step that ran tools; True ends the execution.
 StopCondition = Callable[[StepRecord], bool]
-#: How an execution starts a child actor for a subagent (the agent's own spawn).
-Spawn = Callable[["Agent"], Awaitable["AgentRef"]]
 
 
 class Task(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +93,7 @@ class Execution:
         "agent",
         "agent_id",
         "buffer",
+        "context",
         "escalation",
         "execution_id",
         "final_text",
@@ -101,7 +101,6 @@ class Execution:
         "last_text",
         "node",
         "reason",
-        "spawn",
         "started",
         "status",
         "steps",
@@ -119,7 +118,7 @@ class Execution:
         task: str,
         history: tuple[Message, ...],
         buffer: list[Message],
-        spawn: Spawn,
+        context: ActorContext,
     ) -> None:
         self.agent = agent
         self.agent_id = agent_id
@@ -129,7 +128,7 @@ class Execution:
         self.task = task
         self.history = history
         self.buffer = buffer
-        self.spawn = spawn
+        self.context = context
         self.steps: list[StepRecord] = []
         self.status: Status = "cancelled"
         self.reason = "cancelled before it finished"
@@ -257,23 +256,25 @@ class Execution:
             return response, supervisor.settle(node, reservation, response.usage)
 
     async def _run_tools(self, calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
-        """Run every call of one step concurrently; outcomes keep the calls' order."""
+        """Run every call of one step concurrently; outcomes keep the calls' order.
+
+        At most ``tool_concurrency`` calls run at once: that many workers share one
+        iterator over the calls (taking the next call never awaits), so the bound
+        costs no lock and no more tasks than it allows.
+        """
         if len(calls) == 1:
             return [await self._run_call(calls[0])]
         outcomes: list[ToolOutcome] = [_NOT_RUN] * len(calls)
-        concurrency = self.agent.tool_concurrency
-        limiter = anyio.CapacityLimiter(concurrency) if len(calls) > concurrency else None
+        pending = iter(enumerate(calls))
+        run_call = self._run_call
 
-        async def run_one(index: int, call: ToolCall) -> None:
-            if limiter is None:
-                outcomes[index] = await self._run_call(call)
-            else:
-                async with limiter:
-                    outcomes[index] = await self._run_call(call)
+        async def worker() -> None:
+            for index, call in pending:
+                outcomes[index] = await run_call(call)
 
         async with anyio.create_task_group() as tg:
-            for index, call in enumerate(calls):
-                tg.start_soon(run_one, index, call)
+            for _ in range(min(len(calls), self.agent.tool_concurrency)):
+                tg.start_soon(worker)
         return outcomes
 
     async def _run_call(self, call: ToolCall) -> ToolOutcome:
@@ -302,22 +303,24 @@ class Execution:
             child_node = supervisor.open(self.node, name=subagent.name, limits=subagent.budget)
         except BudgetExceeded as exc:
             return _refused(call, f"subagent {call.name!r} not started: {exc}")
-        child: AgentRef | None = None
+        # The child actor takes its node's id: whatever happens below (even a spawn that
+        # completes as this step is cancelled), the finally can find it and stop it.
+        child_node.actor_id = child_node.id
+        context = self.context
         try:
-            # Shielded: a spawn that completes as this step is cancelled must still hand
-            # back the child, so that the finally below can stop it.
-            with anyio.CancelScope(shield=True):
-                child = spawned = await self.spawn(subagent)
-            child_node.actor_id = spawned.id
-            result: Result = await spawned.actor.ask(Task(text=task, node=child_node.id))
+            child: AgentRef = await context.spawn(subagent, id=child_node.id)
+            result: Result = await child.actor.ask(Task(text=task, node=child_node.id))
         except Exception as exc:
             supervisor.close(child_node, "failed", f"{type(exc).__name__}: {exc}")
             return _refused(call, f"subagent {call.name!r} failed: {type(exc).__name__}: {exc}")
         finally:
-            # Unanswered (this step was interrupted): the child ends for the same reason.
+            # Unanswered (this step was interrupted): abandoning the child's node stops
+            # its execution and subtree, for the same reason as this step. Either way,
+            # closing its mailbox then ends the actor once it has answered; no second
+            # cancellation is needed (each costs a task repr on anyio's asyncio backend).
             supervisor.abandon(child_node, self.node)
-            if child is not None:
-                child.cancel()  # the child is stopped once its task is answered
+            with contextlib.suppress(KeyError):
+                context.runtime.ref(child_node.id).stop_nowait()
         if result.status == "failed" and subagent.escalate:
             self.escalation = f"subagent {call.name!r} failed and escalated: {result.stop_reason}"
         return ToolOutcome(

@@ -5,29 +5,44 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import anyio
 
-from . import w4_mailbox
+from . import scale, w1_fanout, w2_steps, w3_subagents, w4_mailbox
 from ._harness import RESULTS, Row, print_rows, write_results
 
+Workload = tuple[str, Callable[[bool], Awaitable[list[Row]]]]
 
-async def _suite(quick: bool) -> list[Row]:
+WORKLOADS: list[Workload] = [
+    ("W1 fan-out", lambda quick: w1_fanout.run(quick=quick)),
+    ("W2 sequential steps", lambda quick: w2_steps.run(quick=quick)),
+    ("W3 subagents", lambda quick: w3_subagents.run(quick=quick)),
+    ("W4 mailbox round trips", lambda quick: w4_mailbox.run(quick=quick)),
+    ("Scale", lambda quick: scale.run(quick=quick)),
+]
+
+
+async def suite(quick: bool, only: str | None = None) -> list[Row]:
+    """Every workload, with a progress line each; ``only`` picks workloads by prefix."""
     rows: list[Row] = []
-    scale = 10 if quick else 1
-    started = time.perf_counter()
-    print("[1/1] W4 mailbox round trips ...", flush=True)
-    rows += await w4_mailbox.run(round_trips=20_000 // scale, repeats=3 if quick else 5)
-    print(f"done in {time.perf_counter() - started:.1f} s\n", flush=True)
+    chosen = [w for w in WORKLOADS if only is None or w[0].lower().startswith(only.lower())]
+    for index, (name, run) in enumerate(chosen, 1):
+        began = time.perf_counter()
+        print(f"[{index}/{len(chosen)}] {name} ...", flush=True, end=" ")
+        rows += await run(quick)
+        print(f"{time.perf_counter() - began:.1f} s", flush=True)
+    print()
     return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
-    args = parser.parse_args()
-    rows = anyio.run(_suite, args.quick, backend=args.backend)
+    parser.add_argument("--only", help="run the workloads whose name starts with this")
+    args = parser.parse_args(argv)
+    rows = anyio.run(suite, args.quick, args.only, backend=args.backend)
     print_rows(rows)
     write_results(rows, args.backend)
     print(f"\nresults written to {RESULTS}")

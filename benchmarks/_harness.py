@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["Row", "compare", "print_rows", "write_results"]
+__all__ = ["Row", "compare", "judged", "print_rows", "write_results"]
 
 RESULTS = pathlib.Path(__file__).parent / "results.json"
 
@@ -54,7 +54,7 @@ async def compare(
     """Time both sides ``repeats`` times, interleaved, after one warm-up each.
 
     With ``better="higher"`` the figure is operations per second; with "lower" it is
-    seconds per run. The target holds when the ratio is at least ``min_ratio``.
+    seconds per operation. The target holds when the ratio is at least ``min_ratio``.
     """
     await fractor()
     await baseline()
@@ -68,7 +68,9 @@ async def compare(
         raw_fig = [operations / t for t in raw]
         unit = "ops/s"
     else:
-        ours_fig, raw_fig, unit = ours, raw, "s"
+        ours_fig = [t / operations for t in ours]
+        raw_fig = [t / operations for t in raw]
+        unit = "s"
     ours_med = statistics.median(ours_fig)
     raw_med = statistics.median(raw_fig)
     ratio = ours_med / raw_med if better == "higher" else raw_med / ours_med
@@ -88,18 +90,31 @@ async def compare(
 
 
 def _fmt(value: float, unit: str) -> str:
-    return f"{value:,.0f} {unit}" if unit == "ops/s" else f"{value * 1000:,.2f} ms"
+    if unit == "ops/s":
+        return f"{value:,.0f} /s"
+    if unit == "x":
+        return f"{value:.2f} x"
+    if unit == "MiB":
+        return f"{value:,.1f} MiB"
+    if value < 0.001:
+        return f"{value * 1e6:,.1f} us"
+    return f"{value * 1000:,.2f} ms"
+
+
+def judged(row: Row, target: str, holds: bool) -> Row:
+    """The same figures, judged against an absolute target instead of the ratio."""
+    return msgspec.structs.replace(row, target=target, holds=holds)
 
 
 def print_rows(rows: list[Row]) -> None:
-    header = f"{'workload':<34} {'fractor':>16} {'raw anyio':>16} {'ratio':>7}  target"
+    header = f"{'workload':<44} {'fractor':>14} {'raw anyio':>14} {'ratio':>6}  target"
     print(header)
     print("-" * len(header))
     for row in rows:
         verdict = "ok" if row.holds else "MISSED"
         print(
-            f"{row.workload:<34} {_fmt(row.fractor, row.unit):>16} "
-            f"{_fmt(row.baseline, row.unit):>16} {row.ratio:>7.2f}  {row.target} {verdict}"
+            f"{row.workload:<44} {_fmt(row.fractor, row.unit):>14} "
+            f"{_fmt(row.baseline, row.unit):>14} {row.ratio:>6.2f}  {row.target}: {verdict}"
         )
 
 

@@ -24,7 +24,10 @@ class Echo(Actor):
         return message
 
 
-async def run(round_trips: int = 20_000, repeats: int = 5) -> list[Row]:
+async def run(*, quick: bool = False, round_trips: int | None = None) -> list[Row]:
+    if round_trips is None:
+        round_trips = 2_000 if quick else 20_000
+    repeats = 3 if quick else 5
     async with Runtime() as rt:
         echo = await rt.spawn(Echo())
 

@@ -14,6 +14,10 @@ from ._codec import decode_json as decode_json
 from ._codec import decode_msgpack as decode_msgpack
 from ._codec import encode_json as encode_json
 from ._codec import encode_msgpack as encode_msgpack
+from ._events import Event as Event
+from ._events import EventBus as EventBus
+from ._events import EventKind as EventKind
+from ._events import Subscription as Subscription
 from ._exceptions import ActorError as ActorError
 from ._exceptions import ActorStopped as ActorStopped
 from ._exceptions import AskTimeout as AskTimeout
@@ -22,6 +26,7 @@ from ._exceptions import DuplicateActor as DuplicateActor
 from ._exceptions import FractorError as FractorError
 from ._exceptions import MailboxFull as MailboxFull
 from ._exceptions import RuntimeClosed as RuntimeClosed
+from ._exceptions import StoreError as StoreError
 from ._exceptions import UnknownMessage as UnknownMessage
 from ._messages import Envelope as Envelope
 from ._messages import MailboxStatistics as MailboxStatistics
@@ -29,6 +34,10 @@ from ._messages import RuntimeStatistics as RuntimeStatistics
 from ._ref import ActorRef as ActorRef
 from ._ref import PendingReply as PendingReply
 from ._runtime import Runtime as Runtime
+from ._store import MemoryStore as MemoryStore
+from ._store import Record as Record
+from ._store import SQLiteStore as SQLiteStore
+from ._store import Store as Store
 from ._supervisor import Node as Node
 from ._supervisor import NodeSnapshot as NodeSnapshot
 from ._supervisor import NodeStatus as NodeStatus
@@ -47,20 +56,29 @@ __all__ = [
     "BudgetExceeded",
     "DuplicateActor",
     "Envelope",
+    "Event",
+    "EventBus",
+    "EventKind",
     "FailurePolicy",
     "FractorError",
     "MailboxFull",
     "MailboxStatistics",
+    "MemoryStore",
     "Node",
     "NodeSnapshot",
     "NodeStatus",
     "PendingReply",
     "Price",
+    "Record",
     "Reservation",
     "Runtime",
     "RuntimeClosed",
     "RuntimeStatistics",
+    "SQLiteStore",
     "Spawnable",
+    "Store",
+    "StoreError",
+    "Subscription",
     "Supervisor",
     "TreeSnapshot",
     "UnknownMessage",

@@ -106,6 +106,9 @@ class Actor:
     on_failure: ClassVar[FailurePolicy] = "resume"
     #: Mailbox capacity (a class default; an instance may set its own before spawn).
     mailbox_size: int = 64
+    #: Whether the actor may spawn children: it then gets a task group of its own for
+    #: them. An actor that never does can say False and save that per spawn.
+    spawns_children: bool = True
 
     _context: ActorContext | None = None
 

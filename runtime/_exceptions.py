@@ -14,6 +14,8 @@
     │   └── DuplicateActor            an actor id already in use (also a ``ValueError``)
     ├── RuntimeClosed                 the ``Runtime`` is not running (not entered yet,
     │                                 or already left)
+    ├── StoreError                    a store could not load or save: names the store
+    │                                 and the operation; a failed save wrote nothing
     └── BudgetExceeded                a hard limit of the supervisor's tree refused a
                                       charge: names the limit and the node that has it
 
@@ -36,6 +38,7 @@ __all__ = [
     "FractorError",
     "MailboxFull",
     "RuntimeClosed",
+    "StoreError",
     "UnknownMessage",
 ]
 
@@ -110,6 +113,20 @@ class RuntimeClosed(FractorError):
     def __init__(self, state: str) -> None:
         super().__init__(f"the runtime is {state}; use it inside 'async with Runtime() as rt:'")
         self.state = state
+
+
+class StoreError(FractorError):
+    """A store could not do what was asked. A failed save wrote nothing at all.
+
+    ``store`` names the store (with its path, if it has one), ``operation`` what was
+    asked of it, ``reason`` what went wrong.
+    """
+
+    def __init__(self, store: str, operation: str, reason: str) -> None:
+        super().__init__(f"{store}: cannot {operation}: {reason}")
+        self.store = store
+        self.operation = operation
+        self.reason = reason
 
 
 class BudgetExceeded(FractorError):

@@ -16,6 +16,9 @@ from ._messages import Envelope, MailboxStatistics
 
 __all__ = ["Mailbox"]
 
+# Subscripted once: ``create_memory_object_stream[Envelope]`` builds a typing alias.
+_create_stream = anyio.create_memory_object_stream[Envelope]
+
 
 class Mailbox:
     """The bounded queue of envelopes in front of one actor."""
@@ -44,7 +47,7 @@ class Mailbox:
         self.reason = ""
         send: MemoryObjectSendStream[Envelope]
         receive: MemoryObjectReceiveStream[Envelope]
-        send, receive = anyio.create_memory_object_stream[Envelope](capacity)
+        send, receive = _create_stream(capacity)
         self._send = send
         self._receive = receive
         #: The raw receiving end, for the actor's own loop only (its hot path).

@@ -194,13 +194,20 @@ class ActorRef:
         """
         await self._cell.stop(grace=grace)
 
+    def stop_nowait(self) -> None:
+        """Ask the actor to stop once its queued messages are handled; never waits.
+
+        New messages are refused at once. Unlike ``cancel``, nothing is interrupted.
+        """
+        self._cell.stop_nowait()
+
     def cancel(self) -> None:
         """Cancel the actor now: its current handler is interrupted, nothing more runs."""
         self._cell.cancel()
 
     async def wait_stopped(self) -> None:
         """Wait until the actor has stopped, for whatever reason."""
-        await self._cell.finished.wait()
+        await self._cell.wait_finished()
 
     def statistics(self) -> MailboxStatistics:
         """A snapshot of the actor's mailbox."""

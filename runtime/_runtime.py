@@ -15,6 +15,7 @@ once. No task started by the runtime outlives the ``async with`` block.
 from __future__ import annotations
 
 import itertools
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Literal, TypeVar
 
@@ -24,9 +25,11 @@ from anyio.abc import TaskGroup
 from ._actor import Spawnable
 from ._budget import Budget, Price
 from ._cell import ActorGroup, Cell
+from ._events import EventBus, Subscription
 from ._exceptions import DuplicateActor, RuntimeClosed
 from ._messages import RuntimeStatistics
 from ._ref import ActorRef
+from ._store import Store
 from ._supervisor import Supervisor, TreeSnapshot
 
 __all__ = ["Runtime"]
@@ -42,7 +45,11 @@ class Runtime:
     the supervisor compute cost. ``grace`` is how long leaving the
     block waits for actors to finish their queued messages before cancelling them;
     ``mailbox_size`` is the default capacity of a new actor's mailbox when its class
-    does not set one.
+    does not set one. ``store`` is where actors that persist keep their state and
+    records (agents resume their conversation from it); the caller owns it: the
+    runtime never opens or closes it, so close it after leaving the runtime's block.
+    ``log_events`` writes every event of the tree through structlog; observers can
+    subscribe with ``rt.events()`` either way.
     """
 
     def __init__(
@@ -52,6 +59,8 @@ class Runtime:
         prices: dict[str, Price] | None = None,
         grace: float = 5.0,
         mailbox_size: int | None = None,
+        store: Store | None = None,
+        log_events: bool = False,
     ) -> None:
         if grace < 0:
             raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
@@ -65,6 +74,10 @@ class Runtime:
         self.supervisor = Supervisor(budget, prices)
         self.grace = grace
         self.mailbox_size = mailbox_size
+        #: Where actors persist their state; None keeps everything in memory.
+        self.store = store
+        #: The tree's events (see ``events``); off unless observed or logged.
+        self.event_bus = EventBus(log_events=log_events)
         self._state: State = "not started"
         self._task_group: TaskGroup | None = None
         self._root = ActorGroup()
@@ -87,6 +100,7 @@ class Runtime:
         self._task_group = task_group
         self._root.task_group = task_group
         self.supervisor.start()
+        self.event_bus.start()
         self._state = "running"
         return self
 
@@ -99,6 +113,7 @@ class Runtime:
         task_group = self._task_group
         assert task_group is not None
         self._state = "closing"
+        self.event_bus.close()
         self._root.close_all("runtime closed")
         if exc_type is None:
             task_group.cancel_scope.deadline = anyio.current_time() + self.grace
@@ -142,6 +157,11 @@ class Runtime:
     ) -> R:
         """Start an actor in ``parent``'s own task group (used by ``ActorContext.spawn``)."""
         if parent.children.task_group is None:
+            if not parent.actor.spawns_children:
+                raise RuntimeError(
+                    f"actor {parent.id!r} was declared with spawns_children = False; "
+                    "set it to True to spawn children"
+                )
             raise RuntimeClosed(f"stopping actor {parent.id!r}")
         return await self._spawn_in(parent.children, parent.id, spawnable, id, name, mailbox_size)
 
@@ -205,6 +225,14 @@ class Runtime:
             failed=self._failed_by_stopped + sum(c.mailbox.failed for c in cells),
             pending_asks=sum(len(c.pending) for c in cells),
         )
+
+    def events(self, buffer: int = 1_000) -> AbstractAsyncContextManager[Subscription]:
+        """Subscribe to the tree's events: ``async with rt.events() as events: ...``.
+
+        ``buffer`` bounds what waits for a slow observer; past it, events are dropped
+        for that observer only and counted (``Subscription.missed``, ``Event.missed``).
+        """
+        return self.event_bus.subscribe(buffer)
 
     def tree(self) -> TreeSnapshot:
         """A live snapshot of the supervisor's tree; never waits, stops nothing."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import secrets
 from collections import deque
 from collections.abc import Iterator
 from typing import Literal
@@ -119,7 +120,12 @@ class Node:
         "limits",
         "name",
         "output_tokens",
-        "own",
+        "own_cached",
+        "own_cost",
+        "own_input",
+        "own_output",
+        "own_requests",
+        "own_tool_calls",
         "parent",
         "requests",
         "reserved_cost",
@@ -172,8 +178,13 @@ class Node:
         self.reserved_input = 0
         self.reserved_output = 0
         self.reserved_cost = 0.0
-        #: What this node itself consumed, without its descendants.
-        self.own = Usage()
+        # What this node itself consumed, without its descendants.
+        self.own_input = 0
+        self.own_output = 0
+        self.own_cached = 0
+        self.own_requests = 0
+        self.own_tool_calls = 0
+        self.own_cost = 0.0
 
     def chain(self) -> Iterator[Node]:
         """This node, then each ancestor up to the root."""
@@ -193,6 +204,17 @@ class Node:
             cost=self.cost,
         )
 
+    def own_usage(self) -> Usage:
+        """What this node itself consumed, without its descendants."""
+        return Usage(
+            input_tokens=self.own_input,
+            output_tokens=self.own_output,
+            cached_tokens=self.own_cached,
+            requests=self.own_requests,
+            tool_calls=self.own_tool_calls,
+            cost=self.own_cost,
+        )
+
     def __repr__(self) -> str:
         return f"<Node {self.id!r} depth={self.depth} {self.status}>"
 
@@ -204,6 +226,8 @@ class Supervisor:
         self.budget = budget
         self.prices = dict(prices or {})
         self._ids = itertools.count(1)
+        #: Makes node (execution) ids unique across runtimes sharing one store.
+        self.token = secrets.token_hex(3)
         self._origin = 0.0
         self.root = Node("root", "runtime", None, budget, math.inf, None, 0.0)
         self.nodes: dict[str, Node] = {"root": self.root}
@@ -239,7 +263,8 @@ class Supervisor:
         now = anyio.current_time()
         deadline, owner = parent.deadline, parent.deadline_owner
         seconds = limits.seconds if limits is not None else None
-        child = Node(f"{name}#{next(self._ids)}", name, parent, limits, deadline, owner, now)
+        node_id = f"{name}#{next(self._ids)}.{self.token}"
+        child = Node(node_id, name, parent, limits, deadline, owner, now)
         if seconds is not None and now + seconds < deadline:
             child.deadline, child.deadline_owner = now + seconds, child
         if parent.stop_status is not None:
@@ -268,15 +293,27 @@ class Supervisor:
         self._finished.append(node)
 
     def stop_subtree(self, node: Node, status: EndStatus, reason: str) -> None:
-        """Stop ``node`` and everything under it: each answers with ``status``."""
+        """Stop ``node`` and everything under it: each answers with ``status``.
+
+        Every node of the subtree is marked at once; only the topmost running
+        executions are cancelled here. Each of them, cancelled, abandons the children
+        it was waiting for, which cancels those in turn, down the tree. (On anyio's
+        asyncio backend every ``cancel()`` formats the calling task's repr: one call
+        per node from the task that stops a large tree would cost milliseconds.)
+        """
         stack = [node]
         while stack:
             current = stack.pop()
             if current.stop_status is None:
                 current.stop_status, current.stop_reason = status, reason
+            for child in current.children:
+                child.stop_status = child.stop_status or status
+                if not child.stop_reason:
+                    child.stop_reason = reason
             if current.scope is not None:
                 current.scope.cancel()
-            stack.extend(current.children)
+            else:
+                stack.extend(current.children)
 
     def why_stopped(self, node: Node) -> tuple[EndStatus, str]:
         """How a node that was interrupted ends: a supervisor stop, its deadline, or a
@@ -313,23 +350,25 @@ class Supervisor:
 
     def charge(self, node: Node, *, steps: int = 0, tool_calls: int = 0) -> None:
         """Check-and-increment counters on the whole chain, atomically."""
-        for current in node.chain():
+        current: Node | None = node
+        while current is not None:
             budget = current.limits
-            if budget is None:
-                continue
-            if steps and budget.steps is not None and current.steps + steps > budget.steps:
-                raise self._refuse(current, "steps", budget.steps)
-            if (
-                tool_calls
-                and budget.tool_calls is not None
-                and current.tool_calls + tool_calls > budget.tool_calls
-            ):
-                raise self._refuse(current, "tool_calls", budget.tool_calls)
-        for current in node.chain():
+            if budget is not None:
+                if steps and budget.steps is not None and current.steps + steps > budget.steps:
+                    raise self._refuse(current, "steps", budget.steps)
+                if (
+                    tool_calls
+                    and budget.tool_calls is not None
+                    and current.tool_calls + tool_calls > budget.tool_calls
+                ):
+                    raise self._refuse(current, "tool_calls", budget.tool_calls)
+            current = current.parent
+        current = node
+        while current is not None:
             current.steps += steps
             current.tool_calls += tool_calls
-        if tool_calls:
-            node.own = node.own + Usage(tool_calls=tool_calls)
+            current = current.parent
+        node.own_tool_calls += tool_calls
 
     def reserve(
         self,
@@ -343,53 +382,65 @@ class Supervisor:
 
         Returns the reservation; its ``max_tokens`` is what the request may ask for.
         """
-        price = self.prices.get(model)
+        price = self.prices.get(model) if self.prices else None
         cap = max_tokens
-        for current in node.chain():
+        current: Node | None = node
+        while current is not None:
             budget = current.limits
-            if budget is None:
-                continue
-            if budget.requests is not None and current.requests + 1 > budget.requests:
-                raise self._refuse(current, "requests", budget.requests)
-            used_input = current.input_tokens + current.reserved_input + input_estimate
-            if budget.input_tokens is not None and used_input > budget.input_tokens:
-                raise self._refuse(current, "input_tokens", budget.input_tokens)
-            if budget.output_tokens is not None:
-                headroom = budget.output_tokens - current.output_tokens - current.reserved_output
-                if headroom < 1:
-                    raise self._refuse(current, "output_tokens", budget.output_tokens)
-                cap = headroom if cap is None else min(cap, headroom)
-            if budget.tokens is not None:
-                headroom = (
-                    budget.tokens - used_input - current.output_tokens - current.reserved_output
-                )
-                if headroom < 1:
-                    raise self._refuse(current, "tokens", budget.tokens)
-                cap = headroom if cap is None else min(cap, headroom)
-            if budget.cost is not None:
-                if price is None:
-                    raise ValueError(
-                        f"Budget.cost is set (budget of {current.name} {current.id!r}) but no "
-                        f"price is known for model {model!r}: pass "
-                        f"Runtime(prices={{{model!r}: Price(...)}})"
-                    )
-                spent = current.cost + current.reserved_cost
-                left = budget.cost - spent - price.cost(input_estimate, 0)
-                per_token = price.output_per_million / 1_000_000
-                if left < 0 or (per_token > 0 and left < per_token):
-                    raise self._refuse(current, "cost", budget.cost)
-                if per_token > 0:
-                    headroom = math.floor(left / per_token)
-                    cap = headroom if cap is None else min(cap, headroom)
+            if budget is not None:
+                cap = self._check_request(current, budget, input_estimate, cap, price, model)
+            current = current.parent
         output = cap or 0
         cost = price.cost(input_estimate, output) if price is not None else 0.0
-        for current in node.chain():
+        current = node
+        while current is not None:
             current.requests += 1
             current.reserved_input += input_estimate
             current.reserved_output += output
             current.reserved_cost += cost
-        node.own = node.own + Usage(requests=1)
+            current = current.parent
+        node.own_requests += 1
         return Reservation(input_estimate, output, cost, cap, price)
+
+    def _check_request(
+        self,
+        node: Node,
+        budget: Budget,
+        input_estimate: int,
+        cap: int | None,
+        price: Price | None,
+        model: str,
+    ) -> int | None:
+        """Refuse a request over ``node``'s limits, or return ``cap`` lowered to fit."""
+        if budget.requests is not None and node.requests + 1 > budget.requests:
+            raise self._refuse(node, "requests", budget.requests)
+        used_input = node.input_tokens + node.reserved_input + input_estimate
+        if budget.input_tokens is not None and used_input > budget.input_tokens:
+            raise self._refuse(node, "input_tokens", budget.input_tokens)
+        if budget.output_tokens is not None:
+            headroom = budget.output_tokens - node.output_tokens - node.reserved_output
+            if headroom < 1:
+                raise self._refuse(node, "output_tokens", budget.output_tokens)
+            cap = headroom if cap is None else min(cap, headroom)
+        if budget.tokens is not None:
+            headroom = budget.tokens - used_input - node.output_tokens - node.reserved_output
+            if headroom < 1:
+                raise self._refuse(node, "tokens", budget.tokens)
+            cap = headroom if cap is None else min(cap, headroom)
+        if budget.cost is not None:
+            if price is None:
+                raise ValueError(
+                    f"Budget.cost is set (budget of {node.name} {node.id!r}) but no price is "
+                    f"known for model {model!r}: pass Runtime(prices={{{model!r}: Price(...)}})"
+                )
+            left = budget.cost - node.cost - node.reserved_cost - price.cost(input_estimate, 0)
+            per_token = price.output_per_million / 1_000_000
+            if left < 0 or (per_token > 0 and left < per_token):
+                raise self._refuse(node, "cost", budget.cost)
+            if per_token > 0:
+                headroom = math.floor(left / per_token)
+                cap = headroom if cap is None else min(cap, headroom)
+        return cap
 
     def settle(self, node: Node, reservation: Reservation, usage: Usage | None) -> Usage:
         """Release ``reservation`` and charge the real ``usage`` (None: nothing was used).
@@ -397,40 +448,48 @@ class Supervisor:
         Returns the usage as charged, with its cost. If the real usage went past a
         limit (a model's estimate fell short), that node's subtree is stopped.
         """
-        charged = Usage()
-        extra_requests = 0
+        input_tokens = output_tokens = cached_tokens = extra_requests = 0
+        cost = 0.0
         if usage is not None:
+            input_tokens = usage.input_tokens
+            output_tokens = usage.output_tokens
+            cached_tokens = usage.cached_tokens
             # A model adapter may send several requests for one (ReAct corrections).
             extra_requests = max(usage.requests - 1, 0)
             price = reservation.price
             cost = (
-                price.cost(usage.input_tokens, usage.output_tokens, usage.cached_tokens)
+                price.cost(input_tokens, output_tokens, cached_tokens)
                 if price is not None
                 else usage.cost
             )
-            charged = Usage(
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cached_tokens=usage.cached_tokens,
-                cost=cost,
-            )
         over: tuple[Node, str, float] | None = None
-        for current in node.chain():
+        current: Node | None = node
+        while current is not None:
             current.reserved_input -= reservation.input
             current.reserved_output -= reservation.output
             current.reserved_cost -= reservation.cost
-            current.input_tokens += charged.input_tokens
-            current.output_tokens += charged.output_tokens
-            current.cached_tokens += charged.cached_tokens
-            current.cost += charged.cost
+            current.input_tokens += input_tokens
+            current.output_tokens += output_tokens
+            current.cached_tokens += cached_tokens
+            current.cost += cost
             current.requests += extra_requests
             if over is None and current.limits is not None:
                 over = _over_limit(current, current.limits)
-        charged = msgspec.structs.replace(charged, requests=extra_requests)
-        node.own = node.own + charged
+            current = current.parent
+        node.own_input += input_tokens
+        node.own_output += output_tokens
+        node.own_cached += cached_tokens
+        node.own_cost += cost
+        node.own_requests += extra_requests
         if over is not None:
             self._refuse(*over)
-        return msgspec.structs.replace(charged, requests=1 + extra_requests)
+        return Usage(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_tokens=cached_tokens,
+            requests=1 + extra_requests,
+            cost=cost,
+        )
 
     # -- observing --------------------------------------------------------------------
 
@@ -453,7 +512,7 @@ class Supervisor:
             status=node.status,
             stop_reason=node.stop_reason,
             usage=node.usage(),
-            own_usage=node.own,
+            own_usage=node.own_usage(),
             steps=node.steps,
             agents=node.agents,
             limits=node.limits,

@@ -33,10 +33,12 @@ def test_runtime_surface_names() -> None:
 
     expected = {
         "Actor", "ActorContext", "ActorError", "ActorRef", "ActorStopped", "AskTimeout", "Budget",
-        "BudgetExceeded", "DuplicateActor", "Envelope", "FailurePolicy", "FractorError",
-        "MailboxFull", "MailboxStatistics", "Node", "NodeSnapshot", "NodeStatus",
-        "PendingReply", "Price", "Reservation", "Runtime", "RuntimeClosed",
-        "RuntimeStatistics", "Spawnable", "Supervisor", "TreeSnapshot", "UnknownMessage",
+        "BudgetExceeded", "DuplicateActor", "Envelope", "Event", "EventBus", "EventKind",
+        "FailurePolicy", "FractorError",
+        "MailboxFull", "MailboxStatistics", "MemoryStore", "Node", "NodeSnapshot", "NodeStatus",
+        "PendingReply", "Price", "Record", "Reservation", "Runtime", "RuntimeClosed",
+        "RuntimeStatistics", "SQLiteStore", "Spawnable", "Store", "StoreError", "Supervisor",
+        "Subscription", "TreeSnapshot", "UnknownMessage",
         "Usage", "decode_json", "decode_msgpack", "encode_json", "encode_msgpack",
     }  # fmt: skip
     assert set(runtime.__all__) == expected
@@ -57,6 +59,7 @@ def test_exception_tree() -> None:
 
     assert issubclass(rt.ActorError, rt.FractorError)
     assert issubclass(rt.RuntimeClosed, rt.FractorError)
+    assert issubclass(rt.StoreError, rt.FractorError)
     for exc in (
         rt.ActorStopped,
         rt.MailboxFull,

@@ -1,0 +1,282 @@
+"""``fractor run``: one task for an agent on a real model, with progress lines.
+
+::
+
+    fractor run --model openai:gpt-4.1-mini "Summarize the actor model in 3 lines"
+    fractor run --model openai:llama3.2 --base-url http://localhost:11434/v1 "..."
+    fractor run --model anthropic:claude-sonnet-4-5 --budget-tokens 20000 "..."
+
+Every line goes through ``show``, one small function of one ``Event``: the agent
+started, each model step (its tool calls, its usage), each failed request, and the
+end (status, stop reason, final text, usage). Exit status: 0 when the task
+completed, 1 when it ended otherwise (failed, budget, time), 2 for bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from runtime import Budget, Runtime
+
+from ._agent import Agent
+from ._messages import ModelRequest, ModelResponse, Result
+from ._models import Model
+from ._policy import RetryPolicy
+from ._provider import ProviderError, model_from_string
+
+__all__ = ["Event", "add_run_parser", "run_command", "show"]
+
+#: How many characters of a tool call's arguments a step line shows.
+_ARGUMENTS_SHOWN = 80
+
+
+# -- what is shown ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    agent: str
+    model: str
+    base_url: str
+    task: str
+    budget: Budget | None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    index: int
+    response: ModelResponse
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    result: Result
+
+
+Event = Started | Step | RequestFailed | Finished
+
+
+def show(event: Event, out: TextIO | None = None) -> None:
+    """Print one progress event as plain lines."""
+    out = sys.stdout if out is None else out
+    match event:
+        case Started(agent=agent, model=model, base_url=base_url, task=task, budget=budget):
+            limits = _budget_text(budget)
+            print(f"agent {agent!r} started on {model} ({base_url}){limits}", file=out)
+            print(f"task: {task}", file=out)
+        case Step(index=index, response=response, seconds=seconds):
+            usage = response.usage
+            cost = f"{usage.input_tokens} in / {usage.output_tokens} out tokens, {seconds:.1f} s"
+            if response.tool_calls:
+                shown = ", ".join(f"{c.name}({_clip(c.arguments)})" for c in response.tool_calls)
+                count = len(response.tool_calls)
+                print(f"step {index}: {count} tool call(s): {shown} [{cost}]", file=out)
+            else:
+                print(f"step {index}: answered ({response.finish_reason}) [{cost}]", file=out)
+        case RequestFailed(error=error):
+            print(f"model request failed: {type(error).__name__}: {error}", file=out)
+        case Finished(result=result):
+            usage = result.usage
+            print(f"status: {result.status} ({result.stop_reason})", file=out)
+            print(result.text, file=out)
+            print(
+                f"usage: {usage.input_tokens} input tokens ({usage.cached_tokens} cached), "
+                f"{usage.output_tokens} output tokens, {usage.requests} request(s), "
+                f"{usage.tool_calls} tool call(s)",
+                file=out,
+            )
+    out.flush()
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _ARGUMENTS_SHOWN:
+        return text
+    return text[: _ARGUMENTS_SHOWN - 3] + "..."
+
+
+def _budget_text(budget: Budget | None) -> str:
+    if budget is None:
+        return ""
+    limits = [
+        f"{name}={getattr(budget, name):g}"
+        for name in ("tokens", "seconds", "requests")
+        if getattr(budget, name) is not None
+    ]
+    return f", budget {' '.join(limits)}" if limits else ""
+
+
+class _Observed:
+    """A model that reports each step and each failed request as it happens."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._steps = 0
+
+    @property
+    def name(self) -> str:
+        return self._model.name
+
+    def estimate_tokens(self, request: ModelRequest) -> int:
+        return self._model.estimate_tokens(request)
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        began = time.perf_counter()
+        try:
+            response = await self._model.request(request)
+        except Exception as exc:
+            show(RequestFailed(error=exc))
+            raise
+        self._steps += 1
+        show(Step(index=self._steps, response=response, seconds=time.perf_counter() - began))
+        return response
+
+    async def aclose(self) -> None:
+        await self._model.aclose()
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
+    return value
+
+
+def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``run`` to the ``fractor`` subcommands (``parser.add_subparsers()``)."""
+    run: argparse.ArgumentParser = subparsers.add_parser(
+        "run",
+        help="run one task with a real model (OpenAI-compatible or Anthropic)",
+        description=(
+            "Run one task for an agent on a real model and print its progress. The API key "
+            "is read from OPENAI_API_KEY or ANTHROPIC_API_KEY (or --api-key-env); a local "
+            "OpenAI-compatible server needs only --base-url."
+        ),
+    )
+    run.add_argument("task", help="what the agent should do")
+    run.add_argument(
+        "--model",
+        required=True,
+        metavar="PROVIDER:MODEL",
+        help="for example openai:gpt-4.1-mini or anthropic:claude-sonnet-4-5",
+    )
+    run.add_argument(
+        "--base-url",
+        metavar="URL",
+        help="an OpenAI-compatible server, e.g. http://localhost:11434/v1 (Ollama)",
+    )
+    run.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="read the API key from this environment variable instead of the provider's",
+    )
+    run.add_argument("--budget-tokens", type=_positive_int, metavar="N", help="token limit")
+    run.add_argument("--budget-seconds", type=_positive_float, metavar="S", help="wall-clock limit")
+    run.add_argument(
+        "--budget-requests", type=_positive_int, metavar="N", help="model request limit"
+    )
+    run.add_argument(
+        "--max-tokens", type=_positive_int, metavar="N", help="output cap of each request"
+    )
+    run.add_argument("--instructions", default="", metavar="TEXT", help="the system prompt")
+    run.add_argument(
+        "--retries",
+        type=_non_negative_int,
+        default=2,
+        metavar="N",
+        help="retries of a failed request: rate limits, server errors (default 2)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="seconds one model request may take (default 60)",
+    )
+    run.add_argument(
+        "--backend", choices=("asyncio", "trio"), default="asyncio", help="event loop to run on"
+    )
+    return run
+
+
+async def run_command(args: argparse.Namespace) -> int:
+    """Run ``fractor run``; returns the exit status."""
+    api_key: str | None = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            print(
+                f"fractor run: the environment variable {args.api_key_env} "
+                "(--api-key-env) is not set",
+                file=sys.stderr,
+            )
+            return 2
+    try:
+        model = model_from_string(
+            args.model, base_url=args.base_url, api_key=api_key, timeout=args.timeout
+        )
+    except (ValueError, ProviderError) as exc:
+        print(f"fractor run: {exc}", file=sys.stderr)
+        return 2
+    budget = None
+    if any(v is not None for v in (args.budget_tokens, args.budget_seconds, args.budget_requests)):
+        budget = Budget(
+            tokens=args.budget_tokens, seconds=args.budget_seconds, requests=args.budget_requests
+        )
+    try:
+        agent = Agent(
+            name="assistant",
+            model=_Observed(model),
+            instructions=args.instructions,
+            max_tokens=args.max_tokens,
+            retry=RetryPolicy(retries=args.retries),
+        )
+        base_url = getattr(model, "base_url", "")
+        show(
+            Started(
+                agent=agent.name, model=model.name, base_url=base_url, task=args.task, budget=budget
+            )
+        )
+        async with Runtime(budget=budget) as runtime:
+            ref = await runtime.spawn(agent)
+            result = await ref.ask(args.task)
+        show(Finished(result=result))
+    finally:
+        await model.aclose()
+    return 0 if result.ok else 1

@@ -1,0 +1,166 @@
+"""Events: what happens in the tree, for observers and for the logs.
+
+Every event is a frozen ``Event`` Struct naming its kind, the node (execution) and
+agent it is about, and a few details. Two ways to see them, both off by default so
+that an unobserved runtime pays one attribute check per event site:
+
+- ``async with rt.events() as events: async for event in events: ...`` subscribes.
+  Each subscriber has its own bounded buffer: a slow observer never stalls the
+  agents. When its buffer is full, new events are **dropped for that subscriber
+  only** and counted in ``Subscription.missed``; the next event it does receive
+  carries the running count in ``Event.missed`` so a gap is never silent.
+- ``Runtime(log_events=True)`` also writes every event through structlog (logger
+  ``fractor.events``) at info level, with ``agent_id``, ``parent_id``, ``depth`` and
+  ``execution_id`` as keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import anyio
+import msgspec
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+__all__ = ["Event", "EventBus", "EventKind", "Subscription"]
+
+EventKind = Literal[
+    "spawn",
+    "execution_start",
+    "step_start",
+    "step_end",
+    "tool_start",
+    "tool_end",
+    "retry",
+    "restart",
+    "budget_exceeded",
+    "deadline",
+    "execution_end",
+    "stop",
+]
+
+log = structlog.get_logger("fractor.events")
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing that happened in the tree."""
+
+    kind: EventKind
+    #: Seconds since the runtime started.
+    at: float
+    agent: str = ""
+    agent_id: str = ""
+    execution_id: str = ""
+    parent_id: str = ""
+    depth: int = 0
+    detail: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: Events this subscriber had dropped so far (its buffer was full), in all.
+    missed: int = 0
+
+
+class Subscription:
+    """One observer's bounded view of the event stream."""
+
+    def __init__(self, receive: MemoryObjectReceiveStream[Event]) -> None:
+        self._receive = receive
+        #: Events dropped for this subscriber because its buffer was full.
+        self.missed = 0
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self._receive.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    def receive_nowait(self) -> Event | None:
+        """The next buffered event, or ``None`` if there is none yet."""
+        try:
+            return self._receive.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            return None
+
+
+class EventBus:
+    """Fans events out to subscribers and, if asked, to structlog. Never waits."""
+
+    def __init__(self, *, log_events: bool = False) -> None:
+        self.log_events = log_events
+        self._subscribers: dict[Subscription, MemoryObjectSendStream[Event]] = {}
+        self._origin = 0.0
+        #: True when anyone listens: event sites check this before building an event.
+        self.active = log_events
+
+    def start(self) -> None:
+        self._origin = anyio.current_time()
+
+    def emit(
+        self,
+        kind: EventKind,
+        *,
+        agent: str = "",
+        agent_id: str = "",
+        execution_id: str = "",
+        parent_id: str = "",
+        depth: int = 0,
+        **detail: Any,
+    ) -> None:
+        """Publish one event to every subscriber (and the log, if enabled)."""
+        event = Event(
+            kind=kind,
+            at=anyio.current_time() - self._origin,
+            agent=agent,
+            agent_id=agent_id,
+            execution_id=execution_id,
+            parent_id=parent_id,
+            depth=depth,
+            detail=detail,
+        )
+        if self.log_events:
+            log.info(
+                kind,
+                agent=agent,
+                agent_id=agent_id,
+                execution_id=execution_id,
+                parent_id=parent_id,
+                depth=depth,
+                **detail,
+            )
+        for subscription, send in self._subscribers.items():
+            try:
+                if subscription.missed:
+                    send.send_nowait(msgspec.structs.replace(event, missed=subscription.missed))
+                else:
+                    send.send_nowait(event)
+            except anyio.WouldBlock:
+                subscription.missed += 1
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the subscriber is leaving; unsubscribe removes it
+
+    @asynccontextmanager
+    async def subscribe(self, buffer: int = 1_000) -> AsyncIterator[Subscription]:
+        """Receive every event from now on, through a buffer of ``buffer`` events."""
+        if not isinstance(buffer, int) or buffer < 1 or buffer == math.inf:
+            raise ValueError(f"buffer must be a whole number >= 1, got {buffer!r}")
+        send, receive = anyio.create_memory_object_stream[Event](buffer)
+        subscription = Subscription(receive)
+        self._subscribers[subscription] = send
+        self.active = True
+        try:
+            yield subscription
+        finally:
+            del self._subscribers[subscription]
+            self.active = self.log_events or bool(self._subscribers)
+            send.close()
+            receive.close()
+
+    def close(self) -> None:
+        """End every subscription's iteration (the runtime is closing)."""
+        for send in self._subscribers.values():
+            send.close()

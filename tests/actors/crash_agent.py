@@ -1,0 +1,57 @@
+"""A process for the crash test of ``test_persistence.py``.
+
+``python crash_agent.py DB MODE BACKEND``, with MODE ``crash`` or ``resume``.
+
+``crash``: the agent ``support`` answers a first task, then in a second task calls a
+tool that prints ``BLOCKED`` and waits forever (the test kills the process there).
+``resume``: the agent ``support`` is spawned again on the same database, answers
+one task, and prints the first request its model received as JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+
+from actors import Agent, ScriptedModel, call, reply, tool
+from runtime import Runtime, SQLiteStore, encode_json
+
+
+@tool
+async def wait_forever() -> str:
+    """Never returns."""
+    print("BLOCKED", flush=True)
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def crash(db: str) -> None:
+    model = ScriptedModel(
+        [reply("First answer."), call("wait_forever", text="thinking in the buffer")]
+    )
+    agent = Agent("support", model, tools=[wait_forever])
+    async with SQLiteStore(db) as store, Runtime(store=store) as rt:
+        ref = await rt.spawn(agent, id="support")
+        first = await ref.ask("First question?")
+        print("FIRST", first.status, first.execution_id, flush=True)
+        await ref.ask("Second question?")
+
+
+async def resume(db: str) -> None:
+    model = ScriptedModel([reply("Resumed answer.")])
+    agent = Agent("support", model)
+    async with SQLiteStore(db) as store, Runtime(store=store) as rt:
+        ref = await rt.spawn(agent, id="support")
+        result = await ref.ask("Third question?")
+    print("RESULT", result.status, result.text, flush=True)
+    print("REQUEST", encode_json(model.requests[0].messages).decode(), flush=True)
+
+
+def main() -> None:
+    db, mode, backend = sys.argv[1], sys.argv[2], sys.argv[3]
+    anyio.run(crash if mode == "crash" else resume, db, backend=backend)
+
+
+if __name__ == "__main__":
+    main()

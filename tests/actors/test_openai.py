@@ -1,0 +1,743 @@
+"""``OpenAIModel`` against a real HTTP server on 127.0.0.1 speaking chat completions.
+
+Every test asserts on the requests the server received: the messages and their
+roles, tool calls followed by their results with the same ids, the tools array, the
+output cap. No network, no real key.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from actors import (
+    Agent,
+    AnthropicModel,
+    ModelRequest,
+    OpenAIModel,
+    ProviderError,
+    RetryPolicy,
+    SystemMessage,
+    ToolSpec,
+    UserMessage,
+    model_from_string,
+    tool,
+)
+from actors._cli import main
+from actors._cli_run import run_command
+from runtime import Budget, Runtime
+
+from .loopback import LoopbackServer, json_reply, text_reply
+
+KEY = "sk-test-not-a-real-key"
+
+
+@tool
+async def get_weather(city: str) -> str:
+    """Current weather for a city."""
+    return f"22°C and sunny in {city}"
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+def completion(
+    text: str | None = None,
+    calls: tuple[dict[str, Any], ...] = (),
+    *,
+    finish: str | None = "",
+    prompt: int = 11,
+    output: int = 7,
+    cached: int | None = None,
+) -> dict[str, Any]:
+    """A chat completion as OpenAI sends it (``finish=""``: what OpenAI would say)."""
+    if finish == "":
+        finish = "tool_calls" if calls else "stop"
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = list(calls)
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": output,
+        "total_tokens": prompt + output,
+    }
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "test-model-2025",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish,
+            }
+        ],
+        "usage": usage,
+    }
+
+
+def wire_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def error_body(message: str, code: str = "error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": code, "code": code}}
+
+
+@pytest.fixture
+def server() -> Iterator[LoopbackServer]:
+    with LoopbackServer() as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key, endpoint or proxy of the machine reaches a test."""
+    for var in (
+        *("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"),
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        "OPENAI_ORG_ID",
+        "OPENAI_PROJECT_ID",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+    ):
+        monkeypatch.delenv(var, raising=False)
+
+
+def model_for(server: LoopbackServer, **kwargs: Any) -> OpenAIModel:
+    kwargs.setdefault("api_key", KEY)
+    kwargs.setdefault("timeout", 5.0)
+    return OpenAIModel("test-model", base_url=f"{server.url}/v1", **kwargs)
+
+
+def assert_results_follow_calls(messages: list[dict[str, Any]]) -> None:
+    """Each tool result follows its call's assistant turn, same id; no call unanswered."""
+    open_ids: list[str] = []
+    for message in messages:
+        if message["role"] == "tool":
+            assert message["tool_call_id"] in open_ids, message
+            open_ids.remove(message["tool_call_id"])
+            continue
+        assert not open_ids, f"calls {open_ids} have no result before {message}"
+        if message["role"] == "assistant":
+            open_ids = [c["id"] for c in message.get("tool_calls", ())]
+    assert not open_ids, f"calls {open_ids} have no result"
+
+
+def roles(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["role"] for m in messages]
+
+
+# -- mapping --------------------------------------------------------------------------
+
+
+async def test_a_final_answer_maps_both_ways(server: LoopbackServer) -> None:
+    server.queue(json_reply(completion("Hello there.", cached=4)))
+    request = ModelRequest(
+        messages=(SystemMessage(content="Be brief."), UserMessage(content="Hi")),
+    )
+    async with model_for(server) as model:
+        response = await model.request(request)
+    assert response.text == "Hello there."
+    assert response.tool_calls == ()
+    assert response.finish_reason == "stop"
+    assert response.usage.input_tokens == 11
+    assert response.usage.output_tokens == 7
+    assert response.usage.cached_tokens == 4
+    assert response.usage.requests == 1
+    assert response.model == "openai:test-model-2025"
+    (received,) = server.requests
+    assert received.method == "POST"
+    assert received.path == "/v1/chat/completions"
+    assert received.headers["authorization"] == f"Bearer {KEY}"
+    body = received.json()
+    assert body["model"] == "test-model"
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+    assert "tools" not in body
+    assert "max_tokens" not in body
+    assert "max_completion_tokens" not in body
+    assert "stream" not in body or body["stream"] is False
+
+
+async def test_a_tool_call_round_trip_through_an_agent(server: LoopbackServer) -> None:
+    server.queue(
+        json_reply(
+            completion(
+                "Let me look.",
+                (wire_call("call_a", "get_weather", '{"city": "Paris"}'),),
+                prompt=50,
+                output=20,
+            )
+        ),
+        json_reply(completion("Sunny, 22°C in Paris.", prompt=80, output=9)),
+    )
+    async with model_for(server) as model:
+        agent = Agent("assistant", model, tools=[get_weather], instructions="Be brief.")
+        async with Runtime() as rt:
+            ref = await rt.spawn(agent)
+            result = await ref.ask("Weather in Paris?")
+    assert result.status == "completed", result.stop_reason
+    assert result.text == "Sunny, 22°C in Paris."
+    assert result.usage.requests == 2
+    assert result.usage.input_tokens == 130
+    assert result.usage.output_tokens == 29
+    first, second = (r.json() for r in server.requests)
+    assert first["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Current weather for a city.",
+                "parameters": agent.specs[0].parameters,
+            },
+        }
+    ]
+    assert first["tools"][0]["function"]["parameters"]["properties"]["city"]["type"] == "string"
+    assert roles(first["messages"]) == ["system", "user"]
+    assert second["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [wire_call("call_a", "get_weather", '{"city": "Paris"}')],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": "22°C and sunny in Paris"},
+    ]
+    assert_results_follow_calls(second["messages"])
+
+
+async def test_parallel_tool_calls_keep_their_ids_and_order(server: LoopbackServer) -> None:
+    calls = (
+        wire_call("call_1", "add", '{"a": 1, "b": 2}'),
+        wire_call("call_2", "get_weather", '{"city": "Oslo"}'),
+        wire_call("call_3", "add", '{"a": "not a number", "b": 2}'),
+    )
+    server.queue(json_reply(completion(None, calls)), json_reply(completion("Done.")))
+    async with model_for(server) as model:
+        agent = Agent("assistant", model, tools=[add, get_weather])
+        async with Runtime() as rt:
+            result = await (await rt.spawn(agent)).ask("Do three things")
+    assert result.status == "completed", result.stop_reason
+    messages = server.requests[1].json()["messages"]
+    assert roles(messages) == ["user", "assistant", "tool", "tool", "tool"]
+    assert messages[1]["content"] is None
+    assert [c["id"] for c in messages[1]["tool_calls"]] == ["call_1", "call_2", "call_3"]
+    assert [m["tool_call_id"] for m in messages[2:]] == ["call_1", "call_2", "call_3"]
+    assert messages[2]["content"] == "3"
+    assert messages[3]["content"] == "22°C and sunny in Oslo"
+    assert "a" in messages[4]["content"]  # the validation error, as text: no error flag
+    assert_results_follow_calls(messages)
+    assert {t["function"]["name"] for t in server.requests[0].json()["tools"]} == {
+        "add",
+        "get_weather",
+    }
+
+
+async def test_a_second_ask_sends_no_tool_traces_of_the_first(server: LoopbackServer) -> None:
+    server.queue(
+        json_reply(completion(None, (wire_call("call_x", "add", '{"a": 2, "b": 3}'),))),
+        json_reply(completion("It is 5.")),
+        json_reply(completion("You asked about 2 + 3.")),
+    )
+    async with model_for(server) as model:
+        agent = Agent("assistant", model, tools=[add], instructions="Answer.")
+        async with Runtime() as rt:
+            ref = await rt.spawn(agent)
+            first = await ref.ask("What is 2 + 3?")
+            second = await ref.ask("What did I ask?")
+    assert (first.text, second.text) == ("It is 5.", "You asked about 2 + 3.")
+    third = server.requests[2].json()["messages"]
+    assert third == [
+        {"role": "system", "content": "Answer."},
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "It is 5."},
+        {"role": "user", "content": "What did I ask?"},
+    ]
+    assert "call_x" not in server.requests[2].body.decode()
+
+
+async def test_max_tokens_carries_the_budget_reservation(server: LoopbackServer) -> None:
+    server.queue(
+        json_reply(completion(None, (wire_call("c1", "add", '{"a": 1, "b": 1}'),), output=100)),
+        json_reply(completion("Two.", output=3)),
+    )
+    async with model_for(server) as model:
+        agent = Agent("assistant", model, tools=[add], max_tokens=1000)
+        async with Runtime() as rt:
+            ref = await rt.spawn(agent)
+            result = await ref.ask("1 + 1?", budget=Budget(output_tokens=300))
+    assert result.status == "completed", result.stop_reason
+    first, second = (r.json() for r in server.requests)
+    # The cap is the budget's headroom: 300, then 300 - 100 spent.
+    assert first["max_tokens"] == 300
+    assert second["max_tokens"] == 200
+    assert "max_completion_tokens" not in first
+
+
+async def test_max_tokens_param_and_clamp(server: LoopbackServer) -> None:
+    server.queue(json_reply(completion("ok")), json_reply(completion("ok")))
+    request = ModelRequest(messages=(UserMessage(content="x"),), max_tokens=1_000_000)
+    async with model_for(server, max_tokens_param="max_completion_tokens") as model:
+        await model.request(request)
+    async with model_for(server, max_output_tokens=None) as model:
+        await model.request(request)
+    first, second = (r.json() for r in server.requests)
+    assert first["max_completion_tokens"] == 16_384
+    assert "max_tokens" not in first
+    assert second["max_tokens"] == 1_000_000
+    # OpenAI itself (no base URL) reads max_completion_tokens.
+    hosted = OpenAIModel("gpt-4.1-mini", api_key=KEY)
+    assert hosted.body(request)["extra_body"] == {"max_completion_tokens": 16_384}
+    assert hosted.name == "openai:gpt-4.1-mini"
+    assert hosted.base_url == "https://api.openai.com/v1"
+    await hosted.aclose()
+
+
+async def test_options_are_sent_and_cannot_override_the_request(
+    server: LoopbackServer,
+) -> None:
+    server.queue(json_reply(completion("ok")))
+    options = {"temperature": 0.25, "seed": 7}
+    async with model_for(server, options=options) as model:
+        await model.request(ModelRequest(messages=(UserMessage(content="x"),)))
+    body = server.requests[0].json()
+    assert (body["temperature"], body["seed"]) == (0.25, 7)
+    with pytest.raises(ValueError, match="messages, model"):
+        OpenAIModel("m", api_key=KEY, options={"model": "other", "messages": []})
+
+
+async def test_finish_reasons(server: LoopbackServer) -> None:
+    cases = [
+        ("stop", "tool_calls"),  # "stop" while calling tools: the calls decide
+        ("length", "length"),
+        ("content_filter", "content_filter"),
+        (None, "tool_calls"),
+        ("function_call", "tool_calls"),
+        ("something_new", "tool_calls"),
+    ]
+    for wire, _ in cases:
+        server.queue(json_reply(completion(None, (wire_call("c", "add", "{}"),), finish=wire)))
+    server.queue(json_reply(completion("Cut sho", finish="length")))
+    request = ModelRequest(messages=(UserMessage(content="x"),))
+    async with model_for(server) as model:
+        for wire, finish in cases:
+            response = await model.request(request)
+            assert response.finish_reason == finish, wire
+            assert (response.text, response.tool_calls[0].arguments) == ("", "{}")
+        truncated = await model.request(request)
+    assert (truncated.text, truncated.finish_reason) == ("Cut sho", "length")
+
+
+async def test_lenient_parsing_of_compatible_servers(server: LoopbackServer) -> None:
+    odd = completion(
+        None,
+        (
+            {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}},
+            {"id": "dup", "type": "function", "function": {"name": "add", "arguments": ""}},
+            {"id": "dup", "type": "function", "function": {"name": "add", "arguments": "{}"}},
+        ),
+    )
+    del odd["usage"]
+    parts = completion(None, finish="length")
+    parts["choices"][0]["message"]["content"] = [
+        {"type": "text", "text": "Hel"},
+        {"type": "reasoning", "reasoning": "..."},
+        {"type": "text", "text": "lo"},
+    ]
+    refusal = completion(None, finish="stop")
+    refusal["choices"][0]["message"]["refusal"] = "I can't help with that."
+    server.queue(json_reply(odd), json_reply(parts), json_reply(refusal))
+    request = ModelRequest(messages=(UserMessage(content="hello " * 40),))
+    async with model_for(server) as model:
+        calls = await model.request(request)
+        text = await model.request(request)
+        refused = await model.request(request)
+        estimate = model.estimate_tokens(request)
+    ids = [c.id for c in calls.tool_calls]
+    assert ids[1] == "dup"
+    assert len(set(ids)) == 3  # a missing or repeated id gets a fresh one
+    assert calls.tool_calls[0].arguments == '{"a":1,"b":2}'
+    assert calls.tool_calls[1].arguments == "{}"
+    # No usage reported: estimated, so a budget still counts it.
+    assert calls.usage.input_tokens == estimate
+    assert calls.usage.output_tokens > 0
+    assert calls.usage.requests == 1
+    assert (text.text, text.finish_reason) == ("Hello", "length")
+    assert refused.text == "I can't help with that."
+
+
+# -- errors ---------------------------------------------------------------------------
+
+
+#: (status, body, retryable, what the message says)
+HTTP_ERRORS: list[tuple[int, Any, bool, str]] = [
+    (400, error_body("context too long", "invalid_request_error"), False, "rejected"),
+    (401, error_body("Incorrect API key", "invalid_api_key"), False, "check the key"),
+    (403, error_body("no access", "permission_denied"), False, "check the key"),
+    (404, error_body("model not found", "model_not_found"), False, "check the model name"),
+    (408, error_body("timeout"), True, "retryable"),
+    (409, error_body("conflict"), True, "retryable"),
+    (413, error_body("too large"), False, "too large"),
+    (422, error_body("bad"), False, "rejected"),
+    (429, error_body("Rate limit reached", "rate_limit_exceeded"), True, "rate limited"),
+    (429, error_body("You exceeded your quota", "insufficient_quota"), False, "billing"),
+    (500, error_body("boom", "server_error"), True, "server"),
+    (502, "<html>Bad gateway</html>", True, "server"),
+    (503, error_body("overloaded"), True, "server"),
+]
+
+
+async def test_http_errors_are_classified(server: LoopbackServer) -> None:
+    for status, body, _, _ in HTTP_ERRORS:
+        server.queue(
+            text_reply(body, status=status, content_type="text/html")
+            if isinstance(body, str)
+            else json_reply(body, status=status)
+        )
+    request = ModelRequest(messages=(UserMessage(content="x"),))
+    async with model_for(server) as model:
+        for status, body, retryable, says in HTTP_ERRORS:
+            with pytest.raises(ProviderError) as caught:
+                await model.request(request)
+            error = caught.value
+            message = str(error)
+            assert (error.status, error.retryable) == (status, retryable), message
+            assert error.provider == "openai"
+            assert message.startswith(f"openai model 'test-model', HTTP {status}: ")
+            assert says in message
+            if isinstance(body, dict):
+                assert body["error"]["message"] in message
+            assert KEY not in message
+    # One request per error: the SDK itself never retries.
+    assert len(server.requests) == len(HTTP_ERRORS)
+
+
+async def test_retry_headers_are_honoured(server: LoopbackServer) -> None:
+    server.queue(
+        json_reply(error_body("slow down"), status=429, headers=[("retry-after", "3")]),
+        json_reply(error_body("no"), status=500, headers=[("x-should-retry", "false")]),
+        json_reply(error_body("yes"), status=400, headers=[("x-should-retry", "true")]),
+    )
+    request = ModelRequest(messages=(UserMessage(content="x"),))
+    errors: list[ProviderError] = []
+    async with model_for(server) as model:
+        for _ in range(3):
+            with pytest.raises(ProviderError) as caught:
+                await model.request(request)
+            errors.append(caught.value)
+    assert errors[0].retry_after == 3.0
+    assert [e.retryable for e in errors] == [True, False, True]
+
+
+async def test_malformed_responses_are_retryable(server: LoopbackServer) -> None:
+    cases = [
+        ("{not json", "malformed"),
+        ('{"id": "x", "object": "chat.completion"}', "choices"),
+        ('{"choices": []}', "no choices"),
+        ('{"choices": [{"index": 0, "message": {"tool_calls": [{"id": "x"}]}}]}', "function"),
+        ('{"choices": [{"message": {"content": 5}}]}', "content"),
+    ]
+    server.queue(*(text_reply(payload) for payload, _ in cases))
+    request = ModelRequest(messages=(UserMessage(content="x"),))
+    async with model_for(server) as model:
+        for payload, detail in cases:
+            with pytest.raises(ProviderError) as caught:
+                await model.request(request)
+            message = str(caught.value)
+            assert (caught.value.retryable, caught.value.status) == (True, 200), payload
+            assert "malformed" in message
+            assert detail in message
+
+
+async def test_a_timeout_is_retryable_and_prompt(server: LoopbackServer) -> None:
+    server.queue(json_reply(completion("late"), delay=10))
+    with anyio.fail_after(5):
+        async with model_for(server, timeout=0.2) as model:
+            with pytest.raises(ProviderError) as caught:
+                await model.request(ModelRequest(messages=(UserMessage(content="x"),)))
+    assert caught.value.retryable
+    assert caught.value.status is None
+    assert "0.2 s timeout" in str(caught.value)
+
+
+async def test_a_refused_connection_is_retryable() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # Nothing listens on that port now.
+    async with OpenAIModel("m", base_url=f"http://127.0.0.1:{port}/v1", timeout=2) as model:
+        with pytest.raises(ProviderError) as caught:
+            await model.request(ModelRequest(messages=(UserMessage(content="x"),)))
+    assert caught.value.retryable
+    assert "could not reach" in str(caught.value)
+
+
+async def test_a_closed_model_refuses_requests(server: LoopbackServer) -> None:
+    model = model_for(server)
+    await model.aclose()
+    await model.aclose()
+    with pytest.raises(ProviderError, match="closed"):
+        await model.request(ModelRequest(messages=(UserMessage(content="x"),)))
+    assert server.requests == []
+
+
+# -- errors through the agent's retry policy ---------------------------------------------
+
+
+async def test_429_then_success_is_retried_by_the_policy(server: LoopbackServer) -> None:
+    server.queue(
+        json_reply(error_body("Rate limit reached", "rate_limit_exceeded"), status=429),
+        json_reply(completion("Made it.")),
+    )
+    async with model_for(server) as model:
+        agent = Agent("assistant", model, retry=RetryPolicy(retries=2, initial_delay=0))
+        async with Runtime() as rt:
+            result = await (await rt.spawn(agent)).ask("Go")
+    assert result.status == "completed", result.stop_reason
+    assert result.text == "Made it."
+    assert result.usage.requests == 2
+    assert len(server.requests) == 2
+    assert server.requests[0].body == server.requests[1].body
+
+
+async def test_an_invalid_key_fails_at_once(server: LoopbackServer) -> None:
+    server.queue(
+        json_reply(error_body("Incorrect API key provided", "invalid_api_key"), status=401),
+        json_reply(completion("never served")),
+    )
+    async with model_for(server) as model:
+        agent = Agent("assistant", model, retry=RetryPolicy(retries=2, initial_delay=0))
+        async with Runtime() as rt:
+            result = await (await rt.spawn(agent)).ask("Go")
+    assert result.status == "failed"
+    assert len(server.requests) == 1
+    assert "openai" in result.stop_reason
+    assert "HTTP 401" in result.stop_reason
+    assert "check the key" in result.stop_reason
+    assert "not retried" in result.stop_reason
+
+
+async def test_server_errors_beyond_the_retries_fail_clearly(server: LoopbackServer) -> None:
+    server.queue(*[json_reply(error_body("boom", "server_error"), status=500)] * 3)
+    async with model_for(server) as model:
+        agent = Agent("assistant", model, retry=RetryPolicy(retries=2, initial_delay=0))
+        async with Runtime() as rt:
+            result = await (await rt.spawn(agent)).ask("Go")
+    assert result.status == "failed"
+    assert len(server.requests) == 3
+    assert result.usage.requests == 3
+    assert "openai model 'test-model', HTTP 500" in result.stop_reason
+    assert "server failed" in result.stop_reason
+    assert "[failed]" in result.text  # the synthesized answer
+
+
+async def test_malformed_then_success_is_retried(server: LoopbackServer) -> None:
+    server.queue(text_reply("{oops"), json_reply(completion("Fine.")))
+    async with model_for(server) as model:
+        agent = Agent("assistant", model, retry=RetryPolicy(retries=1, initial_delay=0))
+        async with Runtime() as rt:
+            result = await (await rt.spawn(agent)).ask("Go")
+    assert (result.status, result.text) == ("completed", "Fine.")
+
+
+async def test_the_deadline_cancels_a_hanging_request(server: LoopbackServer) -> None:
+    server.queue(json_reply(completion("too late"), delay=10))
+    async with model_for(server, timeout=30) as model:
+        agent = Agent("assistant", model)
+        with anyio.fail_after(5):
+            async with Runtime() as rt:
+                result = await (await rt.spawn(agent)).ask("Go", budget=Budget(seconds=0.3))
+    assert result.status == "timed_out"
+
+
+# -- configuration ---------------------------------------------------------------------
+
+
+async def test_api_key_from_the_environment_or_a_placeholder(
+    server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.queue(json_reply(completion("a")), json_reply(completion("b")))
+    request = ModelRequest(messages=(UserMessage(content="x"),))
+    async with OpenAIModel("m", base_url=f"{server.url}/v1") as local:
+        await local.request(request)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    async with OpenAIModel("m", base_url=f"{server.url}/v1") as keyed:
+        await keyed.request(request)
+    first, second = server.requests
+    assert first.headers["authorization"] == "Bearer not-needed"
+    assert second.headers["authorization"] == "Bearer sk-from-env"
+
+
+async def test_the_base_url_from_the_environment(
+    server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{server.url}/v1")
+    server.queue(json_reply(completion("local")))
+    request = ModelRequest(messages=(UserMessage(content="x"),), max_tokens=50)
+    async with OpenAIModel("llama3.2") as model:  # no key: a local server
+        assert (await model.request(request)).text == "local"
+    (received,) = server.requests
+    assert received.headers["authorization"] == "Bearer not-needed"
+    assert received.json()["max_tokens"] == 50
+
+
+def test_no_key_and_no_base_url_is_a_clear_error() -> None:
+    with pytest.raises(ProviderError, match="OPENAI_API_KEY") as caught:
+        OpenAIModel("gpt-4.1-mini")
+    assert not caught.value.retryable
+
+
+def test_a_missing_sdk_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "openai", None)
+    with pytest.raises(ProviderError, match=r"pip install 'fractor\[openai\]'"):
+        OpenAIModel("gpt-4.1-mini", api_key=KEY)
+
+
+def test_constructor_checks() -> None:
+    with pytest.raises(ValueError, match="model name"):
+        OpenAIModel("  ", api_key=KEY)
+    with pytest.raises(ValueError, match="timeout"):
+        OpenAIModel("m", api_key=KEY, timeout=0)
+    with pytest.raises(ValueError, match="max_output_tokens"):
+        OpenAIModel("m", api_key=KEY, max_output_tokens=0)
+    with pytest.raises(ValueError, match="max_tokens_param"):
+        OpenAIModel("m", api_key=KEY, max_tokens_param="tokens")  # type: ignore[arg-type]
+    assert "sk-" not in repr(OpenAIModel("m", api_key=KEY))
+
+
+def test_estimate_tokens_counts_text_messages_and_tools() -> None:
+    model = OpenAIModel("m", api_key=KEY)
+    empty = ModelRequest(messages=())
+    one = ModelRequest(messages=(UserMessage(content="x" * 400),))
+    spec = ToolSpec(name="t", description="d" * 40, parameters={"type": "object"})
+    with_tool = ModelRequest(messages=one.messages, tools=(spec,))
+    assert model.estimate_tokens(empty) == 3
+    assert model.estimate_tokens(one) == 3 + 3 + 100
+    assert model.estimate_tokens(with_tool) > model.estimate_tokens(one) + 10
+
+
+def test_model_strings() -> None:
+    openai = model_from_string("openai:gpt-4.1-mini", api_key=KEY, temperature=0)
+    assert isinstance(openai, OpenAIModel)
+    assert openai.name == "openai:gpt-4.1-mini"
+    ollama = model_from_string(" OpenAI:llama3.2:3b ", base_url="http://127.0.0.1:1/v1")
+    assert isinstance(ollama, OpenAIModel)
+    assert ollama.model == "llama3.2:3b"
+    claude = model_from_string("anthropic:claude-sonnet-4-5", api_key=KEY)
+    assert isinstance(claude, AnthropicModel)
+    assert claude.name == "anthropic:claude-sonnet-4-5"
+    for bad, says in [
+        ("gpt-4.1-mini", "names no provider"),
+        (":gpt-4.1-mini", "names no provider"),
+        ("openai:", "names no model"),
+        ("openai:  ", "names no model"),
+        ("mistral:large", "unknown provider 'mistral'"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            model_from_string(bad, api_key=KEY)
+    with pytest.raises(TypeError, match="model string"):
+        model_from_string(None, api_key=KEY)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="options may not set"):
+        model_from_string("openai:m", api_key=KEY, max_tokens=5)
+
+
+# -- fractor run ------------------------------------------------------------------------
+
+
+def test_fractor_run_against_the_loopback_server(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.queue(json_reply(completion("The answer is 42.", prompt=21, output=6)))
+    code = main(
+        [
+            "run",
+            "--model",
+            "openai:test",
+            "--base-url",
+            f"{server.url}/v1",
+            "--budget-tokens",
+            "5000",
+            "--max-tokens",
+            "300",
+            "--instructions",
+            "Be brief.",
+            "What is the answer?",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "agent 'assistant' started on openai:test" in out
+    assert "step 1: answered (stop)" in out
+    assert "status: completed (final answer)" in out
+    assert "The answer is 42." in out
+    assert "usage: 21 input tokens (0 cached), 6 output tokens, 1 request(s)" in out
+    body = server.requests[0].json()
+    assert body["model"] == "test"
+    assert body["max_tokens"] == 300
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the answer?"},
+    ]
+
+
+async def test_run_command_on_both_backends(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actors._cli import _parser
+
+    monkeypatch.setenv("MY_KEY", "sk-from-my-var")
+    server.queue(
+        json_reply(completion(None, (wire_call("c1", "add", '{"a": 1}'),))),
+        json_reply(completion("Done.")),
+    )
+    url = f"{server.url}/v1"
+    args = _parser().parse_args(
+        ["run", "--model", "openai:test", "--base-url", url, "--api-key-env", "MY_KEY", "task"]
+    )
+    assert await run_command(args) == 0
+    out = capsys.readouterr().out
+    assert 'step 1: 1 tool call(s): add({"a": 1})' in out
+    assert "step 2: answered (stop)" in out
+    assert out.rstrip().endswith("2 request(s), 1 tool call(s)")
+    assert server.requests[0].headers["authorization"] == "Bearer sk-from-my-var"
+
+
+def test_fractor_run_reports_failures_and_bad_options(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.queue(json_reply(error_body("bad key", "invalid_api_key"), status=401))
+    url = f"{server.url}/v1"
+    assert main(["run", "--model", "openai:test", "--base-url", url, "go"]) == 1
+    out = capsys.readouterr().out
+    assert "model request failed: ProviderError: openai model 'test', HTTP 401" in out
+    assert "status: failed" in out
+    assert "check the key" in out
+    assert main(["run", "--model", "gpt-4", "go"]) == 2
+    assert "names no provider" in capsys.readouterr().err
+    assert main(["run", "--model", "openai:m", "--api-key-env", "NOT_SET_ANYWHERE", "go"]) == 2
+    assert "NOT_SET_ANYWHERE" in capsys.readouterr().err
+    assert main(["run", "--model", "openai:gpt-4.1-mini", "go"]) == 2
+    assert "OPENAI_API_KEY" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "--model", "openai:m", "--budget-tokens", "0", "go"])
+    assert len(server.requests) == 1
