@@ -243,6 +243,15 @@ class AgentActor(Actor):
             await execution.run()
             while execution.status == "failed" and self._may_restart():
                 self.restarts.append(anyio.current_time())
+                if context.runtime.event_bus.active:
+                    context.runtime.event_bus.emit(
+                        "restart",
+                        agent=agent.name,
+                        agent_id=context.id,
+                        execution_id=node.id,
+                        reason=execution.reason,
+                        restarts=len(self.restarts),
+                    )
                 self._keep(execution.trace(execution.answer()))
                 self.execution.clear()  # fresh buffer, same conversation
                 execution = self._new_execution(node, task, history)

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
+import structlog
 
-from runtime import ActorContext, Budget, BudgetExceeded, Node, Supervisor, Usage
+from runtime import ActorContext, Budget, BudgetExceeded, EventKind, Node, Supervisor, Usage
 
 from ._messages import (
     AssistantMessage,
@@ -150,6 +151,20 @@ class Execution:
         ancestor, the deadline) ends the steps and becomes this execution's status.
         """
         node = self.node
+        parent = node.parent
+        with structlog.contextvars.bound_contextvars(
+            agent_id=self.agent_id,
+            parent_id=parent.id if parent is not None else None,
+            depth=node.depth,
+            execution_id=node.id,
+        ):
+            await self._run()
+
+    async def _run(self) -> None:
+        node = self.node
+        bus = self.context.runtime.event_bus
+        if bus.active:
+            self._emit("execution_start", task=self.task[:200])
         try:
             with anyio.CancelScope(deadline=node.deadline) as scope:
                 node.scope = scope
@@ -170,14 +185,43 @@ class Execution:
             node.scope = None
         if node.stop_status is not None or scope.cancelled_caught:
             self._stop(*self.supervisor.why_stopped(node))
+        if bus.active:
+            if self.status in ("budget_exceeded", "timed_out"):
+                kind: EventKind = (
+                    "budget_exceeded" if self.status == "budget_exceeded" else "deadline"
+                )
+                self._emit(kind, reason=self.reason)
+            self._emit(
+                "execution_end",
+                status=self.status,
+                reason=self.reason,
+                steps=len(self.steps),
+                tokens=node.input_tokens + node.output_tokens,
+            )
+
+    def _emit(self, kind: EventKind, **detail: object) -> None:
+        node = self.node
+        parent = node.parent
+        self.context.runtime.event_bus.emit(
+            kind,
+            agent=self.agent.name,
+            agent_id=self.agent_id,
+            execution_id=node.id,
+            parent_id=parent.id if parent is not None else "",
+            depth=node.depth,
+            **detail,
+        )
 
     async def _steps(self) -> None:
         agent = self.agent
         supervisor = self.supervisor
         node = self.node
         specs = agent.specs
+        bus = self.context.runtime.event_bus
         while True:
             supervisor.charge(node, steps=1)
+            if bus.active:
+                self._emit("step_start", step=len(self.steps))
             context = self.history + tuple(self.buffer)
             request = ModelRequest(messages=context, tools=specs)
             began = time.perf_counter()
@@ -248,7 +292,10 @@ class Execution:
                 attempt += 1
                 if attempt > agent.retry.retries or not is_retryable(exc):
                     raise
-                await anyio.sleep(agent.retry.delay(attempt))
+                delay = agent.retry.delay(attempt)
+                if self.context.runtime.event_bus.active:
+                    self._emit("retry", attempt=attempt, error=f"{exc!r}"[:300], delay=delay)
+                await anyio.sleep(delay)
                 continue
             except BaseException:
                 supervisor.settle(node, reservation, None)
@@ -285,7 +332,19 @@ class Execution:
             self.supervisor.charge(self.node, tool_calls=1)
         except BudgetExceeded as exc:
             return _refused(call, f"tool call refused: {exc}")
-        return await self.agent.toolbox.run(call)
+        if not self.context.runtime.event_bus.active:
+            return await self.agent.toolbox.run(call)
+        self._emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])
+        outcome = await self.agent.toolbox.run(call)
+        self._emit(
+            "tool_end",
+            tool=call.name,
+            call_id=call.id,
+            is_error=outcome.is_error,
+            seconds=outcome.seconds,
+            result=outcome.content[:200],
+        )
+        return outcome
 
     async def _delegate(self, subagent: Agent, call: ToolCall) -> ToolOutcome:
         """Run a subagent as a child actor; only its final response comes back."""
@@ -309,6 +368,8 @@ class Execution:
         context = self.context
         try:
             child: AgentRef = await context.spawn(subagent, id=child_node.id)
+            if context.runtime.event_bus.active:
+                self._emit("spawn", child=subagent.name, child_id=child_node.id, task=task[:200])
             result: Result = await child.actor.ask(Task(text=task, node=child_node.id))
         except Exception as exc:
             supervisor.close(child_node, "failed", f"{type(exc).__name__}: {exc}")
@@ -351,6 +412,14 @@ class Execution:
             finish_reason=response.finish_reason,
         )
         self.steps.append(record)
+        if self.context.runtime.event_bus.active:
+            self._emit(
+                "step_end",
+                step=record.index,
+                tool_calls=[call.name for call in record.tool_calls],
+                tokens=usage.input_tokens + usage.output_tokens,
+                seconds=model_seconds + tools_seconds,
+            )
         return record
 
     def _record_failed_request(self, input_messages: int, began: float, exc: Exception) -> None:

@@ -220,6 +220,9 @@ class Cell:
             reply.set_error(ActorStopped(self.id, reason))
         self.group.live.pop(self.id, None)
         self.runtime.cell_finished(self)
+        bus = self.runtime.event_bus
+        if bus.active:
+            bus.emit("stop", agent=self.name, agent_id=self.id, reason=reason)
         if self._finished is not None:
             self._finished.set()
 
