@@ -14,6 +14,7 @@ from ._agent import GetTrace as GetTrace
 from ._agent import Task as Task
 from ._anthropic import AnthropicModel as AnthropicModel
 from ._execution import StopCondition as StopCondition
+from ._live import watch as watch
 from ._messages import AssistantMessage as AssistantMessage
 from ._messages import Conversation as Conversation
 from ._messages import ExecutionTrace as ExecutionTrace
@@ -108,4 +109,5 @@ __all__ = [
     "render_trace_tree",
     "reply",
     "tool",
+    "watch",
 ]

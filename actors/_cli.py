@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 import anyio
 
+from ._cli_bench import add_bench_parser, bench_command
+from ._cli_demo import add_demo_parser, demo_command
 from ._cli_run import add_run_parser, run_command
 from ._cli_trace import add_trace_parser, trace_command
 
@@ -19,31 +22,33 @@ def _parser() -> argparse.ArgumentParser:
         prog="fractor", description="An actor runtime for nested LLM agents."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = commands.add_parser("demo", help="run the built-in demo (no network, no API key)")
-    demo.add_argument("--workers", type=int, default=4, help="worker actors (default 4)")
-    demo.add_argument("--jobs", type=int, default=200, help="jobs to hand out (default 200)")
-    demo.add_argument(
-        "--backend", choices=("asyncio", "trio"), default="asyncio", help="event loop to run on"
-    )
+    add_demo_parser(commands)
     add_trace_parser(commands)
     add_run_parser(commands)
+    add_bench_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "demo":
-        from ._demo import run_kernel_demo
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # The reader went away (`fractor demo | head`): stop quietly, as a pipe expects,
+        # and let nothing write to the closed stdout again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
-        if args.workers < 1 or args.jobs < 0:
-            print("fractor demo: --workers must be >= 1 and --jobs >= 0", file=sys.stderr)
-            return 2
-        anyio.run(run_kernel_demo, args.workers, args.jobs, backend=args.backend)
-        return 0
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        return anyio.run(demo_command, args, backend=args.backend)
     if args.command == "trace":
         return anyio.run(trace_command, args)
     if args.command == "run":
         return anyio.run(run_command, args, backend=args.backend)
+    if args.command == "bench":
+        return bench_command(args)  # starts its own event loop
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

@@ -1,4 +1,4 @@
-"""``fractor run``: one task for an agent on a real model, with progress lines.
+"""``fractor run``: one task for an agent on a real model, watched as it runs.
 
 ::
 
@@ -6,10 +6,12 @@
     fractor run --model openai:llama3.2 --base-url http://localhost:11434/v1 "..."
     fractor run --model anthropic:claude-sonnet-4-5 --budget-tokens 20000 "..."
 
-Every line goes through ``show``, one small function of one ``Event``: the agent
-started, each model step (its tool calls, its usage), each failed request, and the
-end (status, stop reason, final text, usage). Exit status: 0 when the task
-completed, 1 when it ended otherwise (failed, budget, time), 2 for bad options.
+``show`` prints the head (the agent, its model and budget, the task) and the end
+(status, stop reason, final text, usage). In between, the run is watched with the
+live view of ``actors._live``: a live tree on a terminal; elsewhere one plain line
+per execution start and end, retry and model step (its tool calls, tokens and time).
+Exit status: 0 when the task completed, 1 when it ended otherwise (failed, budget,
+time), 2 for bad options.
 """
 
 from __future__ import annotations
@@ -17,22 +19,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from runtime import Budget, Runtime
 
 from ._agent import Agent
-from ._messages import ModelRequest, ModelResponse, Result
-from ._models import Model
+from ._live import watch
+from ._messages import Result
 from ._policy import RetryPolicy
 from ._provider import ProviderError, model_from_string
 
 __all__ = ["Event", "add_run_parser", "run_command", "show"]
-
-#: How many characters of a tool call's arguments a step line shows.
-_ARGUMENTS_SHOWN = 80
 
 
 # -- what is shown ------------------------------------------------------------------------
@@ -48,44 +46,21 @@ class Started:
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
-    index: int
-    response: ModelResponse
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class RequestFailed:
-    error: Exception
-
-
-@dataclass(frozen=True, slots=True)
 class Finished:
     result: Result
 
 
-Event = Started | Step | RequestFailed | Finished
+Event = Started | Finished
 
 
 def show(event: Event, out: TextIO | None = None) -> None:
-    """Print one progress event as plain lines."""
+    """Print the head or the end of a run as plain lines."""
     out = sys.stdout if out is None else out
     match event:
         case Started(agent=agent, model=model, base_url=base_url, task=task, budget=budget):
             limits = _budget_text(budget)
             print(f"agent {agent!r} started on {model} ({base_url}){limits}", file=out)
             print(f"task: {task}", file=out)
-        case Step(index=index, response=response, seconds=seconds):
-            usage = response.usage
-            cost = f"{usage.input_tokens} in / {usage.output_tokens} out tokens, {seconds:.1f} s"
-            if response.tool_calls:
-                shown = ", ".join(f"{c.name}({_clip(c.arguments)})" for c in response.tool_calls)
-                count = len(response.tool_calls)
-                print(f"step {index}: {count} tool call(s): {shown} [{cost}]", file=out)
-            else:
-                print(f"step {index}: answered ({response.finish_reason}) [{cost}]", file=out)
-        case RequestFailed(error=error):
-            print(f"model request failed: {type(error).__name__}: {error}", file=out)
         case Finished(result=result):
             usage = result.usage
             print(f"status: {result.status} ({result.stop_reason})", file=out)
@@ -99,12 +74,6 @@ def show(event: Event, out: TextIO | None = None) -> None:
     out.flush()
 
 
-def _clip(text: str) -> str:
-    if len(text) <= _ARGUMENTS_SHOWN:
-        return text
-    return text[: _ARGUMENTS_SHOWN - 3] + "..."
-
-
 def _budget_text(budget: Budget | None) -> str:
     if budget is None:
         return ""
@@ -114,35 +83,6 @@ def _budget_text(budget: Budget | None) -> str:
         if getattr(budget, name) is not None
     ]
     return f", budget {' '.join(limits)}" if limits else ""
-
-
-class _Observed:
-    """A model that reports each step and each failed request as it happens."""
-
-    def __init__(self, model: Model) -> None:
-        self._model = model
-        self._steps = 0
-
-    @property
-    def name(self) -> str:
-        return self._model.name
-
-    def estimate_tokens(self, request: ModelRequest) -> int:
-        return self._model.estimate_tokens(request)
-
-    async def request(self, request: ModelRequest) -> ModelResponse:
-        began = time.perf_counter()
-        try:
-            response = await self._model.request(request)
-        except Exception as exc:
-            show(RequestFailed(error=exc))
-            raise
-        self._steps += 1
-        show(Step(index=self._steps, response=response, seconds=time.perf_counter() - began))
-        return response
-
-    async def aclose(self) -> None:
-        await self._model.aclose()
 
 
 # -- the command ------------------------------------------------------------------------
@@ -262,7 +202,7 @@ async def run_command(args: argparse.Namespace) -> int:
     try:
         agent = Agent(
             name="assistant",
-            model=_Observed(model),
+            model=model,
             instructions=args.instructions,
             max_tokens=args.max_tokens,
             retry=RetryPolicy(retries=args.retries),
@@ -273,7 +213,10 @@ async def run_command(args: argparse.Namespace) -> int:
                 agent=agent.name, model=model.name, base_url=base_url, task=args.task, budget=budget
             )
         )
-        async with Runtime(budget=budget) as runtime:
+        async with (
+            Runtime(budget=budget) as runtime,
+            watch(runtime, steps=True, title="fractor run"),
+        ):
             ref = await runtime.spawn(agent)
             result = await ref.ask(args.task)
         show(Finished(result=result))

@@ -226,8 +226,9 @@ class Execution:
             request = ModelRequest(messages=context, tools=specs)
             began = time.perf_counter()
             try:
-                response, usage = await self._request(request)
-            except BudgetExceeded:
+                response, usage, cut_short = await self._request(request)
+            except BudgetExceeded as exc:
+                self._record_failed_request(len(context), began, exc)
                 raise
             except Exception as exc:
                 self._record_failed_request(len(context), began, exc)
@@ -237,6 +238,10 @@ class Execution:
             if response.text:
                 self.last_text = response.text
             calls = response.tool_calls
+            if cut_short is not None:
+                # The budget capped this reply and it ran into the cap: out of budget.
+                self._record(len(context), response, usage, (), model_seconds, 0.0)
+                raise cut_short
             if not calls:
                 self._record(len(context), response, usage, (), model_seconds, 0.0)
                 if response.text:
@@ -271,8 +276,13 @@ class Execution:
                 self._stop("completed", "the agent's stop condition was met")
                 return
 
-    async def _request(self, request: ModelRequest) -> tuple[ModelResponse, Usage]:
-        """One model request under the budget: reserve, send (with retries), settle."""
+    async def _request(
+        self, request: ModelRequest
+    ) -> tuple[ModelResponse, Usage, BudgetExceeded | None]:
+        """One model request under the budget: reserve, send (with retries), settle.
+
+        The third value is set when the reply stopped at a cap the budget imposed.
+        """
         agent = self.agent
         model = agent.model
         supervisor = self.supervisor
@@ -300,7 +310,13 @@ class Execution:
             except BaseException:
                 supervisor.settle(node, reservation, None)
                 raise
-            return response, supervisor.settle(node, reservation, response.usage)
+            usage = supervisor.settle(node, reservation, response.usage)
+            cut_short = (
+                supervisor.cut_short(node, reservation)
+                if response.finish_reason == "length"
+                else None
+            )
+            return response, usage, cut_short
 
     async def _run_tools(self, calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
         """Run every call of one step concurrently; outcomes keep the calls' order.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -42,10 +43,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
     parser.add_argument("--only", help="run the workloads whose name starts with this")
     args = parser.parse_args(argv)
-    rows = anyio.run(suite, args.quick, args.only, backend=args.backend)
+    return run_suite(backend=args.backend, quick=args.quick, only=args.only)
+
+
+def run_suite(
+    *, backend: str, quick: bool, only: str | None = None, path: pathlib.Path = RESULTS
+) -> int:
+    """Run the suite, print the table, write ``path``; 0 when every target holds, else 1.
+
+    Shared by ``python -m benchmarks`` and ``fractor bench``.
+    """
+    rows = anyio.run(suite, quick, only, backend=backend)
     print_rows(rows)
-    write_results(rows, args.backend)
-    print(f"\nresults written to {RESULTS}")
+    write_results(rows, backend, path)
+    print(f"\nresults written to {path}")
     return 0 if all(row.holds for row in rows) else 1
 
 

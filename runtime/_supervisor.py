@@ -51,6 +51,8 @@ NodeStatus = Literal["running"] | EndStatus
 
 #: How many finished nodes a snapshot still shows.
 FINISHED_KEPT = 10_000
+#: The output tokens reserved for a request that asks for no cap of its own.
+DEFAULT_MAX_TOKENS = 4_096
 
 
 class NodeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,18 +90,32 @@ class TreeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Reservation:
-    """Headroom held for one model request until its real usage is known."""
+    """Headroom held for one model request until its real usage is known.
 
-    __slots__ = ("cost", "input", "max_tokens", "output", "price")
+    ``limited_by`` names the node (and ``limit`` the field) whose headroom made
+    ``max_tokens`` smaller than the request asked for, if any: a reply cut at that cap
+    ran out of budget, it did not end.
+    """
+
+    __slots__ = ("cost", "input", "limit", "limited_by", "max_tokens", "output", "price")
 
     def __init__(
-        self, input: int, output: int, cost: float, max_tokens: int | None, price: Price | None
+        self,
+        input: int,
+        output: int,
+        cost: float,
+        max_tokens: int | None,
+        price: Price | None,
+        limited_by: Node | None = None,
+        limit: str = "",
     ) -> None:
         self.input = input
         self.output = output
         self.cost = cost
         self.max_tokens = max_tokens
         self.price = price
+        self.limited_by = limited_by
+        self.limit = limit
 
 
 class Node:
@@ -135,6 +151,7 @@ class Node:
         "started",
         "status",
         "steps",
+        "stop_error",
         "stop_reason",
         "stop_status",
         "tool_calls",
@@ -166,6 +183,8 @@ class Node:
         #: Set when the supervisor stops this node (limit, cancellation): how it ends.
         self.stop_status: EndStatus | None = None
         self.stop_reason = ""
+        #: The refusal that stopped it, when a limit did.
+        self.stop_error: BudgetExceeded | None = None
         # Totals: this node and its whole subtree.
         self.input_tokens = 0
         self.output_tokens = 0
@@ -222,8 +241,17 @@ class Node:
 class Supervisor:
     """Tracks the tree and enforces every ``Budget`` across it. Never awaits."""
 
-    def __init__(self, budget: Budget | None, prices: dict[str, Price] | None = None) -> None:
+    def __init__(
+        self,
+        budget: Budget | None,
+        prices: dict[str, Price] | None = None,
+        *,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> None:
         self.budget = budget
+        #: The output cap reserved for a request that names none, when a limit applies:
+        #: reserving a whole budget's headroom for one request would starve its siblings.
+        self.default_max_tokens = default_max_tokens
         self.prices = dict(prices or {})
         self._ids = itertools.count(1)
         #: Makes node (execution) ids unique across runtimes sharing one store.
@@ -269,6 +297,7 @@ class Supervisor:
             child.deadline, child.deadline_owner = now + seconds, child
         if parent.stop_status is not None:
             child.stop_status, child.stop_reason = parent.stop_status, parent.stop_reason
+            child.stop_error = parent.stop_error
         parent.children.add(child)
         self.nodes[child.id] = child
         return child
@@ -292,28 +321,36 @@ class Supervisor:
         self.nodes.pop(node.id, None)
         self._finished.append(node)
 
-    def stop_subtree(self, node: Node, status: EndStatus, reason: str) -> None:
+    def stop_subtree(
+        self,
+        node: Node,
+        status: EndStatus,
+        reason: str,
+        error: BudgetExceeded | None = None,
+    ) -> None:
         """Stop ``node`` and everything under it: each answers with ``status``.
 
-        Every node of the subtree is marked at once; only the topmost running
-        executions are cancelled here. Each of them, cancelled, abandons the children
-        it was waiting for, which cancels those in turn, down the tree. (On anyio's
-        asyncio backend every ``cancel()`` formats the calling task's repr: one call
-        per node from the task that stops a large tree would cost milliseconds.)
+        Every node of the subtree is marked at once (and takes no new work from now
+        on); only the topmost running executions are cancelled here. Each of them,
+        cancelled, abandons the children it was waiting for, which cancels those in
+        turn, down the tree. (On anyio's asyncio backend every ``cancel()`` formats
+        the calling task's repr: one call per node from the task that stops a large
+        tree would cost milliseconds.)
         """
-        stack = [node]
+        to_cancel: list[Node] = []
+        stack = [(node, True)]
         while stack:
-            current = stack.pop()
+            current, topmost = stack.pop()
             if current.stop_status is None:
                 current.stop_status, current.stop_reason = status, reason
-            for child in current.children:
-                child.stop_status = child.stop_status or status
-                if not child.stop_reason:
-                    child.stop_reason = reason
+                current.stop_error = error
+            if topmost and current.scope is not None:
+                to_cancel.append(current)
+            below_top = topmost and current.scope is None
+            stack.extend((child, below_top) for child in current.children)
+        for current in to_cancel:
             if current.scope is not None:
                 current.scope.cancel()
-            else:
-                stack.extend(current.children)
 
     def why_stopped(self, node: Node) -> tuple[EndStatus, str]:
         """How a node that was interrupted ends: a supervisor stop, its deadline, or a
@@ -345,11 +382,21 @@ class Supervisor:
 
     def _refuse(self, node: Node, limit: str, allowed: float) -> BudgetExceeded:
         error = BudgetExceeded(limit, allowed, node.id, node.name)
-        self.stop_subtree(node, "budget_exceeded", str(error))
+        self.stop_subtree(node, "budget_exceeded", str(error), error)
         return error
+
+    @staticmethod
+    def _stopped(node: Node) -> BudgetExceeded:
+        """The refusal for new work on a node that is already stopped."""
+        cause = node.stop_error
+        if cause is not None:
+            return BudgetExceeded(cause.limit, cause.allowed, cause.node_id, cause.node_name)
+        return BudgetExceeded("no new work", 0, node.id, node.name)
 
     def charge(self, node: Node, *, steps: int = 0, tool_calls: int = 0) -> None:
         """Check-and-increment counters on the whole chain, atomically."""
+        if node.stop_status is not None:
+            raise self._stopped(node)
         current: Node | None = node
         while current is not None:
             budget = current.limits
@@ -382,13 +429,24 @@ class Supervisor:
 
         Returns the reservation; its ``max_tokens`` is what the request may ask for.
         """
+        if node.stop_status is not None:
+            raise self._stopped(node)
         price = self.prices.get(model) if self.prices else None
+        wanted = max_tokens if max_tokens is not None else self.default_max_tokens
         cap = max_tokens
+        limited_by: Node | None = None
+        limit = ""
         current: Node | None = node
         while current is not None:
             budget = current.limits
             if budget is not None:
-                cap = self._check_request(current, budget, input_estimate, cap, price, model)
+                lowered, field = self._check_request(current, budget, input_estimate, price, model)
+                if lowered is not None and (cap is None or lowered < cap):
+                    cap = lowered
+                    if lowered < wanted:
+                        limited_by, limit = current, field
+                    elif max_tokens is None:
+                        cap = wanted  # a limit applies: reserve the default, not it all
             current = current.parent
         output = cap or 0
         cost = price.cost(input_estimate, output) if price is not None else 0.0
@@ -400,33 +458,45 @@ class Supervisor:
             current.reserved_cost += cost
             current = current.parent
         node.own_requests += 1
-        return Reservation(input_estimate, output, cost, cap, price)
+        return Reservation(input_estimate, output, cost, cap, price, limited_by, limit)
+
+    def cut_short(self, node: Node, reservation: Reservation) -> BudgetExceeded | None:
+        """A reply that stopped at ``max_tokens`` ("length"): if a budget set that cap,
+        the budget's owner has run out, and its subtree is stopped like any refusal."""
+        owner = reservation.limited_by
+        if owner is None or owner.limits is None:
+            return None
+        allowed: float = getattr(owner.limits, reservation.limit)
+        return self._refuse(owner, reservation.limit, allowed)
 
     def _check_request(
         self,
         node: Node,
         budget: Budget,
         input_estimate: int,
-        cap: int | None,
         price: Price | None,
         model: str,
-    ) -> int | None:
-        """Refuse a request over ``node``'s limits, or return ``cap`` lowered to fit."""
+    ) -> tuple[int | None, str]:
+        """Refuse a request over ``node``'s limits, or return the smallest output
+        headroom they leave (None when no output limit applies) and its field."""
         if budget.requests is not None and node.requests + 1 > budget.requests:
             raise self._refuse(node, "requests", budget.requests)
         used_input = node.input_tokens + node.reserved_input + input_estimate
         if budget.input_tokens is not None and used_input > budget.input_tokens:
             raise self._refuse(node, "input_tokens", budget.input_tokens)
+        cap: int | None = None
+        field = ""
         if budget.output_tokens is not None:
             headroom = budget.output_tokens - node.output_tokens - node.reserved_output
             if headroom < 1:
                 raise self._refuse(node, "output_tokens", budget.output_tokens)
-            cap = headroom if cap is None else min(cap, headroom)
+            cap, field = headroom, "output_tokens"
         if budget.tokens is not None:
             headroom = budget.tokens - used_input - node.output_tokens - node.reserved_output
             if headroom < 1:
                 raise self._refuse(node, "tokens", budget.tokens)
-            cap = headroom if cap is None else min(cap, headroom)
+            if cap is None or headroom < cap:
+                cap, field = headroom, "tokens"
         if budget.cost is not None:
             if price is None:
                 raise ValueError(
@@ -439,8 +509,9 @@ class Supervisor:
                 raise self._refuse(node, "cost", budget.cost)
             if per_token > 0:
                 headroom = math.floor(left / per_token)
-                cap = headroom if cap is None else min(cap, headroom)
-        return cap
+                if cap is None or headroom < cap:
+                    cap, field = headroom, "cost"
+        return cap, field
 
     def settle(self, node: Node, reservation: Reservation, usage: Usage | None) -> Usage:
         """Release ``reservation`` and charge the real ``usage`` (None: nothing was used).
@@ -473,8 +544,9 @@ class Supervisor:
             current.cached_tokens += cached_tokens
             current.cost += cost
             current.requests += extra_requests
-            if over is None and current.limits is not None:
-                over = _over_limit(current, current.limits)
+            if current.limits is not None:
+                # The highest node over its limit: stopping it stops everything below.
+                over = _over_limit(current, current.limits) or over
             current = current.parent
         node.own_input += input_tokens
         node.own_output += output_tokens
@@ -496,9 +568,10 @@ class Supervisor:
     def snapshot(self) -> TreeSnapshot:
         """The tree as it is now: live nodes, then recently finished ones."""
         now = anyio.current_time()
-        live = sorted(self.nodes.values(), key=lambda n: (n.depth, n.started))
-        nodes = [self._snapshot(node, now) for node in live]
-        nodes.extend(self._snapshot(node, now) for node in self._finished)
+        order = _parents_first
+        nodes = [self._snapshot(node, now) for node in sorted(self.nodes.values(), key=order)]
+        finished = sorted(self._finished, key=order)
+        nodes.extend(self._snapshot(node, now) for node in finished)
         return TreeSnapshot(nodes=tuple(nodes))
 
     def _snapshot(self, node: Node, now: float) -> NodeSnapshot:
@@ -519,6 +592,11 @@ class Supervisor:
             started=node.started - self._origin,
             seconds=end - node.started,
         )
+
+
+def _parents_first(node: Node) -> tuple[float, int]:
+    """A parent starts before its children (and is shallower when started together)."""
+    return node.started, node.depth
 
 
 def _over_limit(node: Node, budget: Budget) -> tuple[Node, str, float] | None:

@@ -687,7 +687,7 @@ def test_fractor_run_against_the_loopback_server(
     out = capsys.readouterr().out
     assert code == 0, out
     assert "agent 'assistant' started on openai:test" in out
-    assert "step 1: answered (stop)" in out
+    assert "step 1: answered [" in out
     assert "status: completed (final answer)" in out
     assert "The answer is 42." in out
     assert "usage: 21 input tokens (0 cached), 6 output tokens, 1 request(s)" in out
@@ -717,7 +717,7 @@ async def test_run_command_on_both_backends(
     assert await run_command(args) == 0
     out = capsys.readouterr().out
     assert 'step 1: 1 tool call(s): add({"a": 1})' in out
-    assert "step 2: answered (stop)" in out
+    assert "step 2: answered [" in out
     assert out.rstrip().endswith("2 request(s), 1 tool call(s)")
     assert server.requests[0].headers["authorization"] == "Bearer sk-from-my-var"
 

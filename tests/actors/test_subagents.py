@@ -303,7 +303,32 @@ async def test_output_tokens_are_reserved_by_capping_max_tokens() -> None:
     used_first = 60 - second.max_tokens  # type: ignore[operator]
     assert 0 < used_first < 60
     assert result.usage.output_tokens <= 60
-    assert result.status == "completed"  # the reply was cut at the cap, not over it
+    # The reply ran into the cap the budget set: the budget ran out, the task did not end.
+    assert result.status == "budget_exceeded"
+    assert result.stop_reason.startswith("output_tokens limit of 60 reached")
+
+
+async def test_a_reply_cut_by_its_own_max_tokens_is_not_a_budget_stop() -> None:
+    model = ScriptedModel([reply("a long answer " * 40)])
+    agent = Agent("a", model, max_tokens=20)
+    async with Runtime() as rt:
+        result = await (await rt.spawn(agent)).ask("go", budget=Budget(tokens=100_000))
+    assert model.requests[0].max_tokens == 20
+    assert result.status == "completed"
+
+
+async def test_one_request_does_not_reserve_a_whole_budget_and_starve_its_siblings() -> None:
+    child = Agent("child", stepped(call("lookup", topic="x"), reply("child done")), tools=[lookup])
+    lead_model = ScriptedModel(
+        [calls(*(call("child", task=str(i)) for i in range(5))), reply("ok")]
+    )
+    lead = Agent("lead", lead_model, subagents=[child], budget=Budget(tokens=200_000))
+    async with Runtime() as rt:
+        result = await (await rt.spawn(lead)).ask("fan out")
+    # With no max_tokens anywhere, each request reserves the default cap, not the
+    # whole headroom: five concurrent children all fit in a large budget.
+    assert result.status == "completed"
+    assert lead_model.requests[0].max_tokens == 4096
 
 
 async def test_cost_is_computed_from_prices_and_limited() -> None:

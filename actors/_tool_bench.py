@@ -1,0 +1,366 @@
+"""Measure one tool under the runtime: throughput, latency, errors, peak concurrency.
+
+``measure`` runs a user's tool the way an agent runs it. A lean scripted model asks,
+at each step, for ``fanout`` calls of the tool with the same JSON arguments; the
+agent runs them with ``tool_concurrency=concurrency``; executions follow one another
+until ``calls`` calls ran. Every call goes through the whole path: the model request
+under the supervisor, the tool-call charge, JSON decoding against the tool's schema,
+the task group of the step, the trace.
+
+The function is wrapped in a counting wrapper before it is made a tool (``counted``),
+so the report says how many calls really ran at once: a sync tool, for one, runs in
+worker threads and shares anyio's thread limiter. Latencies are the ``seconds`` of
+each ``ToolOutcome`` in the traces (decoding, attempts and retries included, waiting
+for a free slot not).
+
+``load_target`` and ``prepare`` check what the user gave and raise ``BenchInputError``
+with a message naming what was wrong and what was expected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import os
+import sys
+import threading
+import time
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import msgspec
+
+from runtime import Runtime
+
+from ._agent import Agent
+from ._messages import ModelRequest, ModelResponse, ToolCall, ToolResultMessage, Usage
+from ._schema import describe, introspect
+from ._tools import Tool, ToolDefinitionError, tool
+
+__all__ = ["BenchInputError", "Gauge", "ToolReport", "load_target", "measure", "prepare"]
+
+#: Calls one execution runs at most (more steps would only grow its buffer).
+CALLS_PER_EXECUTION = 1_000
+#: Steps one execution runs at most.
+STEPS_PER_EXECUTION = 50
+#: How often progress is reported, in seconds.
+PROGRESS_INTERVAL = 0.1
+
+_USAGE = Usage(input_tokens=1, output_tokens=1, requests=1)
+
+
+class BenchInputError(ValueError):
+    """What the user asked to measure cannot be measured; the message says why."""
+
+
+class ToolReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``measure`` found. Latencies and wall time are in seconds."""
+
+    tool: str
+    kind: typing.Literal["async", "sync"]
+    arguments: str
+    fanout: int
+    concurrency: int
+    #: Tool calls that ran (equal to the calls asked for, unless an execution stopped).
+    calls: int
+    errors: int
+    first_error: str
+    wall_seconds: float
+    throughput: float
+    p50: float
+    p95: float
+    p99: float
+    max: float
+    peak_concurrency: int
+    executions: int
+    #: Why an execution ended without completing; empty when every one completed.
+    incomplete: str = ""
+
+
+class Gauge:
+    """Calls of the measured function: in flight now, the most at once, finished."""
+
+    __slots__ = ("_lock", "finished", "in_flight", "peak")
+
+    def __init__(self) -> None:
+        # A lock because sync tools run in worker threads; it is never held across
+        # an await, so taking it on the event loop thread only waits for a counter.
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self.peak = 0
+        self.finished = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+
+    def leave(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.finished += 1
+
+
+def load_target(target: str) -> object:
+    """The object named by ``MODULE:FUNCTION`` (the current directory is searched too)."""
+    module_name, colon, attribute = target.partition(":")
+    if not colon or not module_name.strip() or not attribute.strip():
+        raise BenchInputError(
+            f"--tool expects MODULE:FUNCTION, e.g. mypackage.tools:search, got {target!r}"
+        )
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: the user's modules are here
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(f"{missing}.")):
+            raise BenchInputError(
+                f"cannot import module {module_name!r}: no module named {missing!r} "
+                "(run from the directory that holds it, or install it)"
+            ) from None
+        raise BenchInputError(f"importing module {module_name!r} failed: {exc}") from None
+    except Exception as exc:
+        raise BenchInputError(
+            f"importing module {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
+    found: object = module
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise BenchInputError(_missing(module_name, module, attribute))
+        found = getattr(found, part)
+    if not callable(found):
+        raise BenchInputError(
+            f"{target!r} is not callable: it is {describe(found)}; --tool names a function, "
+            "async or sync, or a @tool"
+        )
+    return found
+
+
+def _missing(module_name: str, module: object, attribute: str) -> str:
+    names = sorted(
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and _defined_in(value, module_name)
+    )
+    listed = f"; its functions: {', '.join(names)}" if names else ""
+    return f"module {module_name!r} has no attribute {attribute!r}{listed}"
+
+
+def _defined_in(value: object, module_name: str) -> bool:
+    """Whether ``value`` is a function (or a tool of one) defined in ``module_name``."""
+    fn = value.fn if isinstance(value, Tool) else value
+    return inspect.isfunction(fn) and fn.__module__ == module_name
+
+
+def prepare(target: object, arguments: str) -> tuple[Tool[..., Any], Gauge]:
+    """The tool to measure, counted by the returned ``Gauge``, once ``arguments`` fit it."""
+    try:
+        original = target if isinstance(target, Tool) else tool(typing.cast(Any, target))
+    except ToolDefinitionError as exc:
+        raise BenchInputError(str(exc)) from None
+    check_arguments(original, arguments)
+    gauge = Gauge()
+    return counted(original, gauge), gauge
+
+
+def check_arguments(subject: Tool[..., Any], arguments: str) -> None:
+    """Raise ``BenchInputError`` unless ``arguments`` is a JSON object the tool accepts."""
+    try:
+        value = msgspec.json.decode(arguments)
+    except msgspec.DecodeError as exc:
+        raise BenchInputError(f"--args is not valid JSON ({exc}): {arguments!r}") from None
+    if not isinstance(value, dict):
+        raise BenchInputError(
+            f"--args must be a JSON object of the tool's arguments, e.g. '{{\"x\": 1}}', "
+            f"got {arguments!r}"
+        )
+    expected = msgspec.json.encode(subject.spec.parameters).decode()
+    try:
+        msgspec.json.decode(arguments, type=subject.arguments_type)
+    except Exception as exc:  # ValidationError, or a __post_init__ of a nested type
+        raise BenchInputError(
+            f"--args do not fit the arguments of tool {subject.name!r}: {exc}. "
+            f"Expected arguments: {expected}"
+        ) from None
+
+
+def counted(original: Tool[..., Any], gauge: Gauge) -> Tool[..., Any]:
+    """``original`` with its function wrapped so ``gauge`` counts the calls in flight."""
+    fn: Callable[..., Any] = original.fn
+    wrapper: Callable[..., Any]
+    if original.is_async:
+
+        async def wrapper(**kwargs: Any) -> Any:
+            gauge.enter()
+            try:
+                return await fn(**kwargs)
+            finally:
+                gauge.leave()
+
+    else:
+
+        def wrapper(**kwargs: Any) -> Any:
+            gauge.enter()
+            try:
+                return fn(**kwargs)
+            finally:
+                gauge.leave()
+
+    # The same schema as the original: its signature and its resolved annotations.
+    hints_source, doc, _ = introspect(fn)
+    setattr(wrapper, "__signature__", inspect.signature(fn))  # noqa: B010
+    wrapper.__annotations__ = typing.get_type_hints(hints_source, include_extras=True)
+    wrapper.__doc__ = doc
+    return Tool(
+        wrapper,
+        name=original.name,
+        description=original.description,
+        timeout=original.timeout,
+        retries=original.retries,
+        retry_delay=original.retry_delay,
+        max_result_chars=original.max_result_chars,
+        limiter=original.limiter,
+    )
+
+
+class _PlanModel:
+    """A lean scripted model: ``turns`` by step, known from the last call id.
+
+    It keeps no record and its token estimate is constant, so the measure is the
+    runtime's and the tool's, not the fake's.
+    """
+
+    name = "bench"
+
+    def __init__(self, turns: Sequence[ModelResponse]) -> None:
+        self.turns = tuple(turns)
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        await anyio.lowlevel.checkpoint()
+        last = request.messages[-1]
+        step = int(last.call_id.split("_")[1]) + 1 if isinstance(last, ToolResultMessage) else 0
+        return self.turns[min(step, len(self.turns) - 1)]
+
+    def estimate_tokens(self, request: ModelRequest) -> int:
+        return 1
+
+    async def aclose(self) -> None:
+        return None
+
+
+def plan(name: str, arguments: str, fanout: int, calls: int) -> list[tuple[ModelResponse, ...]]:
+    """The turns of each execution: ``fanout`` calls per step, ``calls`` in all."""
+    steps_each = max(1, min(STEPS_PER_EXECUTION, CALLS_PER_EXECUTION // fanout))
+    per_execution = steps_each * fanout
+    sizes = [per_execution] * (calls // per_execution)
+    if calls % per_execution:
+        sizes.append(calls % per_execution)
+    cache: dict[int, tuple[ModelResponse, ...]] = {}
+    for size in set(sizes):
+        turns = [
+            ModelResponse(
+                tool_calls=tuple(
+                    ToolCall(id=f"call_{step}_{i}", name=name, arguments=arguments)
+                    for i in range(min(fanout, size - step * fanout))
+                ),
+                usage=_USAGE,
+                finish_reason="tool_calls",
+            )
+            for step in range(math.ceil(size / fanout))
+        ]
+        turns.append(ModelResponse(text="done", usage=_USAGE))
+        cache[size] = tuple(turns)
+    return [cache[size] for size in sizes]
+
+
+def percentile(ordered: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile of sorted ``ordered`` (0.0 when empty)."""
+    if not ordered:
+        return 0.0
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+async def measure(
+    subject: Tool[..., Any],
+    gauge: Gauge,
+    arguments: str,
+    *,
+    fanout: int,
+    concurrency: int,
+    calls: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> ToolReport:
+    """Run ``calls`` calls of ``subject`` under an agent; ``progress(done, total)``."""
+    for option, value in (("fanout", fanout), ("concurrency", concurrency), ("calls", calls)):
+        if value < 1:
+            raise BenchInputError(f"{option} must be a whole number >= 1, got {value}")
+    executions = plan(subject.name, arguments, fanout, calls)
+    latencies: list[float] = []
+    errors = 0
+    first_error = ""
+    incomplete = ""
+    ran = 0
+    agents: dict[int, Agent] = {}
+    async with Runtime() as runtime, anyio.create_task_group() as tg:
+        if progress is not None:
+            tg.start_soon(_report_progress, gauge, calls, progress)
+        began = time.perf_counter()
+        for turns in executions:
+            agent = agents.get(id(turns))
+            if agent is None:  # one definition per plan: a full execution, the remainder
+                agent = agents[id(turns)] = Agent(
+                    "bench",
+                    _PlanModel(turns),
+                    tools=[subject],
+                    tool_concurrency=concurrency,
+                    trace_limit=1,
+                )
+            # A fresh actor each time, so no execution carries the conversation of others.
+            ref = await runtime.spawn(agent)
+            result = await ref.ask("run the tool")
+            (trace,) = await ref.trace()
+            await ref.stop()
+            ran += 1
+            for step in trace.steps:
+                for outcome in step.outcomes:
+                    latencies.append(outcome.seconds)
+                    if outcome.is_error:
+                        errors += 1
+                        first_error = first_error or outcome.content
+            if not result.ok:
+                incomplete = f"an execution ended {result.status}: {result.stop_reason}"
+                break
+        wall = time.perf_counter() - began
+        tg.cancel_scope.cancel()
+    if progress is not None:
+        progress(len(latencies), calls)
+    latencies.sort()
+    return ToolReport(
+        tool=subject.name,
+        kind="async" if subject.is_async else "sync",
+        arguments=arguments,
+        fanout=fanout,
+        concurrency=concurrency,
+        calls=len(latencies),
+        errors=errors,
+        first_error=first_error,
+        wall_seconds=wall,
+        throughput=len(latencies) / wall if wall > 0 else 0.0,
+        p50=percentile(latencies, 0.50),
+        p95=percentile(latencies, 0.95),
+        p99=percentile(latencies, 0.99),
+        max=latencies[-1] if latencies else 0.0,
+        peak_concurrency=gauge.peak,
+        executions=ran,
+        incomplete=incomplete,
+    )
+
+
+async def _report_progress(gauge: Gauge, total: int, progress: Callable[[int, int], None]) -> None:
+    while True:
+        progress(min(gauge.finished, total), total)
+        await anyio.sleep(PROGRESS_INTERVAL)
