@@ -555,6 +555,8 @@ class Supervisor:
         node.own_requests += extra_requests
         if over is not None:
             self._refuse(*over)
+        if usage is None:
+            return Usage()
         return Usage(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
