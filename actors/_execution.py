@@ -152,13 +152,18 @@ class Execution:
         """
         node = self.node
         parent = node.parent
-        with structlog.contextvars.bound_contextvars(
+        # bind + reset, not bound_contextvars(): that one snapshots every context
+        # variable first, a cost paid per execution (per subagent call).
+        tokens = structlog.contextvars.bind_contextvars(
             agent_id=self.agent_id,
             parent_id=parent.id if parent is not None else None,
             depth=node.depth,
             execution_id=node.id,
-        ):
+        )
+        try:
             await self._run()
+        finally:
+            structlog.contextvars.reset_contextvars(**tokens)
 
     async def _run(self) -> None:
         node = self.node
