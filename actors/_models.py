@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, cast
 
@@ -29,7 +29,14 @@ import msgspec
 
 from runtime import FractorError
 
-from ._messages import AssistantMessage, ModelRequest, ModelResponse, ToolCall, Usage
+from ._messages import (
+    AssistantMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+)
 
 __all__ = [
     "Failure",
@@ -390,3 +397,30 @@ class FunctionModel(_ServingModel):
                 if tool_call.id:
                     self._take_id(tool_call.id)
         return self._serve(turn, request)
+
+
+class CycleModel:
+    """A lean scripted model for measurements: each execution gets ``turns`` in order.
+
+    The step is read from the last tool call id (``call_<step>_<i>``): O(1), no state,
+    so concurrent executions of one definition never mix their scripts. It records no
+    request and its token estimate is constant, so what is measured is the runtime
+    (and the tool under test), not the fake. Not part of the public API: the
+    benchmarks and ``fractor bench --tool`` use it.
+    """
+
+    def __init__(self, turns: Sequence[ModelResponse], *, name: str = "cycle") -> None:
+        self.turns = tuple(turns)
+        self.name = name
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        await anyio.lowlevel.checkpoint()
+        last = request.messages[-1]
+        step = int(last.call_id.split("_")[1]) + 1 if isinstance(last, ToolResultMessage) else 0
+        return self.turns[min(step, len(self.turns) - 1)]
+
+    def estimate_tokens(self, request: ModelRequest) -> int:
+        return 10
+
+    async def aclose(self) -> None:
+        return None

@@ -36,7 +36,8 @@ import msgspec
 from runtime import Runtime
 
 from ._agent import Agent
-from ._messages import ModelRequest, ModelResponse, ToolCall, ToolResultMessage, Usage
+from ._messages import ModelResponse, ToolCall, Usage
+from ._models import CycleModel
 from ._schema import describe, introspect
 from ._tools import Tool, ToolDefinitionError, tool
 
@@ -227,31 +228,6 @@ def counted(original: Tool[..., Any], gauge: Gauge) -> Tool[..., Any]:
     )
 
 
-class _PlanModel:
-    """A lean scripted model: ``turns`` by step, known from the last call id.
-
-    It keeps no record and its token estimate is constant, so the measure is the
-    runtime's and the tool's, not the fake's.
-    """
-
-    name = "bench"
-
-    def __init__(self, turns: Sequence[ModelResponse]) -> None:
-        self.turns = tuple(turns)
-
-    async def request(self, request: ModelRequest) -> ModelResponse:
-        await anyio.lowlevel.checkpoint()
-        last = request.messages[-1]
-        step = int(last.call_id.split("_")[1]) + 1 if isinstance(last, ToolResultMessage) else 0
-        return self.turns[min(step, len(self.turns) - 1)]
-
-    def estimate_tokens(self, request: ModelRequest) -> int:
-        return 1
-
-    async def aclose(self) -> None:
-        return None
-
-
 def plan(name: str, arguments: str, fanout: int, calls: int) -> list[tuple[ModelResponse, ...]]:
     """The turns of each execution: ``fanout`` calls per step, ``calls`` in all."""
     steps_each = max(1, min(STEPS_PER_EXECUTION, CALLS_PER_EXECUTION // fanout))
@@ -314,7 +290,7 @@ async def measure(
             if agent is None:  # one definition per plan: a full execution, the remainder
                 agent = agents[id(turns)] = Agent(
                     "bench",
-                    _PlanModel(turns),
+                    CycleModel(turns, name="bench"),
                     tools=[subject],
                     tool_concurrency=concurrency,
                     trace_limit=1,

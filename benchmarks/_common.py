@@ -16,42 +16,17 @@ import msgspec
 from actors import (
     AssistantMessage,
     Message,
-    ModelRequest,
     ModelResponse,
     ToolCall,
     ToolResultMessage,
     Usage,
     UserMessage,
 )
+from actors._models import CycleModel
 
 __all__ = ["CycleModel", "fanout_turns", "raw_execution", "step_turns"]
 
 _USAGE = Usage(input_tokens=10, output_tokens=5, requests=1)
-
-
-class CycleModel:
-    """A lean scripted model: answers each execution with ``turns`` by step count.
-
-    It keeps no record of requests and its token estimate is constant, so the
-    benchmark measures the runtime, not the fake.
-    """
-
-    def __init__(self, turns: Sequence[ModelResponse], name: str = "cycle") -> None:
-        self.turns = tuple(turns)
-        self.name = name
-
-    async def request(self, request: ModelRequest) -> ModelResponse:
-        await anyio.lowlevel.checkpoint()
-        last = request.messages[-1]
-        # O(1) and stateless: call ids carry their step ("call_<step>_<i>").
-        step = int(last.call_id.split("_")[1]) + 1 if isinstance(last, ToolResultMessage) else 0
-        return self.turns[min(step, len(self.turns) - 1)]
-
-    def estimate_tokens(self, request: ModelRequest) -> int:
-        return 10
-
-    async def aclose(self) -> None:
-        return None
 
 
 def _calls(name: str, k: int, step: int = 0) -> tuple[ToolCall, ...]:

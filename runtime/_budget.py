@@ -17,6 +17,27 @@ _COUNTERS = ("depth", "tokens", "input_tokens", "output_tokens", "requests", "to
 _MORE_COUNTERS = ("steps", "agents")
 
 
+def _check(owner: msgspec.Struct, names: tuple[str, ...], *, whole: bool, positive: bool) -> None:
+    """Each named field is None or a finite number (whole if asked), > 0 or >= 0."""
+    for name in names:
+        value = getattr(owner, name)
+        if value is None:
+            continue
+        kinds = int if whole else int | float
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, kinds)
+            or not math.isfinite(value)
+            or value < 0
+            or (positive and value == 0)
+        ):
+            kind = "a whole number" if whole else "a finite number"
+            bound = "> 0" if positive else ">= 0"
+            raise ValueError(
+                f"{type(owner).__name__}.{name} must be {kind} {bound} or None, got {value!r}"
+            )
+
+
 class Budget(msgspec.Struct, frozen=True, kw_only=True):
     """Hard limits. Counts are whole numbers >= 0; ``seconds`` and ``cost`` are > 0."""
 
@@ -32,25 +53,8 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True):
     cost: float | None = None
 
     def __post_init__(self) -> None:
-        for name in _COUNTERS + _MORE_COUNTERS:
-            value = getattr(self, name)
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 0
-            ):
-                raise ValueError(
-                    f"Budget.{name} must be a whole number >= 0 or None, got {value!r}"
-                )
-        for name in ("seconds", "cost"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                raise ValueError(
-                    f"Budget.{name} must be a finite number > 0 or None, got {value!r}"
-                )
+        _check(self, _COUNTERS + _MORE_COUNTERS, whole=True, positive=False)
+        _check(self, ("seconds", "cost"), whole=False, positive=True)
 
     def merge(self, other: Budget | None) -> Budget:
         """The tighter of two budgets, field by field."""
@@ -96,15 +100,7 @@ class Price(msgspec.Struct, frozen=True, kw_only=True):
     cached_input_per_million: float | None = None
 
     def __post_init__(self) -> None:
-        for name in self.__struct_fields__:
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                raise ValueError(f"Price.{name} must be a finite number >= 0, got {value!r}")
+        _check(self, self.__struct_fields__, whole=False, positive=False)
 
     def cost(self, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:
         """The cost of one request; cached input tokens at their own price if given."""

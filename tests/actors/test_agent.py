@@ -22,17 +22,7 @@ from actors import (
 )
 from runtime import Budget, Runtime
 
-
-@tool
-async def get_weather(city: str) -> str:
-    """Current weather for a city."""
-    return f"22°C and sunny in {city}"
-
-
-@tool
-async def add(a: int, b: int) -> int:
-    """Add two numbers."""
-    return a + b
+from .tools import add, get_weather, hanging
 
 
 def tool_messages(messages: tuple[object, ...]) -> list[object]:
@@ -261,15 +251,7 @@ async def test_deadline_times_out_with_an_empty_buffer() -> None:
 
 
 async def test_cancellation_mid_execution_leaves_no_half_written_state() -> None:
-    entered = anyio.Event()
-
-    @tool
-    async def hang() -> str:
-        """Never returns."""
-        entered.set()
-        await anyio.sleep_forever()
-        return "never"  # pragma: no cover
-
+    hang, entered = hanging()
     model = ScriptedModel([call("hang")])
     agent = Agent("a", model, tools=[hang])
     async with Runtime() as rt:

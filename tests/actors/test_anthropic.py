@@ -20,33 +20,20 @@ from actors import (
     AssistantMessage,
     ModelRequest,
     ProviderError,
-    RetryPolicy,
     SystemMessage,
     ToolCall,
     ToolResultMessage,
     ToolSpec,
     UserMessage,
-    tool,
 )
 from actors._anthropic import check_event_loop
 from actors._cli import main
 from runtime import Budget, Runtime
 
 from .loopback import LoopbackServer, Received, json_reply, text_reply
+from .tools import add, ask_once, get_weather
 
 KEY = "sk-ant-test-not-a-real-key"
-
-
-@tool
-async def get_weather(city: str) -> str:
-    """Current weather for a city."""
-    return f"22°C and sunny in {city}"
-
-
-@tool
-async def add(a: int, b: int) -> int:
-    """Add two numbers."""
-    return a + b
 
 
 def text(value: str) -> dict[str, Any]:
@@ -502,9 +489,7 @@ async def test_overloaded_then_success_is_retried_by_the_policy(server: Loopback
         json_reply(message(text("Made it."))),
     )
     async with model_for(server) as model:
-        agent = Agent("assistant", model, retry=RetryPolicy(retries=2, initial_delay=0))
-        async with Runtime() as rt:
-            result = await (await rt.spawn(agent)).ask("Go")
+        result = await ask_once(model)
     assert (result.status, result.text) == ("completed", "Made it.")
     assert result.usage.requests == 3
     assert len(server.requests) == 3
@@ -516,9 +501,7 @@ async def test_an_invalid_key_fails_at_once(server: LoopbackServer) -> None:
         json_reply(message(text("never served"))),
     )
     async with model_for(server) as model:
-        agent = Agent("assistant", model, retry=RetryPolicy(retries=2, initial_delay=0))
-        async with Runtime() as rt:
-            result = await (await rt.spawn(agent)).ask("Go")
+        result = await ask_once(model)
     assert result.status == "failed"
     assert len(server.requests) == 1
     assert "anthropic" in result.stop_reason
@@ -529,9 +512,7 @@ async def test_an_invalid_key_fails_at_once(server: LoopbackServer) -> None:
 async def test_server_errors_beyond_the_retries_fail_clearly(server: LoopbackServer) -> None:
     server.queue(*[json_reply(error_body("api_error", "Internal server error"), status=500)] * 3)
     async with model_for(server) as model:
-        agent = Agent("assistant", model, retry=RetryPolicy(retries=2, initial_delay=0))
-        async with Runtime() as rt:
-            result = await (await rt.spawn(agent)).ask("Go")
+        result = await ask_once(model)
     assert result.status == "failed"
     assert len(server.requests) == 3
     assert "anthropic model 'claude-test', HTTP 500" in result.stop_reason

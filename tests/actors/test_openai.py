@@ -26,27 +26,15 @@ from actors import (
     ToolSpec,
     UserMessage,
     model_from_string,
-    tool,
 )
 from actors._cli import main
 from actors._cli_run import run_command
 from runtime import Budget, Runtime
 
 from .loopback import LoopbackServer, json_reply, text_reply
+from .tools import add, ask_once, get_weather
 
 KEY = "sk-test-not-a-real-key"
-
-
-@tool
-async def get_weather(city: str) -> str:
-    """Current weather for a city."""
-    return f"22°C and sunny in {city}"
-
-
-@tool
-async def add(a: int, b: int) -> int:
-    """Add two numbers."""
-    return a + b
 
 
 def completion(
@@ -510,9 +498,7 @@ async def test_429_then_success_is_retried_by_the_policy(server: LoopbackServer)
         json_reply(completion("Made it.")),
     )
     async with model_for(server) as model:
-        agent = Agent("assistant", model, retry=RetryPolicy(retries=2, initial_delay=0))
-        async with Runtime() as rt:
-            result = await (await rt.spawn(agent)).ask("Go")
+        result = await ask_once(model)
     assert result.status == "completed", result.stop_reason
     assert result.text == "Made it."
     assert result.usage.requests == 2
@@ -526,9 +512,7 @@ async def test_an_invalid_key_fails_at_once(server: LoopbackServer) -> None:
         json_reply(completion("never served")),
     )
     async with model_for(server) as model:
-        agent = Agent("assistant", model, retry=RetryPolicy(retries=2, initial_delay=0))
-        async with Runtime() as rt:
-            result = await (await rt.spawn(agent)).ask("Go")
+        result = await ask_once(model)
     assert result.status == "failed"
     assert len(server.requests) == 1
     assert "openai" in result.stop_reason
@@ -540,9 +524,7 @@ async def test_an_invalid_key_fails_at_once(server: LoopbackServer) -> None:
 async def test_server_errors_beyond_the_retries_fail_clearly(server: LoopbackServer) -> None:
     server.queue(*[json_reply(error_body("boom", "server_error"), status=500)] * 3)
     async with model_for(server) as model:
-        agent = Agent("assistant", model, retry=RetryPolicy(retries=2, initial_delay=0))
-        async with Runtime() as rt:
-            result = await (await rt.spawn(agent)).ask("Go")
+        result = await ask_once(model)
     assert result.status == "failed"
     assert len(server.requests) == 3
     assert result.usage.requests == 3
@@ -741,3 +723,21 @@ def test_fractor_run_reports_failures_and_bad_options(
     with pytest.raises(SystemExit):
         main(["run", "--model", "openai:m", "--budget-tokens", "0", "go"])
     assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--budget-tokens", "0", "expected a whole number >= 1, got 0"),
+        ("--retries", "-1", "expected a whole number >= 0, got -1"),
+        ("--max-tokens", "ten", "expected a whole number, got 'ten'"),
+    ],
+)
+def test_run_rejects_bad_numbers_saying_what_was_expected(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--model", "openai:m", option, value, "go"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: {message}" in err

@@ -27,6 +27,8 @@ from actors import (
 from actors._models import Turn
 from runtime import Budget, Price, Runtime
 
+from .tools import counting_work, hanging
+
 
 def last_message_text(request: ModelRequest) -> str:
     return request.messages[-1].content
@@ -113,16 +115,7 @@ async def test_three_children_run_concurrently() -> None:
 
 
 async def test_a_thousand_children_share_a_tool_call_budget_exactly() -> None:
-    ran = 0
-
-    @tool
-    async def work() -> str:
-        """Counts the calls that really run."""
-        nonlocal ran
-        ran += 1
-        await anyio.lowlevel.checkpoint()
-        return "ok"
-
+    work, counter = counting_work()
     child = Agent("child", stepped(call("work"), reply("done")), tools=[work])
     lead = Agent(
         "lead",
@@ -138,7 +131,7 @@ async def test_a_thousand_children_share_a_tool_call_budget_exactly() -> None:
         await anyio.wait_all_tasks_blocked()  # let the cancelled children finish
         tree = rt.tree()
         live = rt.statistics().live_actors
-    assert ran == 100
+    assert counter.ran == 100
     assert result.status == "budget_exceeded"
     assert result.usage.tool_calls == 100
     assert "tool_calls limit of 100 reached" in result.stop_reason
@@ -150,16 +143,7 @@ async def test_a_thousand_children_share_a_tool_call_budget_exactly() -> None:
 
 
 async def test_top_level_agents_share_the_runtime_budget_and_all_answer() -> None:
-    ran = 0
-
-    @tool
-    async def work() -> str:
-        """Counts the calls that really run."""
-        nonlocal ran
-        ran += 1
-        await anyio.lowlevel.checkpoint()
-        return "ok"
-
+    work, counter = counting_work()
     agent = Agent("worker", stepped(call("work"), reply("done")), tools=[work])
     results = []
     async with Runtime(budget=Budget(tool_calls=100)) as rt:
@@ -172,7 +156,7 @@ async def test_top_level_agents_share_the_runtime_budget_and_all_answer() -> Non
             async with anyio.create_task_group() as tg:
                 for index in range(len(refs)):
                     tg.start_soon(ask, index)
-    assert ran == 100
+    assert counter.ran == 100
     assert len(results) == 300
     assert {r.status for r in results} <= {"completed", "budget_exceeded"}
     assert sum(r.usage.tool_calls for r in results) == 100
@@ -410,15 +394,7 @@ async def test_restarts_are_bounded_by_the_policy() -> None:
 
 
 async def test_cancelling_a_node_cancels_its_subtree_and_the_ask_answers() -> None:
-    entered = anyio.Event()
-
-    @tool
-    async def hang() -> str:
-        """Never returns."""
-        entered.set()
-        await anyio.sleep_forever()
-        return "never"  # pragma: no cover
-
+    hang, entered = hanging()
     child = Agent("child", stepped(call("hang"), reply("never")), tools=[hang])
     lead = Agent(
         "lead", ScriptedModel([call("child", task="x"), reply("never")]), subagents=[child]

@@ -1,0 +1,65 @@
+"""Tools shared by the agent tests. Tools that keep per-test state are factories."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from actors import Agent, Model, Result, RetryPolicy, Tool, tool
+from runtime import Runtime
+
+
+@tool
+async def get_weather(city: str) -> str:
+    """Current weather for a city."""
+    return f"22°C and sunny in {city}"
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+class Counter:
+    """How many calls of a counting tool really ran."""
+
+    def __init__(self) -> None:
+        self.ran = 0
+
+
+def counting_work() -> tuple[Tool[..., Any], Counter]:
+    """A ``work`` tool that counts the calls that really run (one checkpoint each)."""
+    counter = Counter()
+
+    @tool
+    async def work() -> str:
+        """Counts the calls that really run."""
+        counter.ran += 1
+        await anyio.lowlevel.checkpoint()
+        return "ok"
+
+    return work, counter
+
+
+def hanging() -> tuple[Tool[..., Any], anyio.Event]:
+    """A ``hang`` tool that never returns, and an event set once it has been entered."""
+    entered = anyio.Event()
+
+    @tool
+    async def hang() -> str:
+        """Never returns."""
+        entered.set()
+        await anyio.sleep_forever()
+        return "never"  # pragma: no cover
+
+    return hang, entered
+
+
+async def ask_once(model: Model, text: str = "Go", *, retries: int = 2) -> Result:
+    """One task for a fresh agent on ``model``, retrying model requests at once."""
+    agent = Agent("assistant", model, retry=RetryPolicy(retries=retries, initial_delay=0))
+    async with Runtime() as rt:
+        return await (await rt.spawn(agent)).ask(text)

@@ -1,0 +1,68 @@
+"""Budget, Price and Usage: validation of bad input, merging, arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from runtime import Budget, Price, Usage
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"tokens": -1}, r"Budget\.tokens must be a whole number >= 0 or None, got -1"),
+        ({"steps": 2.5}, r"Budget\.steps must be a whole number >= 0 or None, got 2\.5"),
+        ({"depth": True}, r"Budget\.depth must be a whole number >= 0 or None, got True"),
+        ({"seconds": 0}, r"Budget\.seconds must be a finite number > 0 or None, got 0"),
+        ({"cost": math.inf}, r"Budget\.cost must be a finite number > 0 or None, got inf"),
+        ({"seconds": -3.0}, r"Budget\.seconds must be a finite number > 0 or None"),
+    ],
+)
+def test_budget_rejects_bad_limits_naming_the_field(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Budget(**fields)  # type: ignore[arg-type]
+
+
+def test_budget_accepts_zero_counts_and_fractional_seconds() -> None:
+    budget = Budget(tool_calls=0, seconds=0.25, cost=1)
+    assert (budget.tool_calls, budget.seconds, budget.cost) == (0, 0.25, 1)
+
+
+def test_merge_takes_the_tighter_limit_field_by_field() -> None:
+    agent = Budget(tokens=1_000, steps=10, seconds=30)
+    task = Budget(tokens=500, requests=3, seconds=60)
+    assert agent.merge(task) == Budget(tokens=500, steps=10, requests=3, seconds=30)
+    assert agent.merge(None) is agent
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"input_per_million": -1.0, "output_per_million": 1.0},
+        {"input_per_million": 1.0, "output_per_million": math.nan},
+        {"input_per_million": 1.0, "output_per_million": 1.0, "cached_input_per_million": -0.1},
+    ],
+)
+def test_price_rejects_negative_or_non_finite_prices(fields: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=r"Price\.\w+ must be a finite number >= 0"):
+        Price(**fields)
+
+
+def test_price_costs_cached_input_at_its_own_price() -> None:
+    price = Price(input_per_million=2.0, output_per_million=8.0, cached_input_per_million=0.5)
+    # 600 fresh input, 400 cached, 100 output.
+    assert price.cost(1_000, 100, cached_tokens=400) == pytest.approx(
+        (600 * 2.0 + 400 * 0.5 + 100 * 8.0) / 1_000_000
+    )
+    free = Price(input_per_million=0, output_per_million=0)
+    assert free.cost(10**6, 10**6) == 0
+
+
+def test_usage_adds_field_by_field() -> None:
+    total = Usage(input_tokens=3, requests=1, cost=0.5) + Usage(output_tokens=4, tool_calls=2)
+    assert total == Usage(input_tokens=3, output_tokens=4, requests=1, tool_calls=2, cost=0.5)
+    assert total.total_tokens == 7
