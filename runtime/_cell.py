@@ -172,42 +172,39 @@ class Cell:
             return f"failed to start: {exc!r}"
         task_status.started(self.ref)
         mailbox = self.mailbox
-        receive = mailbox.receive_stream.receive  # hot path: no wrapper frame per message
+        receive = mailbox.receive
         pending = self.pending
         handle = self.actor.receive
         stop_on_failure = self.actor.on_failure == "stop"
-        try:
-            while True:
-                envelope = await receive()
-                request_id = envelope.request_id
-                try:
-                    value = await handle(envelope.message)
-                except Exception as exc:
-                    mailbox.failed += 1
-                    if request_id:
-                        reply = pending.pop(request_id, None)
-                        if reply is not None:
-                            reply.set_error(exc)
-                    else:
-                        log.warning(
-                            "message failed",
-                            actor_id=self.id,
-                            message_type=type(envelope.message).__qualname__,
-                            error=repr(exc),
-                        )
-                    if stop_on_failure:
-                        self.children.close_all(f"parent {self.id!r} failed")
-                        return f"failed: {exc!r}"
-                    continue
-                mailbox.handled += 1
+        while (envelope := await receive()) is not None:
+            request_id = envelope.request_id
+            try:
+                value = await handle(envelope.message)
+            except Exception as exc:
+                mailbox.failed += 1
                 if request_id:
                     reply = pending.pop(request_id, None)
                     if reply is not None:
-                        reply.set_result(value)
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            # Closed and drained: a graceful stop.
-            self.children.close_all(f"parent {self.id!r} stopped")
-            return mailbox.reason or "stopped"
+                        reply.set_error(exc)
+                else:
+                    log.warning(
+                        "message failed",
+                        actor_id=self.id,
+                        message_type=type(envelope.message).__qualname__,
+                        error=repr(exc),
+                    )
+                if stop_on_failure:
+                    self.children.close_all(f"parent {self.id!r} failed")
+                    return f"failed: {exc!r}"
+                continue
+            mailbox.handled += 1
+            if request_id:
+                reply = pending.pop(request_id, None)
+                if reply is not None:
+                    reply.set_result(value)
+        # Closed and drained: a graceful stop.
+        self.children.close_all(f"parent {self.id!r} stopped")
+        return mailbox.reason or "stopped"
 
     def _finish(self, reason: str) -> None:
         """Mark the actor stopped and settle every pending ask. Never awaits."""

@@ -13,9 +13,11 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 
 from ._exceptions import AskTimeout, MailboxFull
 from ._messages import Envelope, MailboxStatistics
+from ._waiter import Waiter, new_waiter, park, wake
 
 if TYPE_CHECKING:
     from ._cell import Cell
@@ -32,12 +34,12 @@ class PendingReply:
     ``ActorStopped`` when the actor stops first.
     """
 
-    __slots__ = ("_cell", "_error", "_event", "_message", "_settled", "_value", "request_id")
+    __slots__ = ("_cell", "_error", "_message", "_settled", "_value", "_waiter", "request_id")
 
     def __init__(self, cell: Cell, message: object) -> None:
         self._cell = cell
         self._message = message
-        self._event = anyio.Event()
+        self._waiter: Waiter | None = None  # made by the first wait, if it must wait
         self._settled = False
         self._value: Any = None
         self._error: BaseException | None = None
@@ -51,13 +53,15 @@ class PendingReply:
         if not self._settled:
             self._settled = True
             self._value = value
-            self._event.set()
+            if self._waiter is not None:
+                wake(self._waiter)
 
     def set_error(self, error: BaseException) -> None:
         if not self._settled:
             self._settled = True
             self._error = error
-            self._event.set()
+            if self._waiter is not None:
+                wake(self._waiter)
 
     def result(self) -> Any:
         """The reply if it has arrived; raises its error, or ``RuntimeError`` if not yet."""
@@ -75,10 +79,10 @@ class PendingReply:
         if not self._settled:
             try:
                 if timeout is None:
-                    await self._event.wait()
+                    await self._settle()
                 else:
                     with anyio.fail_after(timeout):
-                        await self._event.wait()
+                        await self._settle()
             except TimeoutError:
                 self._withdraw()
                 raise AskTimeout(self._cell.id, timeout or 0.0, self._message) from None
@@ -88,6 +92,15 @@ class PendingReply:
         if self._error is not None:
             raise self._error
         return self._value
+
+    async def _settle(self) -> None:
+        """Wait until settled; a checkpoint even when it already is."""
+        if self._settled:
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._waiter is None:
+            self._waiter = new_waiter()
+        await park(self._waiter)
 
     def _withdraw(self) -> None:
         self._cell.pending.pop(self.request_id, None)
@@ -171,11 +184,11 @@ class ActorRef:
                     mailbox.send_nowait(envelope)
                 except MailboxFull:
                     await mailbox.send(envelope)
-                await reply._event.wait()
+                await reply._settle()
             else:
                 with anyio.fail_after(timeout):
                     await mailbox.send(envelope)
-                    await reply._event.wait()
+                    await reply._settle()
         except TimeoutError:
             reply._withdraw()
             raise AskTimeout(cell.id, timeout or 0.0, message) from None

@@ -109,3 +109,108 @@ async def test_closed_mailbox_keeps_queued_messages_and_refuses_new() -> None:
     assert (first.message, second.message) == (1, 2)
     assert await box.receive() is None
     assert box.discard() == []
+
+
+async def test_cancelled_waiting_sender_passes_its_turn_and_nothing_is_lost() -> None:
+    box = Mailbox("m", 1)
+    box.send_nowait(Envelope(message="first"))
+    delivered: list[str] = []
+    doomed = anyio.CancelScope()
+
+    async def sender(name: str, scope: anyio.CancelScope) -> None:
+        with scope:
+            await box.send(Envelope(message=name))
+            delivered.append(name)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sender, "a", doomed)
+        await wait_all_tasks_blocked()
+        tg.start_soon(sender, "b", anyio.CancelScope())
+        await wait_all_tasks_blocked()
+        assert box.statistics().waiting_senders == 2
+        # Cancel "a", then take a message before "a" runs (the take wakes "a", first
+        # in line): the freed slot must go to "b", which would otherwise wait forever.
+        doomed.cancel()
+        taken = box.receive_nowait()
+        with anyio.fail_after(1):
+            while not delivered:
+                await checkpoint()
+    assert taken is not None
+    assert taken.message == "first"
+    assert delivered == ["b"]
+    last = box.receive_nowait()
+    assert last is not None
+    assert last.message == "b"
+    assert box.statistics().waiting_senders == 0
+
+
+async def test_closing_wakes_waiting_senders_with_actor_stopped() -> None:
+    from runtime import ActorStopped
+
+    box = Mailbox("m", 1)
+    box.send_nowait(Envelope(message=0))
+    errors: list[BaseException] = []
+
+    async def sender() -> None:
+        try:
+            await box.send(Envelope(message=1))
+        except ActorStopped as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(sender)
+        await wait_all_tasks_blocked()
+        box.close("stopped")
+    assert len(errors) == 3
+    assert len(box) == 1  # what was queued before the close stays
+
+
+async def test_long_queue_keeps_fifo_order_across_compactions() -> None:
+    box = Mailbox("m", 500)
+    taken: list[int] = []
+    sent = 0
+    # Keep the queue from ever emptying so the list is compacted, not cleared.
+    for _ in range(40):
+        for _ in range(25):
+            box.send_nowait(Envelope(message=sent))
+            sent += 1
+        for _ in range(20):
+            envelope = await box.receive()
+            assert envelope is not None
+            taken.append(envelope.message)
+    assert len(box) == sent - len(taken)
+    assert len(box._queue) < 2 * 500  # compacted: taken slots are not kept forever
+    box.close("stopped")
+    while (envelope := await box.receive()) is not None:
+        taken.append(envelope.message)
+    assert taken == list(range(sent))
+
+
+async def test_busy_actor_lets_others_run_and_sees_its_cancellation() -> None:
+    """Queued messages are taken without waiting, with a checkpoint every few."""
+    handled = 0
+
+    class Busy(Recorder):
+        async def receive(self, message: object) -> None:  # never awaits
+            nonlocal handled
+            handled += 1
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await checkpoint()
+
+    async with Runtime() as rt, anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        ref = await rt.spawn(Busy(), mailbox_size=1_000)
+        for i in range(1_000):
+            ref.tell_nowait(i)
+        before = ticks
+        await ref.stop()
+        assert handled == 1_000
+        assert ticks - before >= 1_000 // 16 - 2  # the ticker ran while it drained
+        tg.cancel_scope.cancel()
