@@ -73,7 +73,8 @@ class Agent:
     ``subagents`` are other agents offered to the model as tools (name, description,
     one ``task`` argument); each call runs the subagent as a child actor and returns
     only its final response. ``budget`` limits each execution, descendants included.
-    ``tool_concurrency`` bounds how many tool calls of one step run at once.
+    ``tool_concurrency`` bounds how many tool calls of one step run at once, and
+    how many subagents (counted apart: a step may run that many of each).
     ``stop_when`` is called with each step's record after its tools ran; returning
     True ends the execution. ``max_tokens`` caps each model request's output (the
     supervisor may cap it lower). ``retry`` and ``restart`` are the supervision
@@ -162,7 +163,9 @@ class AgentActor(Actor):
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.mailbox_size = agent.mailbox_size
-        self.spawns_children = bool(agent.subagents)
+        # Subagents run in a task group of the step that calls them (spawn_soon), not
+        # in one of the actor's own: it needs none.
+        self.spawns_children = False
         self.system = agent.instructions
         self.summary: list[Message] = []
         self.buffer: list[Message] = []

@@ -12,7 +12,7 @@ useful text, so a caller always gets an answer.
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -21,7 +21,17 @@ import anyio
 import msgspec
 import structlog
 
-from runtime import ActorContext, Budget, BudgetExceeded, EventKind, Node, Supervisor, Usage
+from runtime import (
+    ActorContext,
+    Budget,
+    BudgetExceeded,
+    EventKind,
+    Node,
+    PendingReply,
+    Supervisor,
+    Usage,
+)
+from runtime._waiter import Waiter, new_waiter, park, wake
 
 from ._messages import (
     AssistantMessage,
@@ -39,6 +49,8 @@ from ._messages import (
 from ._policy import is_retryable
 
 if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
     from ._agent import Agent, AgentRef
 
 __all__ = ["Execution", "StopCondition", "Task", "synthesize"]
@@ -47,7 +59,7 @@ __all__ = ["Execution", "StopCondition", "Task", "synthesize"]
 StopCondition = Callable[[StepRecord], bool]
 
 
-class Task(msgspec.Struct, frozen=True, kw_only=True):
+class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A task for an agent: one user message, optionally with its own budget.
 
     ``node`` is set when a parent execution already opened this task's node in the
@@ -326,29 +338,49 @@ class Execution:
     async def _run_tools(self, calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
         """Run every call of one step concurrently; outcomes keep the calls' order.
 
-        At most ``tool_concurrency`` calls run at once: that many workers share one
-        iterator over the calls (taking the next call never awaits), so the bound
-        costs no lock and no more tasks than it allows.
+        Tool calls run on at most ``tool_concurrency`` workers that share one
+        iterator over them (taking the next call never awaits), so the bound costs no
+        lock and no more tasks than it allows. Subagent calls need no worker: each is
+        a child actor in this step's task group (see ``_Delegation``), at most
+        ``tool_concurrency`` of them at once.
         """
+        subagents = self.agent.subagents_by_name
+        if subagents and any(call.name in subagents for call in calls):
+            return await self._run_with_subagents(calls)
         if len(calls) == 1:
             return [await self._run_call(calls[0])]
         outcomes: list[ToolOutcome] = [_NOT_RUN] * len(calls)
-        pending = iter(enumerate(calls))
+        async with anyio.create_task_group() as tg:
+            self._start_workers(tg, list(enumerate(calls)), outcomes)
+        return outcomes
+
+    def _start_workers(
+        self, tg: TaskGroup, calls: list[tuple[int, ToolCall]], outcomes: list[ToolOutcome]
+    ) -> None:
+        pending = iter(calls)
         run_call = self._run_call
 
         async def worker() -> None:
             for index, call in pending:
                 outcomes[index] = await run_call(call)
 
+        for _ in range(min(len(calls), self.agent.tool_concurrency)):
+            tg.start_soon(worker)
+
+    async def _run_with_subagents(self, calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
+        subagents = self.agent.subagents_by_name
+        outcomes: list[ToolOutcome] = [_NOT_RUN] * len(calls)
+        tools = [(i, call) for i, call in enumerate(calls) if call.name not in subagents]
+        delegated = [(i, call) for i, call in enumerate(calls) if call.name in subagents]
+        # The children live in this block: whatever interrupts the step (a stop of
+        # the tree, a deadline, a cancellation) cancels them with it, in one delivery.
         async with anyio.create_task_group() as tg:
-            for _ in range(min(len(calls), self.agent.tool_concurrency)):
-                tg.start_soon(worker)
+            if tools:
+                self._start_workers(tg, tools, outcomes)
+            await _Delegation(self, tg, delegated, outcomes).run()
         return outcomes
 
     async def _run_call(self, call: ToolCall) -> ToolOutcome:
-        subagent = self.agent.subagents_by_name.get(call.name)
-        if subagent is not None:
-            return await self._delegate(subagent, call)  # counted as an agent, not a call
         try:
             self.supervisor.charge(self.node, tool_calls=1)
         except BudgetExceeded as exc:
@@ -366,51 +398,6 @@ class Execution:
             result=outcome.content[:200],
         )
         return outcome
-
-    async def _delegate(self, subagent: Agent, call: ToolCall) -> ToolOutcome:
-        """Run a subagent as a child actor; only its final response comes back."""
-        began = time.perf_counter()
-        try:
-            task = _decode_task(call.arguments).task
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            return _refused(
-                call,
-                f"invalid arguments for subagent {call.name!r}: {exc}. "
-                'Expected arguments: {"task": "<what the subagent should do>"}',
-            )
-        supervisor = self.supervisor
-        try:
-            child_node = supervisor.open(self.node, name=subagent.name, limits=subagent.budget)
-        except BudgetExceeded as exc:
-            return _refused(call, f"subagent {call.name!r} not started: {exc}")
-        # The child actor takes its node's id: whatever happens below (even a spawn that
-        # completes as this step is cancelled), the finally can find it and stop it.
-        child_node.actor_id = child_node.id
-        context = self.context
-        try:
-            child: AgentRef = await context.spawn(subagent, id=child_node.id)
-            if context.runtime.event_bus.active:
-                self._emit("spawn", child=subagent.name, child_id=child_node.id, task=task[:200])
-            result: Result = await child.actor.ask(Task(text=task, node=child_node.id))
-        except Exception as exc:
-            supervisor.close(child_node, "failed", f"{type(exc).__name__}: {exc}")
-            return _refused(call, f"subagent {call.name!r} failed: {type(exc).__name__}: {exc}")
-        finally:
-            # Unanswered (this step was interrupted): abandoning the child's node stops
-            # its execution and subtree, for the same reason as this step. Either way,
-            # closing its mailbox then ends the actor once it has answered; no second
-            # cancellation is needed (each costs a task repr on anyio's asyncio backend).
-            supervisor.abandon(child_node, self.node)
-            with contextlib.suppress(KeyError):
-                context.runtime.ref(child_node.id).stop_nowait()
-        if result.status == "failed" and subagent.escalate:
-            self.escalation = f"subagent {call.name!r} failed and escalated: {result.stop_reason}"
-        return ToolOutcome(
-            call=call,
-            content=result.text,
-            is_error=result.status != "completed",
-            seconds=time.perf_counter() - began,
-        )
 
     def _record(
         self,
@@ -494,6 +481,137 @@ class Execution:
             parent_id=parent.id if (parent := self.node.parent) and parent.parent else "",
             agent_name=self.agent.name,
         )
+
+
+class _Delegation:
+    """The subagent calls of one step: each one a child actor, and no task of ours.
+
+    A call opens the child's node in the supervisor's tree (its budget is checked
+    there), spawns the child in the step's task group with ``spawn_soon``, queues
+    its task and closes its mailbox at once (the task is its only message: it
+    answers, then stops). Its reply settles through a callback that records the
+    outcome; the parent's task parks once and is woken when every child has
+    answered or a slot frees for a call still waiting (at most ``tool_concurrency``
+    children run at once). Only final responses come back.
+
+    If the step is interrupted, the task group cancels the children; ``run`` then
+    marks the nodes of those that have not answered with the parent's reason (no
+    second cancellation: one delivery from the top reached the whole subtree).
+    """
+
+    __slots__ = ("execution", "outcomes", "pending", "running", "stopped", "task_group", "waiter")
+
+    def __init__(
+        self,
+        execution: Execution,
+        task_group: TaskGroup,
+        calls: list[tuple[int, ToolCall]],
+        outcomes: list[ToolOutcome],
+    ) -> None:
+        self.execution = execution
+        self.task_group = task_group
+        self.pending = collections.deque(calls)
+        self.outcomes = outcomes
+        self.running: dict[int, Node] = {}
+        # Children that stopped without answering (failed to start, cancelled), with
+        # why: their nodes are closed by ``run``, which knows whether the step goes on.
+        self.stopped: list[tuple[Node, str]] = []
+        self.waiter: Waiter | None = None
+
+    async def run(self) -> None:
+        execution = self.execution
+        supervisor = execution.supervisor
+        limit = execution.agent.tool_concurrency
+        running = self.running
+        try:
+            while True:
+                while self.pending and len(running) < limit:
+                    self._launch(*self.pending.popleft())
+                while self.stopped:
+                    node, reason = self.stopped.pop()
+                    supervisor.close(node, "failed", reason)
+                if not running:
+                    return
+                self.waiter = new_waiter()
+                await park(self.waiter)
+                self.waiter = None
+        except BaseException:
+            # Interrupted: the task group cancels the children; their nodes end with
+            # this execution's reason.
+            for node in [*running.values(), *(node for node, _ in self.stopped)]:
+                supervisor.abandon(node, execution.node, cancel=False)
+            raise
+
+    def _launch(self, index: int, call: ToolCall) -> None:
+        execution = self.execution
+        subagent = execution.agent.subagents_by_name[call.name]
+        try:
+            task = _decode_task(call.arguments).task
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            self.outcomes[index] = _refused(
+                call,
+                f"invalid arguments for subagent {call.name!r}: {exc}. "
+                'Expected arguments: {"task": "<what the subagent should do>"}',
+            )
+            return
+        supervisor = execution.supervisor
+        try:
+            node = supervisor.open(execution.node, name=subagent.name, limits=subagent.budget)
+        except BudgetExceeded as exc:
+            self.outcomes[index] = _refused(call, f"subagent {call.name!r} not started: {exc}")
+            return
+        node.actor_id = node.id  # the child actor takes its node's id
+        began = time.perf_counter()
+        try:
+            child: AgentRef = execution.context.spawn_soon(
+                subagent, task_group=self.task_group, id=node.id
+            )
+            reply = child.actor.ask_nowait(Task(text=task, node=node.id))
+            child.actor.stop_nowait()  # the task is its only message
+        except Exception as exc:
+            supervisor.close(node, "failed", f"{type(exc).__name__}: {exc}")
+            self.outcomes[index] = _refused(
+                call, f"subagent {call.name!r} failed: {type(exc).__name__}: {exc}"
+            )
+            return
+        if execution.context.runtime.event_bus.active:
+            execution._emit("spawn", child=subagent.name, child_id=node.id, task=task[:200])
+        self.running[index] = node
+        reply.add_done_callback(
+            lambda reply: self._answered(index, call, subagent, node, began, reply)
+        )
+
+    def _answered(
+        self,
+        index: int,
+        call: ToolCall,
+        subagent: Agent,
+        node: Node,
+        began: float,
+        reply: PendingReply,
+    ) -> None:
+        """The child's reply (or its stop) has settled: record the outcome."""
+        del self.running[index]
+        try:
+            result: Result = reply.result()
+        except Exception as exc:
+            # The child stopped before answering (it failed to start, say).
+            self.stopped.append((node, f"{type(exc).__name__}: {exc}"))
+            outcome = _refused(call, f"subagent {call.name!r} failed: {type(exc).__name__}: {exc}")
+        else:
+            if result.status == "failed" and subagent.escalate:
+                self.execution.escalation = (
+                    f"subagent {call.name!r} failed and escalated: {result.stop_reason}"
+                )
+            outcome = ToolOutcome(
+                call=call,
+                content=result.text,
+                is_error=result.status != "completed",
+                seconds=time.perf_counter() - began,
+            )
+        self.outcomes[index] = outcome
+        if self.waiter is not None and (not self.running or self.pending):
+            wake(self.waiter)
 
 
 class _TaskArguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -9,6 +9,11 @@ Chat messages form a tagged union (``Message``), dispatched with ``match``:
   ``is_error`` when the tool failed, timed out, got bad arguments or does not exist.
 
 Every type here round-trips through msgspec JSON and MessagePack (invariant 6).
+
+They are declared ``gc=False``: they hold only strings, numbers and tuples of each
+other, so they can never be part of a reference cycle, and leaving them out of the
+cyclic garbage collector's reach means the many made per step never trigger or
+slow a collection.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ __all__ = [
 ]
 
 
-class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One tool call asked for by the model. ``arguments`` is JSON text, as on the wire."""
 
     id: str
@@ -47,20 +52,20 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
     arguments: str = "{}"
 
 
-class SystemMessage(msgspec.Struct, frozen=True, kw_only=True, tag="system"):
+class SystemMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="system"):
     content: str
 
 
-class UserMessage(msgspec.Struct, frozen=True, kw_only=True, tag="user"):
+class UserMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="user"):
     content: str
 
 
-class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True, tag="assistant"):
+class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="assistant"):
     content: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
 
 
-class ToolResultMessage(msgspec.Struct, frozen=True, kw_only=True, tag="tool"):
+class ToolResultMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="tool"):
     call_id: str
     name: str
     content: str
@@ -70,7 +75,7 @@ class ToolResultMessage(msgspec.Struct, frozen=True, kw_only=True, tag="tool"):
 Message = SystemMessage | UserMessage | AssistantMessage | ToolResultMessage
 
 
-class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A tool as the model sees it: name, description and a JSON schema of its arguments."""
 
     name: str
@@ -81,7 +86,7 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "error"]
 
 
-class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
+class ModelRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One inference request: the compiled context, the tools offered, the output cap."""
 
     messages: tuple[Message, ...]
@@ -89,7 +94,7 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int | None = None
 
 
-class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
+class ModelResponse(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What a model answered: text, tool calls, usage and why it stopped."""
 
     text: str = ""
@@ -102,7 +107,7 @@ class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
 Status = Literal["completed", "budget_exceeded", "timed_out", "cancelled", "failed"]
 
 
-class Result(msgspec.Struct, frozen=True, kw_only=True):
+class Result(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The one reply to one task: the final text, how the execution ended, its usage."""
 
     text: str
@@ -118,7 +123,7 @@ class Result(msgspec.Struct, frozen=True, kw_only=True):
         return self.status == "completed"
 
 
-class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
+class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One tool call of a step, as the trace keeps it."""
 
     call: ToolCall
@@ -128,7 +133,7 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 1
 
 
-class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
+class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One step of an execution: the model's answer and the tool calls it led to."""
 
     index: int
@@ -143,7 +148,7 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""
 
 
-class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True):
+class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything one execution did. Kept for debugging; never enters the conversation."""
 
     execution_id: str
@@ -160,7 +165,7 @@ class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True):
     agent_name: str = ""
 
 
-class Conversation(msgspec.Struct, frozen=True, kw_only=True):
+class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A snapshot of an agent's context sections.
 
     ``messages`` is the persistent part: user turns and final answers only.

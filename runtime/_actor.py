@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 from ._exceptions import UnknownMessage
 
 if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
     from ._cell import Cell
     from ._messages import MailboxStatistics
     from ._ref import ActorRef
@@ -84,6 +86,33 @@ class ActorContext:
         this actor stops, and never outlives it."""
         return await self._cell.runtime.spawn_child(
             self._cell, spawnable, id=id, name=name, mailbox_size=mailbox_size
+        )
+
+    def spawn_soon(
+        self,
+        spawnable: Spawnable[R_co],
+        *,
+        task_group: TaskGroup,
+        id: str | None = None,
+        name: str | None = None,
+        mailbox_size: int | None = None,
+    ) -> R_co:
+        """Spawn a child actor in ``task_group`` and return its reference at once.
+
+        ``task_group`` is one this actor's task opened (inside a handler, say): the
+        child then lives in that block, is cancelled with it, and never outlives it.
+        Messages can be sent at once; they queue until the child has started. If its
+        ``on_start`` fails, the child stops and its pending asks fail with
+        ``ActorStopped`` naming the error. Never waits, so it costs no trip through
+        the event loop, unlike ``spawn``.
+        """
+        return self._cell.runtime.spawn_soon(
+            self._cell,
+            spawnable,
+            task_group=task_group,
+            id=id,
+            name=name,
+            mailbox_size=mailbox_size,
         )
 
     def stop(self) -> None:

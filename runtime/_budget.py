@@ -38,7 +38,7 @@ def _check(owner: msgspec.Struct, names: tuple[str, ...], *, whole: bool, positi
             )
 
 
-class Budget(msgspec.Struct, frozen=True, kw_only=True):
+class Budget(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Hard limits. Counts are whole numbers >= 0; ``seconds`` and ``cost`` are > 0."""
 
     depth: int | None = None
@@ -67,7 +67,7 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True):
         return Budget(**fields)
 
 
-class Usage(msgspec.Struct, frozen=True, kw_only=True):
+class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What an execution (or one model request) consumed."""
 
     input_tokens: int = 0

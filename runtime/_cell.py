@@ -1,12 +1,13 @@
 """The cell: one actor's task, mailbox, pending asks and children.
 
 ``Cell.run`` is the actor's whole life, run inside a task group of its parent (the
-runtime's, or another actor's): it opens a task group for its own children, calls
-``on_start``, reports ready through ``task_status.started``, then handles one
-envelope at a time until its mailbox is closed and drained, it is cancelled, or a
-failing handler stops it. On every path it ends in ``_finish``, which refuses new
-messages and settles every pending ask with ``ActorStopped`` exactly once. No await
-stands between marking the cell stopped and failing its asks.
+runtime's, another actor's, or one a parent's handler opened): it opens a task group
+for its own children, calls ``on_start``, reports ready through
+``task_status.started``, then handles one envelope at a time until its mailbox is
+closed and drained, it is cancelled, or a failing handler stops it. On every path it
+ends in ``_finish``, which refuses new messages and settles every pending ask with
+``ActorStopped`` exactly once. No await stands between marking the cell stopped and
+failing its asks.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class Cell:
         parent_id: str | None,
         mailbox_size: int,
         runtime: Runtime,
-        group: ActorGroup,
+        group: ActorGroup | None,
     ) -> None:
         self.actor = actor
         self.id = id
@@ -131,7 +132,10 @@ class Cell:
             expected = " or ".join(kind.__qualname__ for kind in accepts)
             raise UnknownMessage(self.id, message, expected)
 
-    async def run(self, *, task_status: TaskStatus[ActorRef]) -> None:
+    async def run(self, *, task_status: TaskStatus[ActorRef] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The actor's life. Started with ``TaskGroup.start``, a failing ``on_start``
+        is raised to the spawner; started with ``start_soon`` (``spawn_soon``), the
+        failure only stops the actor, and its pending asks say why."""
         _running_cell.set(self)
         reason = "stopped"
         try:
@@ -142,7 +146,7 @@ class Cell:
                         reason = await self._live(task_status)
                 else:
                     reason = await self._live(task_status)
-            if self._start_error is not None:
+            if self._start_error is not None and task_status is not anyio.TASK_STATUS_IGNORED:
                 # Raised here, outside the task group, so the spawner gets it unwrapped.
                 raise self._start_error
             if self.scope.cancelled_caught:
@@ -215,7 +219,8 @@ class Cell:
         while pending:
             _, reply = pending.popitem()
             reply.set_error(ActorStopped(self.id, reason))
-        self.group.live.pop(self.id, None)
+        if self.group is not None:
+            self.group.live.pop(self.id, None)
         self.runtime.cell_finished(self)
         bus = self.runtime.event_bus
         if bus.active:

@@ -10,6 +10,7 @@ one outcome: the handler's return value, the handler's exception, ``AskTimeout``
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -34,12 +35,22 @@ class PendingReply:
     ``ActorStopped`` when the actor stops first.
     """
 
-    __slots__ = ("_cell", "_error", "_message", "_settled", "_value", "_waiter", "request_id")
+    __slots__ = (
+        "_callback",
+        "_cell",
+        "_error",
+        "_message",
+        "_settled",
+        "_value",
+        "_waiter",
+        "request_id",
+    )
 
     def __init__(self, cell: Cell, message: object) -> None:
         self._cell = cell
         self._message = message
         self._waiter: Waiter | None = None  # made by the first wait, if it must wait
+        self._callback: Callable[[PendingReply], None] | None = None
         self._settled = False
         self._value: Any = None
         self._error: BaseException | None = None
@@ -53,15 +64,32 @@ class PendingReply:
         if not self._settled:
             self._settled = True
             self._value = value
-            if self._waiter is not None:
-                wake(self._waiter)
+            self._settled_now()
 
     def set_error(self, error: BaseException) -> None:
         if not self._settled:
             self._settled = True
             self._error = error
-            if self._waiter is not None:
-                wake(self._waiter)
+            self._settled_now()
+
+    def _settled_now(self) -> None:
+        if self._waiter is not None:
+            wake(self._waiter)
+        if self._callback is not None:
+            self._callback(self)
+
+    def add_done_callback(self, callback: Callable[[PendingReply], None]) -> None:
+        """Call ``callback(reply)`` once the reply settles (at once if it has).
+
+        It runs synchronously in the task that settles the reply (usually the
+        actor's), so it must be quick and must not raise. One callback per reply:
+        this is how a parent waits for many asks without a task for each.
+        """
+        if self._callback is not None:
+            raise RuntimeError("this reply already has a done callback")
+        self._callback = callback
+        if self._settled:
+            callback(self)
 
     def result(self) -> Any:
         """The reply if it has arrived; raises its error, or ``RuntimeError`` if not yet."""

@@ -165,6 +165,24 @@ class Runtime:
             raise RuntimeClosed(f"stopping actor {parent.id!r}")
         return await self._spawn_in(parent.children, parent.id, spawnable, id, name, mailbox_size)
 
+    def spawn_soon(
+        self,
+        parent: Cell,
+        spawnable: Spawnable[R],
+        *,
+        task_group: TaskGroup,
+        id: str | None = None,
+        name: str | None = None,
+        mailbox_size: int | None = None,
+    ) -> R:
+        """Start an actor in ``task_group`` without waiting for it to be ready (used
+        by ``ActorContext.spawn_soon``)."""
+        if self._state != "running":
+            raise RuntimeClosed(self._state)
+        cell = self._new_cell(None, parent.id, spawnable, id, name, mailbox_size)
+        task_group.start_soon(cell.run, name=cell.id)
+        return spawnable.make_ref(cell.ref)
+
     async def _spawn_in(
         self,
         group: ActorGroup,
@@ -174,6 +192,19 @@ class Runtime:
         name: str | None,
         mailbox_size: int | None,
     ) -> R:
+        cell = self._new_cell(group, parent_id, spawnable, id, name, mailbox_size)
+        ref = await group.start(cell)
+        return spawnable.make_ref(ref)
+
+    def _new_cell(
+        self,
+        group: ActorGroup | None,
+        parent_id: str | None,
+        spawnable: Spawnable[object],
+        id: str | None,
+        name: str | None,
+        mailbox_size: int | None,
+    ) -> Cell:
         actor = spawnable.new_actor()
         spawnable_name = getattr(spawnable, "name", None)
         if not isinstance(spawnable_name, str):
@@ -196,8 +227,7 @@ class Runtime:
         )
         self._cells[id] = cell
         self._spawned += 1
-        ref = await group.start(cell)
-        return spawnable.make_ref(ref)
+        return cell
 
     def cell_finished(self, cell: Cell) -> None:
         """Called by a cell as it stops (synchronously, from its own task)."""

@@ -327,15 +327,19 @@ class Supervisor:
         status: EndStatus,
         reason: str,
         error: BudgetExceeded | None = None,
+        *,
+        cancel: bool = True,
     ) -> None:
         """Stop ``node`` and everything under it: each answers with ``status``.
 
         Every node of the subtree is marked at once (and takes no new work from now
-        on); only the topmost running executions are cancelled here. Each of them,
-        cancelled, abandons the children it was waiting for, which cancels those in
-        turn, down the tree. (On anyio's asyncio backend every ``cancel()`` formats
-        the calling task's repr: one call per node from the task that stops a large
-        tree would cost milliseconds.)
+        on); only the topmost running executions are cancelled here. A child agent
+        runs in a task group of the step that called it, inside its parent's
+        execution, so that one cancellation reaches the whole subtree in a single
+        delivery. (On anyio's asyncio backend every ``cancel()`` also formats the
+        calling task's repr: one call per node would cost milliseconds on a large
+        tree.) With ``cancel=False`` nothing is cancelled, only marked: for a
+        subtree whose tasks are being cancelled anyway.
         """
         to_cancel: list[Node] = []
         stack = [(node, True)]
@@ -344,7 +348,7 @@ class Supervisor:
             if current.stop_status is None:
                 current.stop_status, current.stop_reason = status, reason
                 current.stop_error = error
-            if topmost and current.scope is not None:
+            if cancel and topmost and current.scope is not None:
                 to_cancel.append(current)
             below_top = topmost and current.scope is None
             stack.extend((child, below_top) for child in current.children)
@@ -364,13 +368,14 @@ class Supervisor:
             return "timed_out", f"deadline of {shown}passed (budget of {owner.name} {owner.id!r})"
         return "cancelled", "cancelled"
 
-    def abandon(self, node: Node, parent: Node) -> None:
+    def abandon(self, node: Node, parent: Node, *, cancel: bool = True) -> None:
         """``parent`` stopped waiting for ``node`` (it was interrupted): stop the child's
-        subtree with the parent's reason and close it, answered or not."""
+        subtree with the parent's reason and close it, answered or not. With
+        ``cancel=False`` the subtree is only marked (its tasks are being cancelled)."""
         if node.status != "running":
             return
         status, reason = self.why_stopped(parent)
-        self.stop_subtree(node, status, reason)
+        self.stop_subtree(node, status, reason, cancel=cancel)
         self.close(node, status, reason)
 
     def cancel(self, node_id: str) -> None:

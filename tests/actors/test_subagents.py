@@ -451,3 +451,39 @@ async def test_the_tree_snapshot_is_live() -> None:
     assert running.node("root").limits == Budget(tokens=10_000)
     assert done.node(node.id).status == "completed"
     assert seen[0].execution_id == node.id
+
+
+async def test_tool_concurrency_bounds_the_children_running_at_once() -> None:
+    running = peak = 0
+
+    @tool
+    async def work(topic: str) -> str:
+        """Counts the children inside it at once."""
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await anyio.sleep(0.01)
+        running -= 1
+        return f"worked on {topic}"
+
+    child = Agent("child", stepped(call("work", topic="x"), reply("child done")), tools=[work])
+    parts = [call("child", task=f"part {i}") for i in range(10)]
+    lead = Agent(
+        "lead",
+        ScriptedModel([calls(*parts, call("lookup", topic="side")), reply("merged")]),
+        tools=[lookup],
+        subagents=[child],
+        tool_concurrency=3,
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        result = await ref.ask("go")
+        trace = (await ref.trace())[-1]
+        live = rt.statistics().live_actors
+    assert result.status == "completed"
+    assert peak == 3
+    outcomes = trace.steps[0].outcomes
+    # In call order, the plain tool call (last) included, each child's final answer.
+    assert [o.call.id for o in outcomes] == [c.id for c in trace.steps[0].tool_calls]
+    assert [o.content for o in outcomes] == ["child done"] * 10 + ["notes on side"]
+    assert live == 1

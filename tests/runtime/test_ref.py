@@ -169,3 +169,33 @@ async def test_actor_cannot_await_its_own_stop_but_can_request_it() -> None:
         assert await ref.ask("stop") == "bye"
         await ref.wait_stopped()
         assert ref.stopped
+
+
+async def test_done_callback_runs_once_on_answer_error_or_at_once() -> None:
+    from runtime import PendingReply
+
+    seen: list[tuple[str, object]] = []
+
+    def record(reply: PendingReply) -> None:
+        try:
+            seen.append(("value", reply.result()))
+        except Exception as exc:
+            seen.append(("error", type(exc).__name__))
+
+    async with Runtime() as rt:
+        ref = await rt.spawn(Faulty())
+        answered = ref.ask_nowait("hi")
+        answered.add_done_callback(record)
+        assert seen == []  # not before the actor has answered
+        assert await answered.wait() == "hi"
+        failed = ref.ask_nowait("boom")
+        failed.add_done_callback(record)
+        with pytest.raises(ValueError, match="boom"):
+            await failed.wait()
+        answered.set_result("late")  # settled already: no second call
+        late = ref.ask_nowait("again")
+        await late.wait()
+        late.add_done_callback(record)  # settled: called at once
+        with pytest.raises(RuntimeError, match="already has a done callback"):
+            late.add_done_callback(record)
+    assert seen == [("value", "hi"), ("error", "ValueError"), ("value", "again")]

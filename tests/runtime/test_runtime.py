@@ -224,3 +224,110 @@ def test_runtime_rejects_bad_options() -> None:
         Runtime(grace=-1)
     with pytest.raises(ValueError, match="mailbox_size"):
         Runtime(mailbox_size=0)
+
+
+class Scoped(Actor):
+    """On ``n``, spawns ``n`` children with ``spawn_soon`` in a task group of its
+    handler, asks each, and answers with their replies (or their errors)."""
+
+    spawns_children = False  # spawn_soon needs no group of the actor's own
+
+    def __init__(self, child: type[Actor]) -> None:
+        self.child = child
+        self.ids: list[str] = []
+
+    async def receive(self, message: Any) -> Any:
+        answers: list[object] = []
+        async with anyio.create_task_group() as tg:
+            replies = []
+            for i in range(message):
+                ref = self.context.spawn_soon(self.child(), task_group=tg, name="kid")
+                self.ids.append(ref.id)
+                replies.append(ref.ask_nowait(i))  # queued before the child starts
+                ref.stop_nowait()  # its only message: it answers, then stops
+            for reply in replies:
+                try:
+                    answers.append(await reply.wait())
+                except ActorStopped as exc:
+                    answers.append(exc)
+        return answers
+
+
+class Doubler(Actor):
+    async def receive(self, message: Any) -> Any:
+        await anyio.lowlevel.checkpoint()
+        return message * 2
+
+
+async def test_spawn_soon_children_answer_and_end_inside_the_handlers_block() -> None:
+    async with Runtime() as rt:
+        parent = Scoped(Doubler)
+        ref = await rt.spawn(parent)
+        assert await ref.ask(5) == [0, 2, 4, 6, 8]
+        # Every child ended with the block that owned it: only the parent is live.
+        assert rt.statistics().live_actors == 1
+        assert len(set(parent.ids)) == 5
+        for child_id in parent.ids:
+            with pytest.raises(KeyError):
+                rt.ref(child_id)
+
+
+async def test_spawn_soon_child_failing_to_start_fails_its_asks_not_the_parent() -> None:
+    class BrokenKid(Actor):
+        async def on_start(self) -> None:
+            raise OSError("no such resource")
+
+    async with Runtime() as rt:
+        ref = await rt.spawn(Scoped(BrokenKid))
+        answers = await ref.ask(2)
+        assert len(answers) == 2
+        for answer in answers:
+            assert isinstance(answer, ActorStopped)
+            assert "failed to start: OSError('no such resource')" in str(answer)
+        assert await ref.ask(0) == []  # the parent is fine
+        assert rt.statistics().live_actors == 1
+
+
+async def test_spawn_soon_children_are_cancelled_with_their_block() -> None:
+    class Blocker(Actor):
+        async def receive(self, message: Any) -> Any:
+            await anyio.sleep_forever()
+
+    async with Runtime() as rt:
+        parent = Scoped(Blocker)
+        ref = await rt.spawn(parent)
+        errors: list[ActorStopped] = []
+
+        async def ask() -> None:
+            try:
+                await ref.ask(3)
+            except ActorStopped as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            await wait_all_tasks_blocked()
+            assert rt.statistics().live_actors == 4
+            ref.cancel()  # one cancellation: the parent, its block and its children
+        assert rt.statistics().live_actors == 0
+        assert len(errors) == 1
+        assert "cancelled" in str(errors[0])
+
+
+async def test_spawn_soon_refuses_a_closed_runtime_and_duplicate_ids() -> None:
+    class Spawner(Actor):
+        async def receive(self, message: Any) -> Any:
+            async with anyio.create_task_group() as tg:
+                self.context.spawn_soon(Doubler(), task_group=tg, id="same")
+                with pytest.raises(DuplicateActor):
+                    self.context.spawn_soon(Doubler(), task_group=tg, id="same")
+                rt.ref("same").stop_nowait()
+            return "ok"
+
+    async with Runtime() as rt:
+        assert await (await rt.spawn(Spawner())).ask(None) == "ok"
+        grabbed = Spawner()
+        await rt.spawn(grabbed)
+    async with anyio.create_task_group() as tg:
+        with pytest.raises(RuntimeClosed):
+            grabbed.context.spawn_soon(Doubler(), task_group=tg)
