@@ -11,7 +11,7 @@ mailbox like everything else: nobody reaches into the actor's state.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,15 +204,17 @@ class AgentActor(Actor):
             self.buffer[:] = state.buffer
             self.messages[:] = state.messages
 
-    async def receive(self, message: Task | GetConversation | GetTrace) -> Any:
-        match message:
-            case Task():
-                return await self.execute(message)
-            case GetConversation():
-                return self.snapshot()
-            case GetTrace():
-                return tuple(self.traces)
-        raise AssertionError("unreachable: accepts filters message types")  # pragma: no cover
+    def receive(self, message: Task | GetConversation | GetTrace) -> Coroutine[Any, Any, Any]:
+        """Handle one message. Not a coroutine of its own: a task hands back
+        ``execute``'s, one frame less for every agent a cancellation unwinds."""
+        if isinstance(message, Task):
+            return self.execute(message)
+        return self._look(message)
+
+    async def _look(self, message: GetConversation | GetTrace) -> Any:
+        if isinstance(message, GetConversation):
+            return self.snapshot()
+        return tuple(self.traces)
 
     def snapshot(self) -> Conversation:
         return Conversation(
@@ -231,7 +233,10 @@ class AgentActor(Actor):
         self.execution.clear()
         self.messages.append(UserMessage(content=task.text))
         head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
-        history = (*head, *self.summary, *self.buffer, *self.messages)
+        if head or self.summary or self.buffer:
+            history = (*head, *self.summary, *self.buffer, *self.messages)
+        else:
+            history = tuple(self.messages)  # one copy, not a list and then a tuple
         if task.node:
             node = supervisor.get(task.node)  # opened by the parent that delegated
         else:

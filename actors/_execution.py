@@ -161,6 +161,8 @@ class Execution:
         Cancellation from outside (the actor, the runtime) propagates, and ``status``
         stays "cancelled". A stop from the supervisor (a limit of this node or an
         ancestor, the deadline) ends the steps and becomes this execution's status.
+        (One frame for all of it: a cancellation unwinds every frame of every agent
+        in the tree.)
         """
         node = self.node
         parent = node.parent
@@ -172,13 +174,6 @@ class Execution:
             depth=node.depth,
             execution_id=node.id,
         )
-        try:
-            await self._run()
-        finally:
-            structlog.contextvars.reset_contextvars(**tokens)
-
-    async def _run(self) -> None:
-        node = self.node
         bus = self.context.runtime.event_bus
         if bus.active:
             self._emit("execution_start", task=self.task[:200])
@@ -200,6 +195,7 @@ class Execution:
             raise
         finally:
             node.scope = None
+            structlog.contextvars.reset_contextvars(**tokens)
         if node.stop_status is not None or scope.cancelled_caught:
             self._stop(*self.supervisor.why_stopped(node))
         if bus.active:
@@ -271,7 +267,10 @@ class Execution:
             # Text that comes with tool calls is trace, never the answer.
             self.buffer.append(AssistantMessage(content=response.text, tool_calls=calls))
             began = time.perf_counter()
-            outcomes = await self._run_tools(calls)
+            if len(calls) == 1 and calls[0].name not in agent.subagents_by_name:
+                outcomes = [await self._run_call(calls[0])]  # one frame less to unwind
+            else:
+                outcomes = await self._run_tools(calls)
             tools_seconds = time.perf_counter() - began
             self.buffer.extend(
                 ToolResultMessage(
@@ -347,8 +346,6 @@ class Execution:
         subagents = self.agent.subagents_by_name
         if subagents and any(call.name in subagents for call in calls):
             return await self._run_with_subagents(calls)
-        if len(calls) == 1:
-            return [await self._run_call(calls[0])]
         outcomes: list[ToolOutcome] = [_NOT_RUN] * len(calls)
         async with anyio.create_task_group() as tg:
             self._start_workers(tg, list(enumerate(calls)), outcomes)

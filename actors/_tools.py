@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from time import perf_counter
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
@@ -213,13 +213,15 @@ class Tool(Generic[P, R]):
         kwargs = msgspec.structs.asdict(arguments)
 
         timeout = self.timeout
+        fn: Callable[..., Any] = self.fn
         failure: BaseException | None = None
         for attempt in range(1, self._attempts + 1):
             if attempt > 1 and self.retry_delay:
                 await anyio.sleep(self.retry_delay * 2 ** (attempt - 2))
             try:
                 if timeout is None:
-                    value = await self._attempt(kwargs)
+                    # An async tool is awaited here, not through _attempt: a frame less.
+                    value = await (fn(**kwargs) if self.is_async else self._attempt(kwargs))
                 else:
                     with anyio.move_on_after(timeout) as scope:
                         value = await self._attempt(kwargs)
@@ -429,12 +431,18 @@ class Toolbox:
         """The tool called ``name``, or ``None``."""
         return self._tools.get(name)
 
-    async def run(self, call: ToolCall) -> ToolOutcome:
-        """Run ``call`` with the tool it names; never raises an ``Exception``."""
+    def run(self, call: ToolCall) -> Awaitable[ToolOutcome]:
+        """Run ``call`` with the tool it names; never raises an ``Exception``.
+
+        Not a coroutine of its own: it hands back the tool's, one frame less per call.
+        """
         found = self._tools.get(call.name)
         if found is None:
-            content = f"unknown tool {call.name!r}{self._no_such_tool}"
-            if len(content) > DEFAULT_MAX_RESULT_CHARS:
-                content = _truncate(content, DEFAULT_MAX_RESULT_CHARS)
-            return ToolOutcome(call=call, content=content, is_error=True, seconds=0.0, attempts=0)
-        return await found.invoke(call)
+            return self._unknown(call)
+        return found.invoke(call)
+
+    async def _unknown(self, call: ToolCall) -> ToolOutcome:
+        content = f"unknown tool {call.name!r}{self._no_such_tool}"
+        if len(content) > DEFAULT_MAX_RESULT_CHARS:
+            content = _truncate(content, DEFAULT_MAX_RESULT_CHARS)
+        return ToolOutcome(call=call, content=content, is_error=True, seconds=0.0, attempts=0)
