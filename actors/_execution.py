@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -188,7 +188,7 @@ class Execution:
                     pass  # the supervisor has stopped this subtree and says why, below
                 except Exception as exc:
                     self._stop("failed", f"{type(exc).__name__}: {exc}")
-        except anyio.get_cancelled_exc_class():
+        except self.context.runtime.cancelled:
             # Cancelled from outside (the actor, its parent actor, the runtime): a stop
             # or deadline of the tree may still be the reason, which the answer names.
             self._stop(*self.supervisor.why_stopped(node))
@@ -377,13 +377,18 @@ class Execution:
             await _Delegation(self, tg, delegated, outcomes).run()
         return outcomes
 
-    async def _run_call(self, call: ToolCall) -> ToolOutcome:
+    def _run_call(self, call: ToolCall) -> Awaitable[ToolOutcome]:
+        """Charge and run one tool call. Not a coroutine of its own when nothing
+        observes the tree: it hands back the tool's, one frame less per call."""
         try:
             self.supervisor.charge(self.node, tool_calls=1)
         except BudgetExceeded as exc:
-            return _refused(call, f"tool call refused: {exc}")
+            return _ready(_refused(call, f"tool call refused: {exc}"))
         if not self.context.runtime.event_bus.active:
-            return await self.agent.toolbox.run(call)
+            return self.agent.toolbox.run(call)
+        return self._run_call_observed(call)
+
+    async def _run_call_observed(self, call: ToolCall) -> ToolOutcome:
         self._emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])
         outcome = await self.agent.toolbox.run(call)
         self._emit(
@@ -589,13 +594,15 @@ class _Delegation:
     ) -> None:
         """The child's reply (or its stop) has settled: record the outcome."""
         del self.running[index]
-        try:
-            result: Result = reply.result()
-        except Exception as exc:
+        error = reply.error
+        if error is not None:
             # The child stopped before answering (it failed to start, say).
-            self.stopped.append((node, f"{type(exc).__name__}: {exc}"))
-            outcome = _refused(call, f"subagent {call.name!r} failed: {type(exc).__name__}: {exc}")
+            self.stopped.append((node, f"{type(error).__name__}: {error}"))
+            outcome = _refused(
+                call, f"subagent {call.name!r} failed: {type(error).__name__}: {error}"
+            )
         else:
+            result: Result = reply.result()
             if result.status == "failed" and subagent.escalate:
                 self.execution.escalation = (
                     f"subagent {call.name!r} failed and escalated: {result.stop_reason}"
@@ -616,6 +623,10 @@ class _TaskArguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 
 _decode_task = msgspec.json.Decoder(_TaskArguments).decode
+
+
+async def _ready(outcome: ToolOutcome) -> ToolOutcome:
+    return outcome
 
 
 def _refused(call: ToolCall, content: str) -> ToolOutcome:

@@ -12,6 +12,7 @@ failing its asks.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from typing import TYPE_CHECKING
 
@@ -72,6 +73,8 @@ class ActorGroup:
 
 
 _NO_CHILDREN = ActorGroup()
+#: What an actor that spawns no children enters instead of a task group of its own.
+_NO_TASK_GROUP = contextlib.nullcontext()
 
 
 class Cell:
@@ -133,25 +136,71 @@ class Cell:
             raise UnknownMessage(self.id, message, expected)
 
     async def run(self, *, task_status: TaskStatus[ActorRef] = anyio.TASK_STATUS_IGNORED) -> None:
-        """The actor's life. Started with ``TaskGroup.start``, a failing ``on_start``
-        is raised to the spawner; started with ``start_soon`` (``spawn_soon``), the
-        failure only stops the actor, and its pending asks say why."""
+        """The actor's life: start, report ready, then handle one envelope at a time
+        until the mailbox is closed and drained, or a failing handler stops it.
+
+        Started with ``TaskGroup.start``, a failing ``on_start`` is raised to the
+        spawner; started with ``start_soon`` (``spawn_soon``), the failure only stops
+        the actor, and its pending asks say why. One frame for all of it: 10,000 idle
+        actors each keep it, and a cancellation unwinds it for every actor.
+        """
         _running_cell.set(self)
+        actor = self.actor
+        mailbox = self.mailbox
         reason = "stopped"
         try:
             with self.scope:
-                if self.actor.spawns_children:
-                    async with anyio.create_task_group() as children:
+                async with (
+                    anyio.create_task_group() if actor.spawns_children else _NO_TASK_GROUP
+                ) as children:
+                    if children is not None:
                         self.children.task_group = children
-                        reason = await self._live(task_status)
-                else:
-                    reason = await self._live(task_status)
+                    try:
+                        await actor.on_start()
+                    except Exception as exc:
+                        self._start_error = exc
+                        reason = f"failed to start: {exc!r}"
+                    else:
+                        task_status.started(self.ref)
+                        receive = mailbox.receive
+                        pending = self.pending
+                        handle = actor.receive
+                        stop_on_failure = actor.on_failure == "stop"
+                        while (envelope := await receive()) is not None:
+                            request_id = envelope.request_id
+                            try:
+                                value = await handle(envelope.message)
+                            except Exception as exc:
+                                mailbox.failed += 1
+                                if request_id:
+                                    reply = pending.pop(request_id, None)
+                                    if reply is not None:
+                                        reply.set_error(exc)
+                                else:
+                                    log.warning(
+                                        "message failed",
+                                        actor_id=self.id,
+                                        message_type=type(envelope.message).__qualname__,
+                                        error=repr(exc),
+                                    )
+                                if stop_on_failure:
+                                    reason = f"failed: {exc!r}"
+                                    break
+                                continue
+                            mailbox.handled += 1
+                            if request_id:
+                                reply = pending.pop(request_id, None)
+                                if reply is not None:
+                                    reply.set_result(value)
+                        else:  # closed and drained: a graceful stop
+                            reason = mailbox.reason or "stopped"
+                    self._close_children(reason)
             if self._start_error is not None and task_status is not anyio.TASK_STATUS_IGNORED:
                 # Raised here, outside the task group, so the spawner gets it unwrapped.
                 raise self._start_error
             if self.scope.cancelled_caught:
                 reason = self._cancel_reason or "cancelled"
-        except anyio.get_cancelled_exc_class():
+        except self.runtime.cancelled:
             reason = "cancelled"
             raise
         except BaseException as exc:
@@ -159,56 +208,15 @@ class Cell:
                 reason = f"failed: {exc!r}"
             raise
         finally:
-            self.children.close_all(f"parent {self.id!r} stopped")
+            self._close_children("stopped")
             self._finish(reason)
-            if type(self.actor).on_stop is not Actor.on_stop:
+            if type(actor).on_stop is not Actor.on_stop:
                 await self._run_stop_hook()
 
-    async def _live(self, task_status: TaskStatus[ActorRef]) -> str:
-        """Start, report ready, then handle one envelope at a time until the mailbox
-        is closed and drained, or a failing handler stops the actor. Returns why the
-        actor stopped. (One frame for all of it: 10,000 idle actors each keep it.)"""
-        try:
-            await self.actor.on_start()
-        except Exception as exc:
-            self._start_error = exc
-            self.children.close_all(f"parent {self.id!r} failed to start")
-            return f"failed to start: {exc!r}"
-        task_status.started(self.ref)
-        mailbox = self.mailbox
-        receive = mailbox.receive
-        pending = self.pending
-        handle = self.actor.receive
-        stop_on_failure = self.actor.on_failure == "stop"
-        while (envelope := await receive()) is not None:
-            request_id = envelope.request_id
-            try:
-                value = await handle(envelope.message)
-            except Exception as exc:
-                mailbox.failed += 1
-                if request_id:
-                    reply = pending.pop(request_id, None)
-                    if reply is not None:
-                        reply.set_error(exc)
-                else:
-                    log.warning(
-                        "message failed",
-                        actor_id=self.id,
-                        message_type=type(envelope.message).__qualname__,
-                        error=repr(exc),
-                    )
-                if stop_on_failure:
-                    self.children.close_all(f"parent {self.id!r} failed")
-                    return f"failed: {exc!r}"
-                continue
-            mailbox.handled += 1
-            if request_id:
-                reply = pending.pop(request_id, None)
-                if reply is not None:
-                    reply.set_result(value)
-        # Closed and drained: a graceful stop.
-        self.children.close_all(f"parent {self.id!r} stopped")
-        return mailbox.reason or "stopped"
+    def _close_children(self, reason: str) -> None:
+        if self.children is not _NO_CHILDREN:
+            why = "" if reason == "stopped" else f" ({reason})"
+            self.children.close_all(f"parent {self.id!r} stopped{why}")
 
     def _finish(self, reason: str) -> None:
         """Mark the actor stopped and settle every pending ask. Never awaits."""

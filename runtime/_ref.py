@@ -72,6 +72,11 @@ class PendingReply:
             self._error = error
             self._settled_now()
 
+    @property
+    def error(self) -> BaseException | None:
+        """The error the ask settled with, if it did (None for an answer, or not yet)."""
+        return self._error
+
     def _settled_now(self) -> None:
         if self._waiter is not None:
             wake(self._waiter)

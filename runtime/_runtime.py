@@ -38,6 +38,10 @@ R = TypeVar("R")
 State = Literal["not started", "running", "closing", "closed"]
 
 
+class _NotRunning(BaseException):
+    """Never raised: ``Runtime.cancelled`` until the runtime runs."""
+
+
 class Runtime:
     """Owns every actor in one task group. Use it as an async context manager.
 
@@ -78,6 +82,7 @@ class Runtime:
         self.store = store
         #: The tree's events (see ``events``); off unless observed or logged.
         self.event_bus = EventBus(log_events=log_events)
+        self.cancelled: type[BaseException] = _NotRunning  # set on entering
         self._state: State = "not started"
         self._task_group: TaskGroup | None = None
         self._root = ActorGroup()
@@ -95,6 +100,9 @@ class Runtime:
     async def __aenter__(self) -> Runtime:
         if self._state != "not started":
             raise RuntimeClosed(self._state)
+        #: The backend's cancellation exception, looked up once (each lookup asks
+        #: which backend runs; a cancelled tree of 1,000 agents would ask 1,000 times).
+        self.cancelled = anyio.get_cancelled_exc_class()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group

@@ -375,7 +375,8 @@ class Supervisor:
         if node.status != "running":
             return
         status, reason = self.why_stopped(parent)
-        self.stop_subtree(node, status, reason, cancel=cancel)
+        if node.stop_status is None or cancel:  # marked already: so is its subtree
+            self.stop_subtree(node, status, reason, cancel=cancel)
         self.close(node, status, reason)
 
     def cancel(self, node_id: str) -> None:

@@ -15,6 +15,7 @@ kernel does not use anyio's memory object streams for mailboxes.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import TypeAlias
 
 import anyio
@@ -44,9 +45,12 @@ def wake(waiter: Waiter) -> None:
         waiter.set()
 
 
-async def park(waiter: Waiter) -> None:
-    """Wait until ``waiter`` is woken (or the task is cancelled)."""
+def park(waiter: Waiter) -> Awaitable[None]:
+    """What to await until ``waiter`` is woken (or the task is cancelled).
+
+    Not a coroutine: it hands back the future (or the event's wait) itself, so a
+    parked task keeps one frame less.
+    """
     if isinstance(waiter, asyncio.Future):
-        await waiter
-    else:
-        await waiter.wait()
+        return waiter
+    return waiter.wait()
