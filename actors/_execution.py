@@ -188,7 +188,7 @@ class Execution:
                     pass  # the supervisor has stopped this subtree and says why, below
                 except Exception as exc:
                     self._stop("failed", f"{type(exc).__name__}: {exc}")
-        except self.context.runtime.cancelled:
+        except self.context.runtime.cancelled_exc:
             # Cancelled from outside (the actor, its parent actor, the runtime): a stop
             # or deadline of the tree may still be the reason, which the answer names.
             self._stop(*self.supervisor.why_stopped(node))
@@ -231,11 +231,14 @@ class Execution:
         node = self.node
         specs = agent.specs
         bus = self.context.runtime.event_bus
+        buffer = self.buffer
+        # What the model sees: the history, then this execution's buffer. Grown by
+        # one concatenation per step (the buffer list is kept for snapshots).
+        context = self.history + tuple(buffer)
         while True:
             supervisor.charge(node, steps=1)
             if bus.active:
                 self._emit("step_start", step=len(self.steps))
-            context = self.history + tuple(self.buffer)
             request = ModelRequest(messages=context, tools=specs)
             began = time.perf_counter()
             try:
@@ -265,14 +268,15 @@ class Execution:
                     self._stop("completed", reason)
                 return
             # Text that comes with tool calls is trace, never the answer.
-            self.buffer.append(AssistantMessage(content=response.text, tool_calls=calls))
+            asked = AssistantMessage(content=response.text, tool_calls=calls)
+            buffer.append(asked)
             began = time.perf_counter()
             if len(calls) == 1 and calls[0].name not in agent.subagents_by_name:
                 outcomes = [await self._run_call(calls[0])]  # one frame less to unwind
             else:
                 outcomes = await self._run_tools(calls)
             tools_seconds = time.perf_counter() - began
-            self.buffer.extend(
+            results = [
                 ToolResultMessage(
                     call_id=outcome.call.id,
                     name=outcome.call.name,
@@ -280,7 +284,8 @@ class Execution:
                     is_error=outcome.is_error,
                 )
                 for outcome in outcomes
-            )
+            ]
+            buffer.extend(results)
             record = self._record(
                 len(context), response, usage, outcomes, model_seconds, tools_seconds
             )
@@ -291,6 +296,7 @@ class Execution:
             if stop_when is not None and stop_when(record):
                 self._stop("completed", "the agent's stop condition was met")
                 return
+            context = context + (asked, *results)  # noqa: RUF005 (one copy, not two)
 
     async def _request(
         self, request: ModelRequest

@@ -200,7 +200,7 @@ class Cell:
                 raise self._start_error
             if self.scope.cancelled_caught:
                 reason = self._cancel_reason or "cancelled"
-        except self.runtime.cancelled:
+        except self.runtime.cancelled_exc:
             reason = "cancelled"
             raise
         except BaseException as exc:

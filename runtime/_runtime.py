@@ -82,7 +82,7 @@ class Runtime:
         self.store = store
         #: The tree's events (see ``events``); off unless observed or logged.
         self.event_bus = EventBus(log_events=log_events)
-        self.cancelled: type[BaseException] = _NotRunning  # set on entering
+        self.cancelled_exc: type[BaseException] = _NotRunning  # set on entering
         self._state: State = "not started"
         self._task_group: TaskGroup | None = None
         self._root = ActorGroup()
@@ -102,7 +102,7 @@ class Runtime:
             raise RuntimeClosed(self._state)
         #: The backend's cancellation exception, looked up once (each lookup asks
         #: which backend runs; a cancelled tree of 1,000 agents would ask 1,000 times).
-        self.cancelled = anyio.get_cancelled_exc_class()
+        self.cancelled_exc = anyio.get_cancelled_exc_class()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
