@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["Row", "compare", "judged", "print_rows", "write_results"]
+__all__ = ["Row", "compare", "judged", "print_rows", "summarize", "write_results"]
 
 RESULTS = pathlib.Path(__file__).parent / "results.json"
 
@@ -71,21 +71,34 @@ async def compare(
         ours_fig = [t / operations for t in ours]
         raw_fig = [t / operations for t in raw]
         unit = "s"
-    ours_med = statistics.median(ours_fig)
-    raw_med = statistics.median(raw_fig)
-    ratio = ours_med / raw_med if better == "higher" else raw_med / ours_med
+    row = summarize(workload, unit, ours_fig, raw_fig, better=better)
+    return judged(row, f">= {min_ratio:g} x raw", row.ratio >= min_ratio)
+
+
+def summarize(
+    workload: str,
+    unit: str,
+    ours: list[float],
+    raw: list[float],
+    *,
+    better: Literal["higher", "lower"],
+) -> Row:
+    """A row from both sides' samples: medians, min and max, and the ratio (not
+    judged yet: its target reads "unjudged" until ``judged`` sets one)."""
+    ours_med = statistics.median(ours)
+    raw_med = statistics.median(raw)
     return Row(
         workload=workload,
         unit=unit,
         fractor=ours_med,
         baseline=raw_med,
-        fractor_min=min(ours_fig),
-        fractor_max=max(ours_fig),
-        baseline_min=min(raw_fig),
-        baseline_max=max(raw_fig),
-        ratio=ratio,
-        target=f">= {min_ratio:g} x raw",
-        holds=ratio >= min_ratio,
+        fractor_min=min(ours),
+        fractor_max=max(ours),
+        baseline_min=min(raw),
+        baseline_max=max(raw),
+        ratio=ours_med / raw_med if better == "higher" else raw_med / ours_med,
+        target="unjudged",
+        holds=False,
     )
 
 

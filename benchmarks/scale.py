@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import os
-import statistics
 import time
 
 import anyio
@@ -22,7 +21,7 @@ from actors import Agent, ModelResponse, ToolCall, tool
 from runtime import Budget, Runtime
 
 from ._common import _USAGE, CycleModel, fanout_turns
-from ._harness import Row
+from ._harness import Row, judged, summarize
 
 __all__ = ["run"]
 
@@ -158,20 +157,8 @@ async def _cancel_tree(children: int, repeats: int) -> Row:
     for _ in range(repeats):
         ours.append(await _cancel_once(children))
         raw.append(await _raw_cancel_once(children))
-    ours_median, raw_median = statistics.median(ours), statistics.median(raw)
-    return Row(
-        workload=f"Scale: cancel a tree of {children:,} agents",
-        unit="s",
-        fractor=ours_median,
-        baseline=raw_median,
-        fractor_min=min(ours),
-        fractor_max=max(ours),
-        baseline_min=min(raw),
-        baseline_max=max(raw),
-        ratio=raw_median / ours_median,
-        target="< 50 ms",
-        holds=ours_median < 0.05,
-    )
+    row = summarize(f"Scale: cancel a tree of {children:,} agents", "s", ours, raw, better="lower")
+    return judged(row, "< 50 ms", row.fractor < 0.05)
 
 
 async def _overshoot(children: int, limit: int) -> Row:
