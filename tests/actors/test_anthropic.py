@@ -8,10 +8,8 @@ No network, no real key.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import anyio
 import pytest
 
 from actors import (
@@ -30,82 +28,13 @@ from actors._anthropic import check_event_loop
 from actors._cli import main
 from runtime import Budget, Runtime
 
-from .loopback import LoopbackServer, Received, json_reply, text_reply
-from .tools import add, ask_once, get_weather
-
-KEY = "sk-ant-test-not-a-real-key"
-
-
-def text(value: str) -> dict[str, Any]:
-    return {"type": "text", "text": value}
-
-
-def tool_use(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
-
-
-def message(
-    *blocks: dict[str, Any],
-    stop: str | None = "",
-    input_tokens: int = 11,
-    output_tokens: int = 7,
-    cache_read: int | None = None,
-    cache_creation: int | None = None,
-) -> dict[str, Any]:
-    """A Messages API message as Anthropic sends it (``stop=""``: what it would say)."""
-    if stop == "":
-        stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
-    usage: dict[str, Any] = {"input_tokens": input_tokens, "output_tokens": output_tokens}
-    if cache_read is not None:
-        usage["cache_read_input_tokens"] = cache_read
-    if cache_creation is not None:
-        usage["cache_creation_input_tokens"] = cache_creation
-    return {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-test-2025",
-        "content": list(blocks),
-        "stop_reason": stop,
-        "stop_sequence": None,
-        "usage": usage,
-    }
-
-
-def error_body(kind: str, text: str) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": kind, "message": text}}
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No key, endpoint or proxy of the machine reaches a test."""
-    for var in (
-        *("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"),
-        "ANTHROPIC_API_KEY",
-        "ANTHROPIC_AUTH_TOKEN",
-        "ANTHROPIC_BASE_URL",
-        "ANTHROPIC_PROFILE",
-        "ANTHROPIC_CUSTOM_HEADERS",
-        "OPENAI_API_KEY",
-    ):
-        monkeypatch.delenv(var, raising=False)
-
-
-def _sdk_release() -> tuple[int, int]:
-    import anthropic
-
-    major, minor = anthropic.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
-#: Before 0.46 the SDK's async client runs on asyncio only (``asyncio.to_thread``).
-TRIO_UNSUPPORTED = _sdk_release() < (0, 46)
+from .loopback import LoopbackServer, json_reply
+from .tools import add, get_weather
+from .wires import ANTHROPIC_KEY as KEY
+from .wires import ANTHROPIC_TRIO_UNSUPPORTED as TRIO_UNSUPPORTED
+from .wires import anthropic_model as model_for
+from .wires import message, text, tool_use
+from .wires import sent_anthropic_key as sent_key
 
 
 @pytest.fixture(autouse=True)
@@ -122,19 +51,6 @@ def sdk_runs_on_the_backend(request: pytest.FixtureRequest) -> None:
             "asyncio only, and AnthropicModel refuses trio with a ProviderError "
             "(test_an_sdk_older_than_0_46_refuses_trio_clearly)"
         )
-
-
-def model_for(server: LoopbackServer, **kwargs: Any) -> AnthropicModel:
-    kwargs.setdefault("api_key", KEY)
-    kwargs.setdefault("timeout", 5.0)
-    return AnthropicModel("claude-test", base_url=server.url, **kwargs)
-
-
-def sent_key(received: Received) -> str:
-    """The key a request carried, in whichever header this SDK version uses."""
-    if "x-api-key" in received.headers:
-        return received.headers["x-api-key"]
-    return received.headers.get("authorization", "").removeprefix("Bearer ")
 
 
 def assert_results_follow_calls(turns: list[dict[str, Any]]) -> None:
@@ -414,133 +330,7 @@ async def test_stop_reasons_and_parsing(server: LoopbackServer) -> None:
 # -- errors ---------------------------------------------------------------------------
 
 #: (status, body, retryable, what the message says)
-HTTP_ERRORS: list[tuple[int, Any, bool, str]] = [
-    (400, error_body("invalid_request_error", "prompt is too long"), False, "rejected"),
-    (401, error_body("authentication_error", "invalid x-api-key"), False, "check the key"),
-    (403, error_body("permission_error", "no access"), False, "check the key"),
-    (404, error_body("not_found_error", "model: claude-nope"), False, "check the model name"),
-    (413, error_body("request_too_large", "too large"), False, "too large"),
-    (429, error_body("rate_limit_error", "rate limited"), True, "rate limited"),
-    (500, error_body("api_error", "internal"), True, "server"),
-    (529, error_body("overloaded_error", "Overloaded"), True, "overloaded"),
-    (503, "upstream connect error", True, "server"),
-]
-
-
-async def test_http_errors_are_classified(server: LoopbackServer) -> None:
-    for status, body, _, _ in HTTP_ERRORS:
-        server.queue(
-            text_reply(body, status=status, content_type="text/plain")
-            if isinstance(body, str)
-            else json_reply(body, status=status)
-        )
-    request = ModelRequest(messages=(UserMessage(content="x"),))
-    async with model_for(server) as model:
-        for status, body, retryable, says in HTTP_ERRORS:
-            with pytest.raises(ProviderError) as caught:
-                await model.request(request)
-            error = caught.value
-            message_text = str(error)
-            assert (error.status, error.retryable) == (status, retryable), message_text
-            assert error.provider == "anthropic"
-            assert message_text.startswith(f"anthropic model 'claude-test', HTTP {status}: ")
-            assert says in message_text
-            if isinstance(body, dict):
-                assert body["error"]["message"] in message_text
-                assert body["error"]["type"] in message_text
-            assert KEY not in message_text
-    assert len(server.requests) == len(HTTP_ERRORS)  # the SDK itself never retries
-
-
-async def test_malformed_responses_are_retryable(server: LoopbackServer) -> None:
-    cases = [
-        ("{not json", "malformed"),
-        ('{"type": "message", "usage": {"input_tokens": 1}}', "content"),
-        ('{"type": "message", "content": []}', "usage"),
-        ('{"content": [{"type": "tool_use", "id": "x", "input": {}}], "usage": {}}', "name"),
-        ('{"content": [{"text": "no type"}], "usage": {}}', "type"),
-    ]
-    server.queue(*(text_reply(payload) for payload, _ in cases))
-    request = ModelRequest(messages=(UserMessage(content="x"),))
-    async with model_for(server) as model:
-        for payload, detail in cases:
-            with pytest.raises(ProviderError) as caught:
-                await model.request(request)
-            message_text = str(caught.value)
-            assert (caught.value.retryable, caught.value.status) == (True, 200), payload
-            assert "malformed" in message_text
-            assert detail in message_text
-
-
-async def test_a_timeout_is_retryable_and_prompt(server: LoopbackServer) -> None:
-    server.queue(json_reply(message(text("late")), delay=10))
-    with anyio.fail_after(5):
-        async with model_for(server, timeout=0.2) as model:
-            with pytest.raises(ProviderError) as caught:
-                await model.request(ModelRequest(messages=(UserMessage(content="x"),)))
-    assert caught.value.retryable
-    assert "0.2 s timeout" in str(caught.value)
-
-
-async def test_overloaded_then_success_is_retried_by_the_policy(server: LoopbackServer) -> None:
-    server.queue(
-        json_reply(error_body("overloaded_error", "Overloaded"), status=529),
-        json_reply(error_body("rate_limit_error", "slow down"), status=429),
-        json_reply(message(text("Made it."))),
-    )
-    async with model_for(server) as model:
-        result = await ask_once(model)
-    assert (result.status, result.text) == ("completed", "Made it.")
-    assert result.usage.requests == 3
-    assert len(server.requests) == 3
-
-
-async def test_an_invalid_key_fails_at_once(server: LoopbackServer) -> None:
-    server.queue(
-        json_reply(error_body("authentication_error", "invalid x-api-key"), status=401),
-        json_reply(message(text("never served"))),
-    )
-    async with model_for(server) as model:
-        result = await ask_once(model)
-    assert result.status == "failed"
-    assert len(server.requests) == 1
-    assert "anthropic" in result.stop_reason
-    assert "HTTP 401" in result.stop_reason
-    assert "check the key" in result.stop_reason
-
-
-async def test_server_errors_beyond_the_retries_fail_clearly(server: LoopbackServer) -> None:
-    server.queue(*[json_reply(error_body("api_error", "Internal server error"), status=500)] * 3)
-    async with model_for(server) as model:
-        result = await ask_once(model)
-    assert result.status == "failed"
-    assert len(server.requests) == 3
-    assert "anthropic model 'claude-test', HTTP 500" in result.stop_reason
-    assert "server failed" in result.stop_reason
-
-
 # -- configuration ---------------------------------------------------------------------
-
-
-async def test_api_key_from_the_environment_or_a_placeholder(
-    server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server.queue(json_reply(message(text("a"))), json_reply(message(text("b"))))
-    request = ModelRequest(messages=(UserMessage(content="x"),))
-    async with AnthropicModel("m", base_url=server.url) as proxied:
-        await proxied.request(request)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
-    async with AnthropicModel("m", base_url=server.url) as keyed:
-        await keyed.request(request)
-    first, second = server.requests
-    assert sent_key(first) == "not-needed"
-    assert sent_key(second) == "sk-ant-from-env"
-
-
-def test_no_key_and_no_base_url_is_a_clear_error() -> None:
-    with pytest.raises(ProviderError, match="ANTHROPIC_API_KEY") as caught:
-        AnthropicModel("claude-sonnet-4-5")
-    assert not caught.value.retryable
 
 
 async def test_an_sdk_older_than_0_46_refuses_trio_clearly(

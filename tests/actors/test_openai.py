@@ -7,12 +7,8 @@ output cap. No network, no real key.
 
 from __future__ import annotations
 
-import socket
-import sys
-from collections.abc import Iterator
 from typing import Any
 
-import anyio
 import pytest
 
 from actors import (
@@ -21,7 +17,6 @@ from actors import (
     ModelRequest,
     OpenAIModel,
     ProviderError,
-    RetryPolicy,
     SystemMessage,
     ToolSpec,
     UserMessage,
@@ -31,87 +26,12 @@ from actors._cli import main
 from actors._cli_run import run_command
 from runtime import Budget, Runtime
 
-from .loopback import LoopbackServer, json_reply, text_reply
-from .tools import add, ask_once, get_weather
-
-KEY = "sk-test-not-a-real-key"
-
-
-def completion(
-    text: str | None = None,
-    calls: tuple[dict[str, Any], ...] = (),
-    *,
-    finish: str | None = "",
-    prompt: int = 11,
-    output: int = 7,
-    cached: int | None = None,
-) -> dict[str, Any]:
-    """A chat completion as OpenAI sends it (``finish=""``: what OpenAI would say)."""
-    if finish == "":
-        finish = "tool_calls" if calls else "stop"
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if calls:
-        message["tool_calls"] = list(calls)
-    usage: dict[str, Any] = {
-        "prompt_tokens": prompt,
-        "completion_tokens": output,
-        "total_tokens": prompt + output,
-    }
-    if cached is not None:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached}
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 1,
-        "model": "test-model-2025",
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": finish,
-            }
-        ],
-        "usage": usage,
-    }
-
-
-def wire_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-
-
-def error_body(message: str, code: str = "error") -> dict[str, Any]:
-    return {"error": {"message": message, "type": code, "code": code}}
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    with LoopbackServer() as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No key, endpoint or proxy of the machine reaches a test."""
-    for var in (
-        *("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"),
-        "OPENAI_API_KEY",
-        "OPENAI_BASE_URL",
-        "OPENAI_ORG_ID",
-        "OPENAI_PROJECT_ID",
-        "ANTHROPIC_API_KEY",
-        "ANTHROPIC_BASE_URL",
-    ):
-        monkeypatch.delenv(var, raising=False)
-
-
-def model_for(server: LoopbackServer, **kwargs: Any) -> OpenAIModel:
-    kwargs.setdefault("api_key", KEY)
-    kwargs.setdefault("timeout", 5.0)
-    return OpenAIModel("test-model", base_url=f"{server.url}/v1", **kwargs)
+from .loopback import LoopbackServer, json_reply
+from .tools import add, get_weather
+from .wires import OPENAI_KEY as KEY
+from .wires import completion, wire_call
+from .wires import openai_error as error_body
+from .wires import openai_model as model_for
 
 
 def assert_results_follow_calls(messages: list[dict[str, Any]]) -> None:
@@ -378,48 +298,6 @@ async def test_lenient_parsing_of_compatible_servers(server: LoopbackServer) -> 
 
 
 #: (status, body, retryable, what the message says)
-HTTP_ERRORS: list[tuple[int, Any, bool, str]] = [
-    (400, error_body("context too long", "invalid_request_error"), False, "rejected"),
-    (401, error_body("Incorrect API key", "invalid_api_key"), False, "check the key"),
-    (403, error_body("no access", "permission_denied"), False, "check the key"),
-    (404, error_body("model not found", "model_not_found"), False, "check the model name"),
-    (408, error_body("timeout"), True, "retryable"),
-    (409, error_body("conflict"), True, "retryable"),
-    (413, error_body("too large"), False, "too large"),
-    (422, error_body("bad"), False, "rejected"),
-    (429, error_body("Rate limit reached", "rate_limit_exceeded"), True, "rate limited"),
-    (429, error_body("You exceeded your quota", "insufficient_quota"), False, "billing"),
-    (500, error_body("boom", "server_error"), True, "server"),
-    (502, "<html>Bad gateway</html>", True, "server"),
-    (503, error_body("overloaded"), True, "server"),
-]
-
-
-async def test_http_errors_are_classified(server: LoopbackServer) -> None:
-    for status, body, _, _ in HTTP_ERRORS:
-        server.queue(
-            text_reply(body, status=status, content_type="text/html")
-            if isinstance(body, str)
-            else json_reply(body, status=status)
-        )
-    request = ModelRequest(messages=(UserMessage(content="x"),))
-    async with model_for(server) as model:
-        for status, body, retryable, says in HTTP_ERRORS:
-            with pytest.raises(ProviderError) as caught:
-                await model.request(request)
-            error = caught.value
-            message = str(error)
-            assert (error.status, error.retryable) == (status, retryable), message
-            assert error.provider == "openai"
-            assert message.startswith(f"openai model 'test-model', HTTP {status}: ")
-            assert says in message
-            if isinstance(body, dict):
-                assert body["error"]["message"] in message
-            assert KEY not in message
-    # One request per error: the SDK itself never retries.
-    assert len(server.requests) == len(HTTP_ERRORS)
-
-
 async def test_retry_headers_are_honoured(server: LoopbackServer) -> None:
     server.queue(
         json_reply(error_body("slow down"), status=429, headers=[("retry-after", "3")]),
@@ -437,137 +315,10 @@ async def test_retry_headers_are_honoured(server: LoopbackServer) -> None:
     assert [e.retryable for e in errors] == [True, False, True]
 
 
-async def test_malformed_responses_are_retryable(server: LoopbackServer) -> None:
-    cases = [
-        ("{not json", "malformed"),
-        ('{"id": "x", "object": "chat.completion"}', "choices"),
-        ('{"choices": []}', "no choices"),
-        ('{"choices": [{"index": 0, "message": {"tool_calls": [{"id": "x"}]}}]}', "function"),
-        ('{"choices": [{"message": {"content": 5}}]}', "content"),
-    ]
-    server.queue(*(text_reply(payload) for payload, _ in cases))
-    request = ModelRequest(messages=(UserMessage(content="x"),))
-    async with model_for(server) as model:
-        for payload, detail in cases:
-            with pytest.raises(ProviderError) as caught:
-                await model.request(request)
-            message = str(caught.value)
-            assert (caught.value.retryable, caught.value.status) == (True, 200), payload
-            assert "malformed" in message
-            assert detail in message
-
-
-async def test_a_timeout_is_retryable_and_prompt(server: LoopbackServer) -> None:
-    server.queue(json_reply(completion("late"), delay=10))
-    with anyio.fail_after(5):
-        async with model_for(server, timeout=0.2) as model:
-            with pytest.raises(ProviderError) as caught:
-                await model.request(ModelRequest(messages=(UserMessage(content="x"),)))
-    assert caught.value.retryable
-    assert caught.value.status is None
-    assert "0.2 s timeout" in str(caught.value)
-
-
-async def test_a_refused_connection_is_retryable() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    # Nothing listens on that port now.
-    async with OpenAIModel("m", base_url=f"http://127.0.0.1:{port}/v1", timeout=2) as model:
-        with pytest.raises(ProviderError) as caught:
-            await model.request(ModelRequest(messages=(UserMessage(content="x"),)))
-    assert caught.value.retryable
-    assert "could not reach" in str(caught.value)
-
-
-async def test_a_closed_model_refuses_requests(server: LoopbackServer) -> None:
-    model = model_for(server)
-    await model.aclose()
-    await model.aclose()
-    with pytest.raises(ProviderError, match="closed"):
-        await model.request(ModelRequest(messages=(UserMessage(content="x"),)))
-    assert server.requests == []
-
-
 # -- errors through the agent's retry policy ---------------------------------------------
 
 
-async def test_429_then_success_is_retried_by_the_policy(server: LoopbackServer) -> None:
-    server.queue(
-        json_reply(error_body("Rate limit reached", "rate_limit_exceeded"), status=429),
-        json_reply(completion("Made it.")),
-    )
-    async with model_for(server) as model:
-        result = await ask_once(model)
-    assert result.status == "completed", result.stop_reason
-    assert result.text == "Made it."
-    assert result.usage.requests == 2
-    assert len(server.requests) == 2
-    assert server.requests[0].body == server.requests[1].body
-
-
-async def test_an_invalid_key_fails_at_once(server: LoopbackServer) -> None:
-    server.queue(
-        json_reply(error_body("Incorrect API key provided", "invalid_api_key"), status=401),
-        json_reply(completion("never served")),
-    )
-    async with model_for(server) as model:
-        result = await ask_once(model)
-    assert result.status == "failed"
-    assert len(server.requests) == 1
-    assert "openai" in result.stop_reason
-    assert "HTTP 401" in result.stop_reason
-    assert "check the key" in result.stop_reason
-    assert "not retried" in result.stop_reason
-
-
-async def test_server_errors_beyond_the_retries_fail_clearly(server: LoopbackServer) -> None:
-    server.queue(*[json_reply(error_body("boom", "server_error"), status=500)] * 3)
-    async with model_for(server) as model:
-        result = await ask_once(model)
-    assert result.status == "failed"
-    assert len(server.requests) == 3
-    assert result.usage.requests == 3
-    assert "openai model 'test-model', HTTP 500" in result.stop_reason
-    assert "server failed" in result.stop_reason
-    assert "[failed]" in result.text  # the synthesized answer
-
-
-async def test_malformed_then_success_is_retried(server: LoopbackServer) -> None:
-    server.queue(text_reply("{oops"), json_reply(completion("Fine.")))
-    async with model_for(server) as model:
-        agent = Agent("assistant", model, retry=RetryPolicy(retries=1, initial_delay=0))
-        async with Runtime() as rt:
-            result = await (await rt.spawn(agent)).ask("Go")
-    assert (result.status, result.text) == ("completed", "Fine.")
-
-
-async def test_the_deadline_cancels_a_hanging_request(server: LoopbackServer) -> None:
-    server.queue(json_reply(completion("too late"), delay=10))
-    async with model_for(server, timeout=30) as model:
-        agent = Agent("assistant", model)
-        with anyio.fail_after(5):
-            async with Runtime() as rt:
-                result = await (await rt.spawn(agent)).ask("Go", budget=Budget(seconds=0.3))
-    assert result.status == "timed_out"
-
-
 # -- configuration ---------------------------------------------------------------------
-
-
-async def test_api_key_from_the_environment_or_a_placeholder(
-    server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server.queue(json_reply(completion("a")), json_reply(completion("b")))
-    request = ModelRequest(messages=(UserMessage(content="x"),))
-    async with OpenAIModel("m", base_url=f"{server.url}/v1") as local:
-        await local.request(request)
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
-    async with OpenAIModel("m", base_url=f"{server.url}/v1") as keyed:
-        await keyed.request(request)
-    first, second = server.requests
-    assert first.headers["authorization"] == "Bearer not-needed"
-    assert second.headers["authorization"] == "Bearer sk-from-env"
 
 
 async def test_the_base_url_from_the_environment(
@@ -581,18 +332,6 @@ async def test_the_base_url_from_the_environment(
     (received,) = server.requests
     assert received.headers["authorization"] == "Bearer not-needed"
     assert received.json()["max_tokens"] == 50
-
-
-def test_no_key_and_no_base_url_is_a_clear_error() -> None:
-    with pytest.raises(ProviderError, match="OPENAI_API_KEY") as caught:
-        OpenAIModel("gpt-4.1-mini")
-    assert not caught.value.retryable
-
-
-def test_a_missing_sdk_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "openai", None)
-    with pytest.raises(ProviderError, match=r"pip install 'fractor\[openai\]'"):
-        OpenAIModel("gpt-4.1-mini", api_key=KEY)
 
 
 def test_constructor_checks() -> None:
