@@ -216,16 +216,7 @@ def counted(original: Tool[..., Any], gauge: Gauge) -> Tool[..., Any]:
     setattr(wrapper, "__signature__", inspect.signature(fn))  # noqa: B010
     wrapper.__annotations__ = typing.get_type_hints(hints_source, include_extras=True)
     wrapper.__doc__ = doc
-    return Tool(
-        wrapper,
-        name=original.name,
-        description=original.description,
-        timeout=original.timeout,
-        retries=original.retries,
-        retry_delay=original.retry_delay,
-        max_result_chars=original.max_result_chars,
-        limiter=original.limiter,
-    )
+    return original.with_function(wrapper)
 
 
 def plan(name: str, arguments: str, fanout: int, calls: int) -> list[tuple[ModelResponse, ...]]:

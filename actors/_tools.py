@@ -174,6 +174,20 @@ class Tool(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
+    def with_function(self, fn: Callable[..., Any]) -> Tool[..., Any]:
+        """The same options (name, description, timeout, retries, result cap, limiter)
+        around another function, e.g. one that wraps this tool's own to measure it."""
+        return Tool(
+            fn,
+            name=self.name,
+            description=self.description,
+            timeout=self.timeout,
+            retries=self.retries,
+            retry_delay=self.retry_delay,
+            max_result_chars=self.max_result_chars,
+            limiter=self.limiter,
+        )
+
     def __repr__(self) -> str:
         kind = "async" if self.is_async else "sync"
         return (

@@ -899,3 +899,28 @@ async def test_many_concurrent_calls_each_get_their_own_outcome() -> None:
         i = int(outcome.call.id)
         assert not outcome.is_error
         assert json.loads(outcome.content) == {"a": i, "b": f"n{i}", "c": None}
+
+
+async def test_with_function_keeps_every_option_around_another_function() -> None:
+    limiter = anyio.CapacityLimiter(3)
+
+    @tool(name="scaled", timeout=2, retries=1, retry_delay=0.5, max_result_chars=400)
+    def scale(x: int) -> int:
+        """Scales x."""
+        return x * 2
+
+    scale_with_limiter = tool(scale.fn, name="limited", limiter=limiter)
+    calls: list[int] = []
+
+    def counted(x: int) -> int:
+        calls.append(x)
+        return scale.fn(x)
+
+    wrapped = scale.with_function(counted)
+    assert (wrapped.name, wrapped.description, wrapped.timeout) == ("scaled", "Scales x.", 2.0)
+    assert (wrapped.retries, wrapped.retry_delay, wrapped.max_result_chars) == (1, 0.5, 400)
+    assert wrapped.spec == scale.spec
+    assert scale_with_limiter.with_function(counted).limiter is limiter
+    outcome = await wrapped.invoke(call("scaled", '{"x": 4}'))
+    assert outcome.content == "8"
+    assert calls == [4]
