@@ -26,8 +26,10 @@ from runtime import (
     Budget,
     BudgetExceeded,
     EventKind,
+    InvalidUsage,
     Node,
     PendingReply,
+    Reservation,
     Supervisor,
     Usage,
 )
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from ._agent import Agent, AgentRef
+    from ._models import Model, Send
 
 __all__ = ["Execution", "StopCondition", "Task", "synthesize"]
 
@@ -106,6 +109,7 @@ class Execution:
         "agent",
         "agent_id",
         "buffer",
+        "charged",
         "context",
         "escalation",
         "execution_id",
@@ -119,6 +123,7 @@ class Execution:
         "steps",
         "supervisor",
         "task",
+        "via",
     )
 
     def __init__(
@@ -149,6 +154,12 @@ class Execution:
         self.last_text = ""
         self.escalation = ""
         self.started = time.perf_counter()
+        #: What the current step's model requests were charged, all attempts included.
+        self.charged = _EMPTY_USAGE
+        #: A model built on another (ReAct) sends each of its requests through ours.
+        self.via: Callable[[ModelRequest, Send], Awaitable[ModelResponse]] | None = getattr(
+            agent.model, "request_via", None
+        )
 
     @property
     def usage(self) -> Usage:
@@ -230,6 +241,7 @@ class Execution:
         supervisor = self.supervisor
         node = self.node
         specs = agent.specs
+        max_tokens = agent.max_tokens
         bus = self.context.runtime.event_bus
         buffer = self.buffer
         # What the model sees: the history, then this execution's buffer. Grown by
@@ -239,10 +251,14 @@ class Execution:
             supervisor.charge(node, steps=1)
             if bus.active:
                 self._emit("step_start", step=len(self.steps))
-            request = ModelRequest(messages=context, tools=specs)
+            request = ModelRequest(messages=context, tools=specs, max_tokens=max_tokens)
             began = time.perf_counter()
+            self.charged = _EMPTY_USAGE
             try:
-                response, usage, cut_short = await self._request(request)
+                if self.via is None:
+                    response = await self._send(agent.model, request)
+                else:
+                    response = await self.via(request, self._send_inner)
             except BudgetExceeded as exc:
                 self._record_failed_request(len(context), began, exc)
                 raise
@@ -250,14 +266,11 @@ class Execution:
                 self._record_failed_request(len(context), began, exc)
                 self._stop("failed", f"model request failed: {type(exc).__name__}: {exc}")
                 return
+            usage = self.charged
             model_seconds = time.perf_counter() - began
             if response.text:
                 self.last_text = response.text
             calls = response.tool_calls
-            if cut_short is not None:
-                # The budget capped this reply and it ran into the cap: out of budget.
-                self._record(len(context), response, usage, (), model_seconds, 0.0)
-                raise cut_short
             if not calls:
                 self._record(len(context), response, usage, (), model_seconds, 0.0)
                 if response.text:
@@ -298,47 +311,105 @@ class Execution:
                 return
             context = context + (asked, *results)  # noqa: RUF005 (one copy, not two)
 
-    async def _request(
-        self, request: ModelRequest
-    ) -> tuple[ModelResponse, Usage, BudgetExceeded | None]:
-        """One model request under the budget: reserve, send (with retries), settle.
+    def _send_inner(self, request: ModelRequest) -> Awaitable[ModelResponse]:
+        """How a model built on another (ReAct) sends each of its own requests: every
+        one, corrections included, is checked and charged like any other."""
+        inner: Model = self.agent.model.inner  # type: ignore[attr-defined]
+        return self._send(inner, request)
 
-        The third value is set when the reply stopped at a cap the budget imposed.
+    async def _send(self, model: Model, request: ModelRequest) -> ModelResponse:
+        """One model request under the budget: reserve (waiting for headroom if others
+        hold it), send, settle; with the agent's retries.
+
+        Every attempt is charged (``self.charged`` adds them up): a failed one what
+        the error reported or its input estimate, a cancelled one its input estimate.
+        A reply cut at a cap that the budget's sharing set (not the request's own) is
+        asked again with room for at least twice as much, waiting for it if needed;
+        if the settled usage has no room for that, the budget is spent and says so.
         """
         agent = self.agent
-        model = agent.model
         supervisor = self.supervisor
         node = self.node
+        wanted = request.max_tokens
         estimate = model.estimate_tokens(request)
+        name = model.name
         attempt = 0
+        at_least: int | None = None
         while True:
-            reservation = supervisor.reserve(
-                node, input_estimate=estimate, max_tokens=agent.max_tokens, model=model.name
-            )
-            if reservation.max_tokens is not None:
-                request = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
             try:
-                response = await model.request(request)
+                reservation = supervisor.reserve_nowait(
+                    node, input_estimate=estimate, max_tokens=wanted, model=name, at_least=at_least
+                )
+            except anyio.WouldBlock:
+                reservation = await self._wait_for_budget(estimate, wanted, name, at_least)
+            sent = request
+            if reservation.max_tokens != wanted:
+                sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
+            error: Exception
+            try:
+                response = await model.request(sent)
             except Exception as exc:
-                supervisor.settle(node, reservation, None)
-                attempt += 1
-                if attempt > agent.retry.retries or not is_retryable(exc):
-                    raise
-                delay = agent.retry.delay(attempt)
-                if self.context.runtime.event_bus.active:
-                    self._emit("retry", attempt=attempt, error=f"{exc!r}"[:300], delay=delay)
-                await anyio.sleep(delay)
-                continue
+                self._charge(reservation, _reported(exc), name)
+                error = exc
             except BaseException:
-                supervisor.settle(node, reservation, None)
+                self._charge(reservation, None, name)  # cut off: what it read was spent
                 raise
-            usage = supervisor.settle(node, reservation, response.usage)
-            cut_short = (
-                supervisor.cut_short(node, reservation)
-                if response.finish_reason == "length"
-                else None
+            else:
+                try:
+                    self._charge(reservation, response.usage, name)
+                except InvalidUsage as exc:
+                    error = exc
+                else:
+                    if response.finish_reason != "length" or reservation.limited_by is None:
+                        return response
+                    # Cut by the budget's sharing, not by its own cap: ask again.
+                    at_least = min(reservation.wanted, 2 * reservation.output)
+                    if self.context.runtime.event_bus.active:
+                        self._emit(
+                            "retry",
+                            attempt=attempt + 1,
+                            error=f"reply cut at {reservation.output} tokens by the budget "
+                            f"shared with requests in flight; asking again with room for "
+                            f"{at_least}",
+                            delay=0.0,
+                        )
+                    continue
+            attempt += 1
+            if attempt > agent.retry.retries or not is_retryable(error):
+                raise error
+            delay = agent.retry.delay(attempt)
+            if self.context.runtime.event_bus.active:
+                self._emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
+            await anyio.sleep(delay)
+
+    def _charge(self, reservation: Reservation, usage: Usage | None, model: str) -> None:
+        try:
+            charged = self.supervisor.settle(self.node, reservation, usage, model=model)
+        except InvalidUsage as exc:
+            self.charged = self.charged + exc.charged
+            raise
+        self.charged = self.charged + charged
+
+    async def _wait_for_budget(
+        self, estimate: int, max_tokens: int | None, model: str, at_least: int | None
+    ) -> Reservation:
+        """Wait for headroom that requests in flight hold; visible as events, in the
+        tree (the node's ``waiting``) and in the runtime's statistics."""
+        bus = self.context.runtime.event_bus
+        began = time.perf_counter()
+        on_wait = (lambda why: self._emit("budget_wait", reason=why)) if bus.active else None
+        try:
+            return await self.supervisor.reserve(
+                self.node,
+                input_estimate=estimate,
+                max_tokens=max_tokens,
+                model=model,
+                at_least=at_least,
+                on_wait=on_wait,
             )
-            return response, usage, cut_short
+        finally:
+            if bus.active:
+                self._emit("budget_resume", seconds=time.perf_counter() - began)
 
     async def _run_tools(self, calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
         """Run every call of one step concurrently; outcomes keep the calls' order.
@@ -446,7 +517,7 @@ class Execution:
                 response_text="",
                 tool_calls=(),
                 outcomes=(),
-                usage=_EMPTY_USAGE,
+                usage=self.charged,
                 model_seconds=time.perf_counter() - began,
                 tools_seconds=0.0,
                 finish_reason="error",
@@ -629,6 +700,12 @@ class _TaskArguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 
 _decode_task = msgspec.json.Decoder(_TaskArguments).decode
+
+
+def _reported(error: Exception) -> Usage | None:
+    """The usage a failed request's error reports, if it reports one."""
+    usage = getattr(error, "usage", None)
+    return usage if isinstance(usage, Usage) else None
 
 
 async def _ready(outcome: ToolOutcome) -> ToolOutcome:

@@ -42,9 +42,11 @@ __all__ = [
     "Failure",
     "FunctionModel",
     "Model",
+    "ModelAdapter",
     "ModelFunction",
     "ScriptExhausted",
     "ScriptedModel",
+    "Send",
     "Turn",
     "call",
     "calls",
@@ -89,6 +91,27 @@ class Model(Protocol):
     def estimate_tokens(self, request: ModelRequest) -> int: ...
 
     async def aclose(self) -> None: ...
+
+
+Send: TypeAlias = Callable[[ModelRequest], Awaitable[ModelResponse]]
+"""How a ``ModelAdapter`` sends one request of its own to its inner model."""
+
+
+class ModelAdapter(Model, Protocol):
+    """A model built on another one (``ReActModel``): it may send several requests
+    to ``inner`` for one request of its own (corrections, fallbacks).
+
+    An agent calls ``request_via`` with a ``send`` that checks and charges each of
+    those requests with the supervisor like any other (reserving headroom for it,
+    waiting for it, settling its usage): an adapter never spends what the budget
+    did not grant. ``request`` is ``request_via`` with the inner model's own
+    ``request`` as ``send``, for use outside an agent.
+    """
+
+    @property
+    def inner(self) -> Model: ...
+
+    async def request_via(self, request: ModelRequest, send: Send) -> ModelResponse: ...
 
 
 def _ceil_tokens(chars: int) -> int:

@@ -43,7 +43,7 @@ from ._messages import (
     Usage,
     UserMessage,
 )
-from ._models import Model
+from ._models import Model, Send
 
 __all__ = ["MalformedAction", "ReActModel"]
 
@@ -244,10 +244,15 @@ class ReActModel:
     decodes the reply into tool calls or a final answer, and corrects a malformed reply
     up to ``max_corrections`` times. With no tools offered, plain text is the answer.
 
+    It is a ``ModelAdapter``: an agent sends every inner request through
+    ``request_via``, so each correction is its own request for the supervisor,
+    checked against the budget before it is sent and charged after it.
+
     Usage sums every inner request (``requests`` counts them all). ``max_tokens`` caps
     the output of all attempts together: each correction gets what is left. A reply cut
-    short by ``max_tokens`` that does not decode comes back as is, with
-    ``finish_reason="length"`` and no tool calls.
+    short by ``max_tokens`` that does not decode is a format failure
+    (``MalformedAction``), never an answer; with no tools offered, plain text cut
+    short is the answer, with ``finish_reason="length"``.
     """
 
     def __init__(self, inner: Model, *, max_corrections: int = 2, name: str | None = None) -> None:
@@ -310,6 +315,11 @@ class ReActModel:
         return self._inner.estimate_tokens(inner)
 
     async def request(self, request: ModelRequest) -> ModelResponse:
+        return await self.request_via(request, self._inner.request)
+
+    async def request_via(self, request: ModelRequest, send: Send) -> ModelResponse:
+        """Answer ``request``, sending each inner request (corrections included)
+        through ``send``."""
         tool_names = frozenset(spec.name for spec in request.tools)
         context = list(self.render(request))  # local: corrections never leave this call
         cap = limit = request.max_tokens
@@ -317,7 +327,7 @@ class ReActModel:
         attempts = 0
         while True:
             inner_request = ModelRequest(messages=tuple(context), max_tokens=limit)
-            response = await self._inner.request(inner_request)
+            response = await send(inner_request)
             attempts += 1
             usage = usage + response.usage
             if response.usage.requests < 1:
@@ -326,9 +336,10 @@ class ReActModel:
             try:
                 reply = _interpret(text, tool_names)
             except _Malformed as exc:
-                if response.finish_reason == "length":
-                    return self._answer(text, usage, "length")
                 problem = str(exc)
+                if response.finish_reason == "length":
+                    problem += f"; the reply was cut at max_tokens={inner_request.max_tokens}"
+                    raise MalformedAction(self.name, attempts, problem, usage) from None
                 if attempts > self.max_corrections:
                     raise MalformedAction(self.name, attempts, problem, usage) from None
                 if cap is not None:

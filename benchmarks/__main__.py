@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from . import scale, w1_fanout, w2_steps, w3_subagents, w4_mailbox
+from . import budget, scale, w1_fanout, w2_steps, w3_subagents, w4_mailbox
 from ._harness import RESULTS, Row, print_rows, write_results
 
 Workload = tuple[str, Callable[[bool], Awaitable[list[Row]]]]
@@ -21,6 +21,7 @@ WORKLOADS: list[Workload] = [
     ("W3 subagents", lambda quick: w3_subagents.run(quick=quick)),
     ("W4 mailbox round trips", lambda quick: w4_mailbox.run(quick=quick)),
     ("Scale", lambda quick: scale.run(quick=quick)),
+    ("Budget", lambda quick: budget.run(quick=quick)),
 ]
 
 

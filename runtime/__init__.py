@@ -7,6 +7,7 @@ from ._actor import Actor as Actor
 from ._actor import ActorContext as ActorContext
 from ._actor import FailurePolicy as FailurePolicy
 from ._actor import Spawnable as Spawnable
+from ._admission import Reservation as Reservation
 from ._budget import Budget as Budget
 from ._budget import Price as Price
 from ._budget import Usage as Usage
@@ -24,6 +25,7 @@ from ._exceptions import AskTimeout as AskTimeout
 from ._exceptions import BudgetExceeded as BudgetExceeded
 from ._exceptions import DuplicateActor as DuplicateActor
 from ._exceptions import FractorError as FractorError
+from ._exceptions import InvalidUsage as InvalidUsage
 from ._exceptions import MailboxFull as MailboxFull
 from ._exceptions import RuntimeClosed as RuntimeClosed
 from ._exceptions import StoreError as StoreError
@@ -41,7 +43,6 @@ from ._store import Store as Store
 from ._supervisor import Node as Node
 from ._supervisor import NodeSnapshot as NodeSnapshot
 from ._supervisor import NodeStatus as NodeStatus
-from ._supervisor import Reservation as Reservation
 from ._supervisor import Supervisor as Supervisor
 from ._supervisor import TreeSnapshot as TreeSnapshot
 
@@ -61,6 +62,7 @@ __all__ = [
     "EventKind",
     "FailurePolicy",
     "FractorError",
+    "InvalidUsage",
     "MailboxFull",
     "MailboxStatistics",
     "MemoryStore",

@@ -37,6 +37,8 @@ EventKind = Literal[
     "tool_end",
     "retry",
     "restart",
+    "budget_wait",
+    "budget_resume",
     "budget_exceeded",
     "deadline",
     "execution_end",

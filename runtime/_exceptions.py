@@ -16,8 +16,11 @@
     │                                 or already left)
     ├── StoreError                    a store could not load or save: names the store
     │                                 and the operation; a failed save wrote nothing
-    └── BudgetExceeded                a hard limit of the supervisor's tree refused a
-                                      charge: names the limit and the node that has it
+    ├── BudgetExceeded                a hard limit of the supervisor's tree refused a
+    │                                 charge: names the limit, the node that has it,
+    │                                 and for tokens and cost what was needed and left
+    └── InvalidUsage                  a model reported usage that cannot be true
+                                      (also a ``ValueError``); never a refund
 
 The ``actors`` package adds, under ``FractorError``: ``ToolDefinitionError`` (also a
 ``TypeError``), ``ScriptExhausted`` and ``MalformedAction``.
@@ -29,6 +32,11 @@ never hangs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._budget import Usage
+
 __all__ = [
     "ActorError",
     "ActorStopped",
@@ -36,6 +44,7 @@ __all__ = [
     "BudgetExceeded",
     "DuplicateActor",
     "FractorError",
+    "InvalidUsage",
     "MailboxFull",
     "RuntimeClosed",
     "StoreError",
@@ -134,12 +143,59 @@ class BudgetExceeded(FractorError):
 
     ``limit`` is the ``Budget`` field; ``node_id`` and ``node_name`` name the node whose
     budget it is (the node itself or an ancestor); ``allowed`` is the limit's value.
+    For tokens and cost, ``need`` is what the refused request needed at least (its
+    input estimate plus a minimum output, ``need_detail`` says how it adds up) and
+    ``left`` what the settled usage of that node still leaves: a refusal always has
+    ``need > left``. Both are ``None`` for counters (steps, tool calls, agents, ...).
     """
 
-    def __init__(self, limit: str, allowed: float, node_id: str, node_name: str) -> None:
-        shown = f"{allowed:g}" if isinstance(allowed, float) else str(allowed)
-        super().__init__(f"{limit} limit of {shown} reached (budget of {node_name} {node_id!r})")
+    def __init__(
+        self,
+        limit: str,
+        allowed: float,
+        node_id: str,
+        node_name: str,
+        *,
+        need: float | None = None,
+        left: float | None = None,
+        need_detail: str = "",
+        why: str = "",
+    ) -> None:
+        message = f"{limit} limit of {_number(allowed)} reached"
+        if need is not None and left is not None:
+            detail = f" ({need_detail})" if need_detail else ""
+            message += (
+                f": the next request needs about {_number(need)}{detail}, "
+                f"{_number(max(left, 0))} left"
+            )
+        elif why:
+            message += f": {why}"
+        super().__init__(f"{message} (budget of {node_name} {node_id!r})")
         self.limit = limit
         self.allowed = allowed
         self.node_id = node_id
         self.node_name = node_name
+        self.need = need
+        self.left = left
+        self.need_detail = need_detail
+        self.why = why
+
+
+class InvalidUsage(FractorError, ValueError):
+    """A model reported usage that cannot be true (negative counts, a cost that is not
+    a finite number >= 0, more output than the request allowed). The request counts as
+    failed; it is charged its whole reservation (``charged``), never refunded."""
+
+    def __init__(self, model: str, problem: str, charged: Usage) -> None:
+        shown = f"model {model!r}" if model else "the model"
+        super().__init__(f"{shown} reported impossible usage: {problem}")
+        self.model = model
+        self.problem = problem
+        self.charged = charged
+
+
+def _number(value: float) -> str:
+    """A limit or an amount as a person reads it: 4,000 tokens, 0.05 of a currency."""
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) >= 1):
+        return f"{int(value):,}"
+    return f"{value:.6g}"

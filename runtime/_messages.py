@@ -48,3 +48,9 @@ class RuntimeStatistics(msgspec.Struct, frozen=True, kw_only=True):
     handled: int
     failed: int
     pending_asks: int
+    #: Model requests waiting for budget now (headroom held by requests in flight).
+    budget_waiting: int = 0
+    #: Model requests that had to wait for budget, since the runtime started.
+    budget_waits: int = 0
+    #: Seconds those requests spent waiting, in all.
+    budget_wait_seconds: float = 0.0

@@ -30,7 +30,7 @@ from ._exceptions import DuplicateActor, RuntimeClosed
 from ._messages import RuntimeStatistics
 from ._ref import ActorRef
 from ._store import Store
-from ._supervisor import Supervisor, TreeSnapshot
+from ._supervisor import DEFAULT_MAX_TOKENS, MIN_OUTPUT_TOKENS, Supervisor, TreeSnapshot
 
 __all__ = ["Runtime"]
 
@@ -53,7 +53,11 @@ class Runtime:
     records (agents resume their conversation from it); the caller owns it: the
     runtime never opens or closes it, so close it after leaving the runtime's block.
     ``log_events`` writes every event of the tree through structlog; observers can
-    subscribe with ``rt.events()`` either way.
+    subscribe with ``rt.events()`` either way. ``min_output_tokens`` is the least
+    output a model request is sent with under a budget (capped by the request's own
+    ``max_tokens``): a budget whose settled usage leaves less than that plus the
+    input estimate is spent; ``default_max_tokens`` is what a request that names no
+    ``max_tokens`` reserves at most (see ``Supervisor``).
     """
 
     def __init__(
@@ -65,6 +69,8 @@ class Runtime:
         mailbox_size: int | None = None,
         store: Store | None = None,
         log_events: bool = False,
+        min_output_tokens: int = MIN_OUTPUT_TOKENS,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
     ) -> None:
         if grace < 0:
             raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
@@ -75,7 +81,12 @@ class Runtime:
         #: Limits over everything this runtime runs.
         self.budget = budget
         #: The tree of executions and their budgets.
-        self.supervisor = Supervisor(budget, prices)
+        self.supervisor = Supervisor(
+            budget,
+            prices,
+            min_output_tokens=min_output_tokens,
+            default_max_tokens=default_max_tokens,
+        )
         self.grace = grace
         self.mailbox_size = mailbox_size
         #: Where actors persist their state; None keeps everything in memory.
@@ -262,6 +273,9 @@ class Runtime:
             handled=self._handled_by_stopped + sum(c.mailbox.handled for c in cells),
             failed=self._failed_by_stopped + sum(c.mailbox.failed for c in cells),
             pending_asks=sum(len(c.pending) for c in cells),
+            budget_waiting=self.supervisor.waiting,
+            budget_waits=self.supervisor.waits,
+            budget_wait_seconds=self.supervisor.wait_seconds,
         )
 
     def events(self, buffer: int = 1_000) -> AbstractAsyncContextManager[Subscription]:

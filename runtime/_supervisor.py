@@ -5,20 +5,34 @@ root; an agent's budget (or the one passed with a task) sits on that execution's
 node and covers it and all of its descendants. Usage is charged to the node and to
 every ancestor at once, so a node's totals always include its subtree.
 
-Limits are hard, even under heavy concurrency:
+Every limit is **hard** (zero overshoot) and **honest** (no premature stop):
 
-- counters (requests, tool calls, steps, agents, depth) are checked on every node of
-  the chain and then charged, with no ``await`` in between: nothing can overshoot;
-- before a model request, input tokens are checked with the model's estimate and
-  output tokens are **reserved**: ``max_tokens`` is capped to the smallest headroom
-  (output tokens, tokens, cost) of every node of the chain, and the reservation
-  holds that headroom until the real usage settles it;
-- time: a node's deadline is the earlier of its own and its parent's.
+- Counters (requests, tool calls, steps, agents, depth) are checked on every node
+  of the chain and then charged, with no ``await`` in between: nothing overshoots.
+- Tokens and cost are **reserved** before each model request and **settled** with
+  the real usage after it (``reserve`` / ``settle``); ``max_tokens`` is capped so
+  the reservation fits every node of the chain. Input tokens are checked with the
+  model's estimate and charged exactly afterwards.
+- A request is refused, and the node whose limit it is stopped with its subtree,
+  only when that node's *settled* usage leaves no room for the request's minimum
+  (its input estimate plus ``min_output_tokens``, capped by its own ``max_tokens``).
+  The refusal says what the request needed and what was left.
+- Headroom that other in-flight requests hold makes a request **wait** for it, first
+  come first served per budget, woken when a reservation settles; never stop.
+  Reservations take a fair share of the free headroom (all of it when nothing else
+  is in flight, one part in ``n + 1`` with ``n`` in flight, never less than the
+  minimum), so concurrent children run concurrently. A wait shows in the node's
+  snapshot (``waiting``) and in ``statistics()``; a stop, a deadline or a
+  cancellation ends it at once.
+- Every request is charged: a failed or interrupted one at least its input
+  estimate; usage that cannot be true is refused (``InvalidUsage``), never refunded.
+- Time: a node's deadline is the earlier of its own and its parent's.
 
 When a charge is refused, the node whose limit it is (the charging node or an
 ancestor) is stopped with its whole subtree: each execution's cancel scope is
 cancelled and each one answers ``budget_exceeded`` naming that limit and node. A
 refused spawn (depth, agents) stops nothing: the caller gets the error as a value.
+(The arithmetic of admission lives in ``_admission``.)
 """
 
 from __future__ import annotations
@@ -27,14 +41,16 @@ import itertools
 import math
 import secrets
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import anyio
 import msgspec
 
+from ._admission import Need, Reservation, free_output, refusal
 from ._budget import Budget, Price, Usage
-from ._exceptions import BudgetExceeded
+from ._exceptions import BudgetExceeded, InvalidUsage
+from ._waiter import Waiter, new_waiter, park, wake
 
 __all__ = [
     "EndStatus",
@@ -53,6 +69,11 @@ NodeStatus = Literal["running"] | EndStatus
 FINISHED_KEPT = 10_000
 #: The output tokens reserved for a request that asks for no cap of its own.
 DEFAULT_MAX_TOKENS = 4_096
+#: The least output a request is sent with: a budget whose settled usage leaves less
+#: (plus the input estimate) is spent; one whose free headroom is smaller waits.
+MIN_OUTPUT_TOKENS = 256
+#: More tokens than this in one request's reported usage cannot be true.
+MAX_TOKENS_PER_REQUEST = 100_000_000
 
 
 class NodeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +93,8 @@ class NodeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     limits: Budget | None
     started: float
     seconds: float
+    #: Why its model request waits for budget ("" when it does not wait).
+    waiting: str = ""
 
 
 class TreeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,35 +112,6 @@ class TreeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
         return tuple(node for node in self.nodes if node.parent_id == node_id)
 
 
-class Reservation:
-    """Headroom held for one model request until its real usage is known.
-
-    ``limited_by`` names the node (and ``limit`` the field) whose headroom made
-    ``max_tokens`` smaller than the request asked for, if any: a reply cut at that cap
-    ran out of budget, it did not end.
-    """
-
-    __slots__ = ("cost", "input", "limit", "limited_by", "max_tokens", "output", "price")
-
-    def __init__(
-        self,
-        input: int,
-        output: int,
-        cost: float,
-        max_tokens: int | None,
-        price: Price | None,
-        limited_by: Node | None = None,
-        limit: str = "",
-    ) -> None:
-        self.input = input
-        self.output = output
-        self.cost = cost
-        self.max_tokens = max_tokens
-        self.price = price
-        self.limited_by = limited_by
-        self.limit = limit
-
-
 class Node:
     """One execution in the tree. Mutated only by the ``Supervisor``."""
 
@@ -132,6 +126,7 @@ class Node:
         "depth",
         "ended",
         "id",
+        "in_flight",
         "input_tokens",
         "limits",
         "name",
@@ -155,6 +150,8 @@ class Node:
         "stop_reason",
         "stop_status",
         "tool_calls",
+        "waiters",
+        "waiting",
     )
 
     def __init__(
@@ -197,6 +194,8 @@ class Node:
         self.reserved_input = 0
         self.reserved_output = 0
         self.reserved_cost = 0.0
+        #: Requests under this node holding a reservation now.
+        self.in_flight = 0
         # What this node itself consumed, without its descendants.
         self.own_input = 0
         self.own_output = 0
@@ -204,6 +203,10 @@ class Node:
         self.own_requests = 0
         self.own_tool_calls = 0
         self.own_cost = 0.0
+        #: Requests waiting for this node's headroom, first come first served.
+        self.waiters: deque[_Wait] | None = None
+        #: Why this node's own request waits for budget ("" when it does not).
+        self.waiting = ""
 
     def chain(self) -> Iterator[Node]:
         """This node, then each ancestor up to the root."""
@@ -238,8 +241,46 @@ class Node:
         return f"<Node {self.id!r} depth={self.depth} {self.status}>"
 
 
+class _Wait:
+    """One model request waiting for headroom, queued on the node that holds it up."""
+
+    __slots__ = (
+        "done",
+        "error",
+        "max_tokens",
+        "need",
+        "node",
+        "queue",
+        "reservation",
+        "seq",
+        "waiter",
+    )
+
+    def __init__(
+        self, node: Node, need: Need, max_tokens: int | None, seq: int, waiter: Waiter
+    ) -> None:
+        self.node = node
+        self.need = need
+        self.max_tokens = max_tokens
+        self.seq = seq
+        self.waiter = waiter
+        #: The node whose queue holds it now.
+        self.queue: Node = node
+        self.reservation: Reservation | None = None
+        self.error: BudgetExceeded | None = None
+        self.done = False
+
+
+#: The place in line of a request that does not wait yet: behind every waiting one.
+_NEW = math.inf
+
+
 class Supervisor:
-    """Tracks the tree and enforces every ``Budget`` across it. Never awaits."""
+    """Tracks the tree and enforces every ``Budget`` across it.
+
+    Synchronous, except ``reserve``, which may wait for headroom; everything that
+    checks and charges does so without an ``await`` in between.
+    """
 
     def __init__(
         self,
@@ -247,11 +288,20 @@ class Supervisor:
         prices: dict[str, Price] | None = None,
         *,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        min_output_tokens: int = MIN_OUTPUT_TOKENS,
     ) -> None:
+        for name, value in (
+            ("default_max_tokens", default_max_tokens),
+            ("min_output_tokens", min_output_tokens),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         self.budget = budget
         #: The output cap reserved for a request that names none, when a limit applies:
         #: reserving a whole budget's headroom for one request would starve its siblings.
         self.default_max_tokens = default_max_tokens
+        #: The least output a request is sent with (capped by its own max_tokens).
+        self.min_output_tokens = min_output_tokens
         self.prices = dict(prices or {})
         self._ids = itertools.count(1)
         #: Makes node (execution) ids unique across runtimes sharing one store.
@@ -260,6 +310,11 @@ class Supervisor:
         self.root = Node("root", "runtime", None, budget, math.inf, None, 0.0)
         self.nodes: dict[str, Node] = {"root": self.root}
         self._finished: deque[Node] = deque(maxlen=FINISHED_KEPT)
+        self._seq = itertools.count()
+        #: Requests waiting for budget now; waits so far; seconds spent waiting.
+        self.waiting = 0
+        self.waits = 0
+        self.wait_seconds = 0.0
 
     def start(self) -> None:
         """Start the clock: the runtime's ``seconds`` budget counts from here."""
@@ -423,125 +478,276 @@ class Supervisor:
             current = current.parent
         node.own_tool_calls += tool_calls
 
-    def reserve(
+    def need(
+        self,
+        *,
+        input_estimate: int,
+        max_tokens: int | None,
+        model: str = "",
+        at_least: int | None = None,
+    ) -> Need:
+        """What one request needs at least: its input estimate and a minimum output
+        (``at_least``, or ``min_output_tokens``; never more than it wants)."""
+        wanted = max_tokens if max_tokens is not None else self.default_max_tokens
+        minimum = self.min_output_tokens if at_least is None else at_least
+        price = self.prices.get(model) if self.prices else None
+        return Need(max(input_estimate, 0), min(minimum, wanted), wanted, price)
+
+    def reserve_nowait(
         self,
         node: Node,
         *,
         input_estimate: int,
         max_tokens: int | None,
         model: str = "",
+        at_least: int | None = None,
     ) -> Reservation:
-        """Count one request and hold headroom for it, or refuse it.
+        """Count one request and hold headroom for it, without waiting.
 
-        Returns the reservation; its ``max_tokens`` is what the request may ask for.
+        Returns the reservation (its ``max_tokens`` is what the request may ask for).
+        Raises ``BudgetExceeded`` (and stops that limit's node) when settled usage
+        leaves no room for the request's minimum, and ``anyio.WouldBlock`` when it
+        would have to wait for headroom that requests in flight hold.
+        """
+        need = self.need(
+            input_estimate=input_estimate, max_tokens=max_tokens, model=model, at_least=at_least
+        )
+        self._check_price(node, need, model)
+        got = self._admit(node, need, max_tokens, _NEW)
+        if type(got) is Reservation:
+            return got
+        raise anyio.WouldBlock
+
+    async def reserve(
+        self,
+        node: Node,
+        *,
+        input_estimate: int,
+        max_tokens: int | None,
+        model: str = "",
+        at_least: int | None = None,
+        on_wait: Callable[[str], object] | None = None,
+    ) -> Reservation:
+        """``reserve_nowait``, waiting for headroom when requests in flight hold it.
+
+        Waiters are served first come, first served per budget, each time a
+        reservation settles; a wait ends at once with a stop, a deadline or a
+        cancellation of the waiting execution (anything that cancels its task).
+        ``on_wait`` is called with why, in words, when the request starts to wait.
+        """
+        need = self.need(
+            input_estimate=input_estimate, max_tokens=max_tokens, model=model, at_least=at_least
+        )
+        self._check_price(node, need, model)
+        got = self._admit(node, need, max_tokens, _NEW)
+        if type(got) is Reservation:
+            return got
+        assert isinstance(got, Node)
+        wait = _Wait(node, need, max_tokens, next(self._seq), new_waiter())
+        self._enqueue(wait, got)
+        self.waiting += 1
+        self.waits += 1
+        if on_wait is not None:
+            on_wait(node.waiting)
+        began = anyio.current_time()
+        try:
+            await park(wait.waiter)
+        except BaseException:
+            if wait.reservation is not None:  # admitted, then cancelled: never sent
+                self.release(node, wait.reservation)
+            elif not wait.done:
+                self._end(wait)
+                self._leave(wait)
+            raise
+        finally:
+            node.waiting = ""
+            self.wait_seconds += anyio.current_time() - began
+        if wait.error is not None:
+            raise wait.error
+        assert wait.reservation is not None
+        return wait.reservation
+
+    def _check_price(self, node: Node, need: Need, model: str) -> None:
+        if need.price is not None:
+            return
+        for current in node.chain():
+            if current.limits is not None and current.limits.cost is not None:
+                raise ValueError(
+                    f"Budget.cost is set (budget of {current.name} {current.id!r}) but no "
+                    f"price is known for model {model!r}: pass "
+                    f"Runtime(prices={{{model!r}: Price(...)}})"
+                )
+
+    def _admit(
+        self, node: Node, need: Need, max_tokens: int | None, seq: float
+    ) -> Reservation | Node:
+        """Reserve for one request, or return the node it must wait for.
+
+        Raises ``BudgetExceeded`` when a node's settled usage has no room for it
+        (that node is stopped with its subtree). ``seq`` is the request's place in
+        line: it waits behind requests already waiting with a smaller one.
         """
         if node.stop_status is not None:
             raise self._stopped(node)
-        price = self.prices.get(model) if self.prices else None
-        wanted = max_tokens if max_tokens is not None else self.default_max_tokens
-        cap = max_tokens
-        limited_by: Node | None = None
-        limit = ""
         current: Node | None = node
-        while current is not None:
+        while current is not None:  # spent? (settled usage only)
             budget = current.limits
             if budget is not None:
-                lowered, field = self._check_request(current, budget, input_estimate, price, model)
-                if lowered is not None and (cap is None or lowered < cap):
-                    cap = lowered
-                    if lowered < wanted:
-                        limited_by, limit = current, field
-                    elif max_tokens is None:
-                        cap = wanted  # a limit applies: reserve the default, not it all
+                error = refusal(current, budget, need)
+                if error is not None:
+                    self.stop_subtree(current, "budget_exceeded", str(error), error)
+                    raise error
             current = current.parent
-        output = cap or 0
-        cost = price.cost(input_estimate, output) if price is not None else 0.0
+        share = math.inf
+        limited_by: Node | None = None
+        limit = ""
+        current = node
+        while current is not None:  # held up? and how much may it take?
+            queue = current.waiters
+            if queue and _ahead(queue, seq):
+                return current
+            budget = current.limits
+            if budget is not None:
+                room, field = free_output(current, budget, need)
+                if room < need.output:
+                    return current
+                if room != math.inf:
+                    # A fair share: all of it alone, else one part per request in flight.
+                    mine = max(need.output, room // (current.in_flight + 1))
+                    if mine < share:
+                        share, limited_by, limit = mine, current, field
+            current = current.parent
+        if share == math.inf:  # no output limit on the chain
+            cap, output = max_tokens, max_tokens or 0
+        else:
+            cap = output = int(min(need.wanted, share))
+            if cap >= need.wanted:
+                limited_by, limit = None, ""
+        price = need.price
+        cost = price.cost(need.input, output) if price is not None else 0.0
         current = node
         while current is not None:
             current.requests += 1
-            current.reserved_input += input_estimate
+            current.in_flight += 1
+            current.reserved_input += need.input
             current.reserved_output += output
             current.reserved_cost += cost
             current = current.parent
         node.own_requests += 1
-        return Reservation(input_estimate, output, cost, cap, price, limited_by, limit)
+        return Reservation(need.input, output, cost, cap, price, limited_by, limit, need.wanted)
 
-    def cut_short(self, node: Node, reservation: Reservation) -> BudgetExceeded | None:
-        """A reply that stopped at ``max_tokens`` ("length"): if a budget set that cap,
-        the budget's owner has run out, and its subtree is stopped like any refusal."""
-        owner = reservation.limited_by
-        if owner is None or owner.limits is None:
-            return None
-        allowed: float = getattr(owner.limits, reservation.limit)
-        return self._refuse(owner, reservation.limit, allowed)
+    def _enqueue(self, wait: _Wait, at: Node) -> None:
+        """Queue ``wait`` on ``at`` in its place in line, and say why it waits."""
+        queue = at.waiters
+        if queue is None:
+            queue = at.waiters = deque()
+        if not queue or queue[-1].seq < wait.seq:
+            queue.append(wait)
+        else:  # moved here from another queue: keep the line's order
+            index = next(i for i, other in enumerate(queue) if other.seq > wait.seq)
+            queue.insert(index, wait)
+        wait.queue = at
+        wait.node.waiting = _why_waiting(at, wait.need)
 
-    def _check_request(
-        self,
-        node: Node,
-        budget: Budget,
-        input_estimate: int,
-        price: Price | None,
-        model: str,
-    ) -> tuple[int | None, str]:
-        """Refuse a request over ``node``'s limits, or return the smallest output
-        headroom they leave (None when no output limit applies) and its field."""
-        if budget.requests is not None and node.requests + 1 > budget.requests:
-            raise self._refuse(node, "requests", budget.requests)
-        used_input = node.input_tokens + node.reserved_input + input_estimate
-        if budget.input_tokens is not None and used_input > budget.input_tokens:
-            raise self._refuse(node, "input_tokens", budget.input_tokens)
-        cap: int | None = None
-        field = ""
-        if budget.output_tokens is not None:
-            headroom = budget.output_tokens - node.output_tokens - node.reserved_output
-            if headroom < 1:
-                raise self._refuse(node, "output_tokens", budget.output_tokens)
-            cap, field = headroom, "output_tokens"
-        if budget.tokens is not None:
-            headroom = budget.tokens - used_input - node.output_tokens - node.reserved_output
-            if headroom < 1:
-                raise self._refuse(node, "tokens", budget.tokens)
-            if cap is None or headroom < cap:
-                cap, field = headroom, "tokens"
-        if budget.cost is not None:
-            if price is None:
-                raise ValueError(
-                    f"Budget.cost is set (budget of {node.name} {node.id!r}) but no price is "
-                    f"known for model {model!r}: pass Runtime(prices={{{model!r}: Price(...)}})"
-                )
-            left = budget.cost - node.cost - node.reserved_cost - price.cost(input_estimate, 0)
-            per_token = price.output_per_million / 1_000_000
-            if left < 0 or (per_token > 0 and left < per_token):
-                raise self._refuse(node, "cost", budget.cost)
-            if per_token > 0:
-                headroom = math.floor(left / per_token)
-                if cap is None or headroom < cap:
-                    cap, field = headroom, "cost"
-        return cap, field
+    def _end(self, wait: _Wait) -> None:
+        """``wait`` is over (served, refused or given up): once."""
+        wait.done = True
+        self.waiting -= 1
 
-    def settle(self, node: Node, reservation: Reservation, usage: Usage | None) -> Usage:
-        """Release ``reservation`` and charge the real ``usage`` (None: nothing was used).
+    def _leave(self, wait: _Wait) -> None:
+        """``wait`` gave up (cancelled): let the requests behind it try."""
+        queue = wait.queue.waiters
+        if queue and queue[0] is wait:
+            self._serve(wait.queue)
 
-        Returns the usage as charged, with its cost. If the real usage went past a
-        limit (a model's estimate fell short), that node's subtree is stopped.
+    def _serve(self, at: Node) -> None:
+        """Admit the requests waiting on ``at``, in order, while they fit."""
+        queue = at.waiters
+        while queue:
+            wait = queue[0]
+            if wait.done:
+                queue.popleft()
+                continue
+            node = wait.node
+            try:
+                got = self._admit(node, wait.need, wait.max_tokens, wait.seq)
+            except BudgetExceeded as exc:
+                queue.popleft()
+                wait.error = exc
+                self._end(wait)
+                wake(wait.waiter)
+                continue
+            if got is at:
+                return  # still held up here: so is everyone behind it
+            queue.popleft()
+            if type(got) is Reservation:
+                wait.reservation = got
+                self._end(wait)
+                node.waiting = ""
+                wake(wait.waiter)
+            else:
+                assert isinstance(got, Node)
+                self._enqueue(wait, got)  # held up further up the chain now
+        if queue is not None and not queue:
+            at.waiters = None
+
+    def release(self, node: Node, reservation: Reservation) -> None:
+        """Give back a reservation whose request was never sent: nothing is charged,
+        and the request is not counted."""
+        current: Node | None = node
+        while current is not None:
+            current.requests -= 1
+            current.in_flight -= 1
+            current.reserved_input -= reservation.input
+            current.reserved_output -= reservation.output
+            current.reserved_cost -= reservation.cost
+            current = current.parent
+        node.own_requests -= 1
+        self._serve_chain(node)
+
+    def _serve_chain(self, node: Node) -> None:
+        current: Node | None = node
+        while current is not None:
+            if current.waiters:
+                self._serve(current)
+            current = current.parent
+
+    def settle(
+        self, node: Node, reservation: Reservation, usage: Usage | None, *, model: str = ""
+    ) -> Usage:
+        """Release ``reservation`` and charge the real ``usage``.
+
+        ``None`` means the model reported nothing (the request failed or was cut):
+        its input estimate is charged, since the provider may have read it all.
+        Usage that cannot be true is charged as the whole reservation and raises
+        ``InvalidUsage`` after the charge: never a refund. Returns the usage as
+        charged, with its cost. If the real usage went past a limit (a model's
+        estimate fell short), that node's subtree is stopped. Requests waiting for
+        headroom on the chain are served.
         """
-        input_tokens = output_tokens = cached_tokens = extra_requests = 0
-        cost = 0.0
-        if usage is not None:
+        problem = _impossible(usage, reservation) if usage is not None else ""
+        price = reservation.price
+        extra_requests = cached_tokens = 0
+        if usage is None or problem:
+            input_tokens = reservation.input
+            output_tokens = reservation.output if problem else 0
+            cost = price.cost(input_tokens, output_tokens) if price is not None else 0.0
+        else:
             input_tokens = usage.input_tokens
             output_tokens = usage.output_tokens
             cached_tokens = usage.cached_tokens
-            # A model adapter may send several requests for one (ReAct corrections).
+            # A model adapter may send several requests for one and say so.
             extra_requests = max(usage.requests - 1, 0)
-            price = reservation.price
             cost = (
                 price.cost(input_tokens, output_tokens, cached_tokens)
                 if price is not None
                 else usage.cost
             )
-        over: tuple[Node, str, float] | None = None
+        over: tuple[Node, str, float, float] | None = None
+        served = False
         current: Node | None = node
         while current is not None:
+            current.in_flight -= 1
             current.reserved_input -= reservation.input
             current.reserved_output -= reservation.output
             current.reserved_cost -= reservation.cost
@@ -553,6 +759,7 @@ class Supervisor:
             if current.limits is not None:
                 # The highest node over its limit: stopping it stops everything below.
                 over = _over_limit(current, current.limits) or over
+            served = served or current.waiters is not None
             current = current.parent
         node.own_input += input_tokens
         node.own_output += output_tokens
@@ -560,16 +767,27 @@ class Supervisor:
         node.own_cost += cost
         node.own_requests += extra_requests
         if over is not None:
-            self._refuse(*over)
-        if usage is None:
-            return Usage()
-        return Usage(
+            owner, field, allowed, used = over
+            error = BudgetExceeded(
+                field,
+                allowed,
+                owner.id,
+                owner.name,
+                why=f"{_amount(used)} used: a request used more than its estimate",
+            )
+            self.stop_subtree(owner, "budget_exceeded", str(error), error)
+        if served:
+            self._serve_chain(node)
+        charged = Usage(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cached_tokens=cached_tokens,
             requests=1 + extra_requests,
             cost=cost,
         )
+        if problem:
+            raise InvalidUsage(model, problem, charged)
+        return charged
 
     # -- observing --------------------------------------------------------------------
 
@@ -592,6 +810,7 @@ class Supervisor:
             actor_id=node.actor_id,
             status=node.status,
             stop_reason=node.stop_reason,
+            waiting=node.waiting,
             usage=node.usage(),
             own_usage=node.own_usage(),
             steps=node.steps,
@@ -607,16 +826,60 @@ def _parents_first(node: Node) -> tuple[float, int]:
     return node.started, node.depth
 
 
-def _over_limit(node: Node, budget: Budget) -> tuple[Node, str, float] | None:
-    """The first request, token or cost limit that real usage went past, if any."""
+def _over_limit(node: Node, budget: Budget) -> tuple[Node, str, float, float] | None:
+    """The first request, token or cost limit that real usage went past, if any, with
+    what was used."""
     if budget.requests is not None and node.requests > budget.requests:
-        return node, "requests", budget.requests
+        return node, "requests", budget.requests, node.requests
     if budget.input_tokens is not None and node.input_tokens > budget.input_tokens:
-        return node, "input_tokens", budget.input_tokens
+        return node, "input_tokens", budget.input_tokens, node.input_tokens
     if budget.output_tokens is not None and node.output_tokens > budget.output_tokens:
-        return node, "output_tokens", budget.output_tokens
-    if budget.tokens is not None and node.input_tokens + node.output_tokens > budget.tokens:
-        return node, "tokens", budget.tokens
-    if budget.cost is not None and node.cost > budget.cost + 1e-12:
-        return node, "cost", budget.cost
+        return node, "output_tokens", budget.output_tokens, node.output_tokens
+    tokens = node.input_tokens + node.output_tokens
+    if budget.tokens is not None and tokens > budget.tokens:
+        return node, "tokens", budget.tokens, tokens
+    if budget.cost is not None and node.cost > budget.cost * (1 + 1e-9):
+        return node, "cost", budget.cost, node.cost
     return None
+
+
+def _amount(value: float) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:.6g}"
+
+
+def _ahead(queue: deque[_Wait], seq: float) -> bool:
+    """Whether a live request waits in ``queue`` ahead of place ``seq``."""
+    while queue and queue[0].done:
+        queue.popleft()
+    return bool(queue) and queue[0].seq < seq
+
+
+def _why_waiting(at: Node, need: Need) -> str:
+    """Why a request waits on ``at``, in words for the tree view."""
+    budget = at.limits
+    if budget is None:
+        return f"waiting for budget: behind earlier requests for the budget of {at.name}"
+    held = at.reserved_input + at.reserved_output
+    room, field = free_output(at, budget, need)
+    if room >= need.output:
+        return f"waiting for budget: behind earlier requests for the {at.name} budget"
+    return (
+        f"waiting for budget: {field} of {at.name} ({held:,} tokens held by requests "
+        f"in flight, {need.input + need.output:,} needed)"
+    )
+
+
+def _impossible(usage: Usage, reservation: Reservation) -> str:
+    """What cannot be true in a model's reported usage ("" when it can be)."""
+    for name in ("input_tokens", "output_tokens", "cached_tokens", "requests"):
+        value = getattr(usage, name)
+        if value < 0:
+            return f"{name}={value} is negative"
+        if value > MAX_TOKENS_PER_REQUEST:
+            return f"{name}={value:,} for one request"
+    if not math.isfinite(usage.cost) or usage.cost < 0:
+        return f"cost={usage.cost!r} is not a finite number >= 0"
+    cap = reservation.max_tokens
+    if cap is not None and usage.output_tokens > cap:
+        return f"{usage.output_tokens:,} output tokens for a request capped at {cap:,}"
+    return ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from benchmarks import w4_mailbox
+from benchmarks import budget, w4_mailbox
 from benchmarks._harness import print_rows, write_results
 
 
@@ -24,3 +24,34 @@ async def test_w4_reports_both_sides_and_their_ratio(tmp_path: pathlib.Path) -> 
     assert document["backend"] == "test"
     assert document["rows"][0]["workload"] == row.workload
     print_rows(rows)
+
+
+async def test_budget_rows_are_coherent_and_never_overshoot() -> None:
+    children = 5
+    needs = await budget.demand(children)
+    assert needs == await budget.demand(children)  # the demand is known exactly
+    assert needs.requests == 2 + sum(2 + i % 2 for i in range(children))
+    used, overshoot, wall = await budget.run(quick=True, children=children)
+
+    assert used.workload == f"Budget: utilization at 60% of demand, K={children}"
+    assert used.unit == "x"
+    assert used.baseline == used.baseline_min == used.baseline_max == 1.0
+    assert 0 <= used.fractor_min <= used.fractor <= used.fractor_max <= 1
+    assert abs(used.ratio - used.fractor / used.baseline) < 1e-9
+    assert used.holds == (used.ratio >= budget.UTILIZATION_TARGET)
+
+    assert overshoot.unit == "x"
+    assert overshoot.fractor == overshoot.fractor_max == overshoot.fractor_min == 0
+    assert overshoot.ratio == 1.0
+    assert overshoot.holds
+
+    assert wall.unit == "s"
+    assert wall.fractor > 0
+    assert wall.baseline > 0
+    assert wall.fractor_min <= wall.fractor <= wall.fractor_max
+    assert wall.baseline_min <= wall.baseline <= wall.baseline_max
+    assert abs(wall.ratio - wall.baseline / wall.fractor) < 1e-9
+    assert wall.target == "<= 1.2 x none, completes"
+    if wall.holds:
+        assert wall.ratio >= 1 / budget.WALL_TARGET
+    print_rows([used, overshoot, wall])

@@ -231,15 +231,15 @@ async def test_max_tokens_carries_the_budget_reservation(server: LoopbackServer)
         agent = Agent("assistant", model, tools=[add], max_tokens=1000)
         async with Runtime() as rt:
             ref = await rt.spawn(agent)
-            result = await ref.ask("1 + 1?", budget=Budget(output_tokens=300))
+            result = await ref.ask("1 + 1?", budget=Budget(output_tokens=400))
         # A cap beyond what the model may produce is clamped to max_output_tokens.
         await model.request(ModelRequest(messages=(UserMessage(content="x"),), max_tokens=10**6))
     async with model_for(server, max_output_tokens=1000) as small:
         await small.request(ModelRequest(messages=(UserMessage(content="x"),)))
     assert result.status == "completed", result.stop_reason
     caps = [r.json()["max_tokens"] for r in server.requests]
-    # The budget's headroom: 300, then 300 - 100 spent; the clamp; another default.
-    assert caps == [300, 200, 8192, 1000]
+    # The budget's headroom: 400, then 400 - 100 spent; the clamp; another default.
+    assert caps == [400, 300, 8192, 1000]
 
 
 def test_the_request_body_edge_cases() -> None:

@@ -62,7 +62,12 @@ async def test_the_scenario_on_both_backends(tmp_path: Path) -> None:
         "researcher-heat-pumps": "budget_exceeded",  # its own budget, not an ancestor's
     }
     tight = nodes["researcher-heat-pumps"]
-    assert tight.stop_reason.startswith(f"tokens limit of {DEFAULT_BUDGET_TOKENS} reached")
+    assert tight.stop_reason.startswith(f"tokens limit of {DEFAULT_BUDGET_TOKENS:,} reached: ")
+    # It says why: what the next request needed, and what was left.
+    assert re.search(
+        r"the next request needs about [\d,]+ \([\d,]+ input \+ 256 output\), [\d,]+ left",
+        tight.stop_reason,
+    )
     assert tight.id in tight.stop_reason
     assert tight.usage.total_tokens <= DEFAULT_BUDGET_TOKENS  # hard: never past it
     assert all(nodes[name].parent_id == lead.id for name in run.researchers)
@@ -99,7 +104,11 @@ def test_the_command_end_to_end(
     assert re.search(r"^\[ *\d+\.\d\ds\] lead: started: ", out, re.M)
     assert re.search(r"^\[ *\d+\.\d\ds\] lead: spawned researcher-solar$", out, re.M)
     assert re.search(r"\]     fact-checker: completed after 2 steps", out)
-    assert re.search(r"\]   researcher-heat-pumps: budget exceeded: tokens limit of 4000", out)
+    assert re.search(
+        r"\]   researcher-heat-pumps: budget exceeded: tokens limit of 4,000 reached: "
+        r"the next request needs about",
+        out,
+    )
     assert "fetch_page" not in out.split("== the lead's answer")[0]  # no line per tool call
     assert "== the lead's answer (completed) ==" in out
     # The usage table, aligned plain text: one row per agent and a total.
@@ -121,7 +130,7 @@ def test_the_command_end_to_end(
     for name in ("lead", "researcher-solar", "researcher-batteries", "researcher-heat-pumps"):
         assert f"{name} [{name}#" in tree
     assert "fact-checker [fact-checker#" in tree
-    assert "budget_exceeded: tokens limit of 4000 reached" in tree
+    assert "budget_exceeded: tokens limit of 4,000 reached: the next request needs" in tree
 
 
 def test_wider_and_deeper(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -193,12 +193,12 @@ async def test_max_tokens_carries_the_budget_reservation(server: LoopbackServer)
         agent = Agent("assistant", model, tools=[add], max_tokens=1000)
         async with Runtime() as rt:
             ref = await rt.spawn(agent)
-            result = await ref.ask("1 + 1?", budget=Budget(output_tokens=300))
+            result = await ref.ask("1 + 1?", budget=Budget(output_tokens=400))
     assert result.status == "completed", result.stop_reason
     first, second = (r.json() for r in server.requests)
     # The cap is the budget's headroom: 300, then 300 - 100 spent.
-    assert first["max_tokens"] == 300
-    assert second["max_tokens"] == 200
+    assert first["max_tokens"] == 400
+    assert second["max_tokens"] == 300
     assert "max_completion_tokens" not in first
 
 

@@ -308,14 +308,13 @@ async def test_no_output_tokens_left_for_a_correction_raises() -> None:
         await ReActModel(inner).request(request)
 
 
-async def test_a_reply_cut_by_max_tokens_comes_back_as_length() -> None:
-    inner = scripted('{"thought": "a long thought that goes on", "final": "x"}')
+async def test_a_reply_cut_by_max_tokens_is_a_format_failure_not_an_answer() -> None:
+    inner = scripted('{"thought": "a long thought that goes on", "final": "x"}', ADD_JSON)
     request = msgspec.structs.replace(task(), max_tokens=3)
-    response = await ReActModel(inner).request(request)
-    assert response.finish_reason == "length"
-    assert response.tool_calls == ()
-    assert response.text == '{"thought": '
-    assert len(inner.requests) == 1
+    with pytest.raises(MalformedAction, match=r"cut at max_tokens=3") as caught:
+        await ReActModel(inner).request(request)
+    assert caught.value.usage.output_tokens == 3
+    assert len(inner.requests) == 1  # no tokens left for a correction: no second request
 
 
 @pytest.mark.parametrize(

@@ -279,7 +279,7 @@ async def test_output_tokens_are_reserved_by_capping_max_tokens() -> None:
         ]
     )
     agent = Agent("a", model, tools=[lookup], max_tokens=500)
-    async with Runtime() as rt:
+    async with Runtime(min_output_tokens=16) as rt:
         ref = await rt.spawn(agent)
         result = await ref.ask("go", budget=Budget(output_tokens=60))
     first, second = model.requests
@@ -287,9 +287,14 @@ async def test_output_tokens_are_reserved_by_capping_max_tokens() -> None:
     used_first = 60 - second.max_tokens  # type: ignore[operator]
     assert 0 < used_first < 60
     assert result.usage.output_tokens <= 60
-    # The reply ran into the cap the budget set: the budget ran out, the task did not end.
+    # The reply ran into the cap the budget set; asked again, it would need at least
+    # twice that, more than the settled usage leaves: the budget is spent.
     assert result.status == "budget_exceeded"
-    assert result.stop_reason.startswith("output_tokens limit of 60 reached")
+    needed = 2 * second.max_tokens  # type: ignore[operator]
+    assert result.stop_reason.startswith(
+        f"output_tokens limit of 60 reached: the next request needs about {needed} "
+        f"({needed} output), 0 left"
+    )
 
 
 async def test_a_reply_cut_by_its_own_max_tokens_is_not_a_budget_stop() -> None:
@@ -321,11 +326,14 @@ async def test_cost_is_computed_from_prices_and_limited() -> None:
     prices = {"priced": Price(input_per_million=1_000_000, output_per_million=2_000_000)}
     async with Runtime(prices=prices) as rt:
         ref = await rt.spawn(agent)
-        result = await ref.ask("hi", budget=Budget(cost=50.0))
+        result = await ref.ask("hi", budget=Budget(cost=600.0))
     # input: a handful of tokens at 1 per token; output capped so the cost fits.
-    assert 0 < result.usage.cost <= 50.0
-    assert model.requests[0].max_tokens is not None
-    assert model.requests[0].max_tokens * 2 <= 50
+    assert result.status == "completed"
+    assert 0 < result.usage.cost <= 600.0
+    cap = model.requests[0].max_tokens
+    assert cap is not None
+    assert 256 <= cap < 300
+    assert result.usage.input_tokens + cap * 2 <= 600
 
 
 async def test_cost_limit_without_a_price_is_a_clear_failure() -> None:

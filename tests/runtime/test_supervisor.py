@@ -12,12 +12,14 @@ from typing import Any
 
 import anyio
 import pytest
+from anyio import wait_all_tasks_blocked
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime import (
     Budget,
     BudgetExceeded,
+    InvalidUsage,
     Node,
     Price,
     Reservation,
@@ -36,8 +38,13 @@ CACHED_PRICE = Price(
 )
 
 
-def started(budget: Budget | None = None, prices: dict[str, Price] | None = None) -> Supervisor:
-    sup = Supervisor(budget, prices)
+def started(
+    budget: Budget | None = None,
+    prices: dict[str, Price] | None = None,
+    *,
+    min_output_tokens: int = 256,
+) -> Supervisor:
+    sup = Supervisor(budget, prices, min_output_tokens=min_output_tokens)
     sup.start()
     return sup
 
@@ -258,7 +265,7 @@ async def test_a_stopped_node_takes_no_new_work() -> None:
     with pytest.raises(BudgetExceeded):
         sup.charge(worker, steps=1)
     with pytest.raises(BudgetExceeded):
-        sup.reserve(worker, input_estimate=10, max_tokens=None)
+        sup.reserve_nowait(worker, input_estimate=10, max_tokens=None)
     assert (worker.steps, top.steps, sup.root.steps) == (1, 1, 1)
     assert (worker.requests, top.requests, sup.root.requests) == (0, 0, 0)
 
@@ -315,74 +322,221 @@ async def test_an_earlier_stop_is_not_overwritten() -> None:
     assert top.stop_reason == f"cancelled (top {top.id!r})"
 
 
-# -- reserve: headroom held until settled ---------------------------------------------------
+# -- reserve: the honest admission rule ------------------------------------------------------
 
 
-async def test_reserve_caps_max_tokens_to_the_smallest_headroom_of_the_chain() -> None:
-    sup = started(Budget(output_tokens=100))
-    top = sup.open(sup.root, name="top", limits=Budget(tokens=100))
+async def test_a_lone_request_may_take_all_the_free_headroom_up_to_what_it_wants() -> None:
+    sup = started(Budget(output_tokens=1000))
+    top = sup.open(sup.root, name="top", limits=Budget(tokens=1000))
     child = sup.open(top, name="child", limits=None)
-    # root: 100 output tokens; top: 100 tokens - 10 input = 90; the request asks 1000.
-    first = sup.reserve(child, input_estimate=10, max_tokens=1000)
-    assert first.max_tokens == 90
-    assert (first.input, first.output) == (10, 90)
-    # The reservation holds: top has 100 - 20 input - 90 reserved output = -10 left.
+    # root: 1,000 output tokens; top: 1,000 tokens - 10 input = 990; it wants 2,000.
+    first = sup.reserve_nowait(child, input_estimate=10, max_tokens=2000)
+    assert (first.max_tokens, first.input, first.output) == (990, 10, 990)
+    assert (first.limited_by, first.limit, first.wanted) == (top, "tokens", 2000)
+    # What it wants, when it fits, is not "limited": a reply cut there is its own cut.
+    sup2 = started(Budget(tokens=10_000))
+    assert sup2.reserve_nowait(sup2.root, input_estimate=1, max_tokens=64).limited_by is None
+
+
+async def test_concurrent_requests_share_the_headroom_instead_of_stopping() -> None:
+    # The issue's case: five concurrent requests under 10,000 tokens, 4,096 each by
+    # default. Each one takes at most 1/(n+1) of what is free while n are in flight.
+    sup = started(Budget(tokens=10_000))
+    nodes = [sup.open(sup.root, name=f"child{i}", limits=None) for i in range(5)]
+    caps = [sup.reserve_nowait(n, input_estimate=100, max_tokens=None).max_tokens for n in nodes]
+    assert caps == [4096, 2852, 917, 433, 256]
+    assert sup.root.stop_status is None
+    assert sup.root.input_tokens + sup.root.reserved_input + sup.root.reserved_output <= 10_000
+
+
+async def test_a_request_waits_for_headroom_that_others_hold_and_is_never_refused_for_it() -> None:
+    sup = started(Budget(tokens=1000), min_output_tokens=100)
+    top = sup.open(sup.root, name="top", limits=None)
+    scoped(top)
+    held = sup.reserve_nowait(top, input_estimate=100, max_tokens=None)
+    assert held.max_tokens == 900
+    with pytest.raises(anyio.WouldBlock):
+        sup.reserve_nowait(top, input_estimate=100, max_tokens=None)
+    assert top.stop_status is None  # waiting, not stopped
+    assert not cancel_called(top)
+    assert top.requests == 1  # the request that must wait is not counted yet
+    got: list[Reservation] = []
+    whys: list[str] = []
+
+    async def wait() -> None:
+        got.append(await sup.reserve(top, input_estimate=100, max_tokens=None, on_wait=whys.append))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await wait_all_tasks_blocked()
+        assert (sup.waiting, sup.waits) == (1, 1)
+        assert whys == [top.waiting]
+        assert top.waiting.startswith("waiting for budget: tokens of runtime")
+        assert sup.snapshot().node(top.id).waiting == top.waiting
+        sup.settle(top, held, Usage(input_tokens=100, output_tokens=50, requests=1))
+    (reservation,) = got
+    # 1,000 - 150 settled - 100 input: all 750 free, nothing else in flight.
+    assert reservation.max_tokens == 750
+    assert (sup.waiting, top.waiting, top.requests) == (0, "", 2)
+    assert sup.wait_seconds >= 0
+
+
+async def test_a_refusal_comes_only_from_settled_usage_and_says_need_and_left() -> None:
+    sup = started(min_output_tokens=256)
+    worker = sup.open(sup.root, name="worker", limits=Budget(tokens=4000))
+    scoped(worker)
+    first = sup.reserve_nowait(worker, input_estimate=1000, max_tokens=None)
+    sup.settle(worker, first, Usage(input_tokens=1000, output_tokens=1393, requests=1))
     with pytest.raises(BudgetExceeded) as caught:
-        sup.reserve(child, input_estimate=10, max_tokens=None)
-    assert (caught.value.limit, caught.value.node_id) == ("tokens", top.id)
+        sup.reserve_nowait(worker, input_estimate=1450, max_tokens=None)
+    error = caught.value
+    assert (error.limit, error.need, error.left) == ("tokens", 1706, 1607)
+    assert str(error) == (
+        "tokens limit of 4,000 reached: the next request needs about 1,706 "
+        f"(1,450 input + 256 output), 1,607 left (budget of worker {worker.id!r})"
+    )
+    assert worker.stop_status == "budget_exceeded"
+    assert worker.stop_reason == str(error)
+    assert cancel_called(worker)
+    assert worker.requests == 1  # the refused request was not counted
 
 
-async def test_a_second_concurrent_reserve_sees_less_headroom() -> None:
-    sup = started(Budget(output_tokens=100))
-    top = sup.open(sup.root, name="top", limits=Budget(tokens=100))
-    first = sup.reserve(top, input_estimate=10, max_tokens=30)
-    assert first.max_tokens == 30
-    second = sup.reserve(top, input_estimate=10, max_tokens=None)
-    # root: 100 - 30 = 70 output; top: 100 - 20 input - 30 reserved = 50.
-    assert second.max_tokens == 50
-    for node in (sup.root, top):
-        assert (node.reserved_input, node.reserved_output, node.requests) == (20, 80, 2)
-    assert own(sup, top) == Usage(requests=2)
-    assert own(sup, sup.root) == Usage()
+async def test_the_minimum_output_is_capped_by_the_requests_own_max_tokens() -> None:
+    sup = started(Budget(output_tokens=100), min_output_tokens=256)
+    assert sup.reserve_nowait(sup.root, input_estimate=1, max_tokens=40).max_tokens == 40
+    with pytest.raises(BudgetExceeded) as caught:  # 256 needed, 100 - 40 held... settled: 100
+        sup.reserve_nowait(sup.root, input_estimate=1, max_tokens=None)
+    assert (caught.value.need, caught.value.left) == (256, 100)
+
+
+async def test_waiters_are_served_first_come_first_served() -> None:
+    sup = started(Budget(tokens=1000), min_output_tokens=10)
+    nodes = [sup.open(sup.root, name=f"n{i}", limits=None) for i in range(3)]
+    held = sup.reserve_nowait(nodes[0], input_estimate=500, max_tokens=480)
+    order: list[str] = []
+
+    async def ask(node: Node, estimate: int) -> None:
+        # No max_tokens: alone in flight, a request may take all the free headroom.
+        reservation = await sup.reserve(node, input_estimate=estimate, max_tokens=None)
+        order.append(node.name)
+        sup.settle(node, reservation, Usage(input_tokens=estimate, output_tokens=1, requests=1))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask, nodes[1], 15)  # 1,000 - 980 held: 20 free, 25 needed: waits
+        await wait_all_tasks_blocked()
+        tg.start_soon(ask, nodes[2], 1)  # would fit (11), but comes second: waits too
+        await wait_all_tasks_blocked()
+        assert (sup.waiting, order) == (2, [])
+        assert nodes[2].waiting.startswith("waiting for budget: behind earlier requests")
+        sup.settle(nodes[0], held, Usage(input_tokens=500, output_tokens=100, requests=1))
+        # n1 took what was free; n2 still waits, for n1 to settle.
+        assert (nodes[1].requests, nodes[2].requests, sup.waiting) == (1, 0, 1)
+    assert order == ["n1", "n2"]
+    assert sup.root.requests == 3
+
+
+async def test_a_stop_ends_a_wait_at_once_and_lets_the_next_waiter_in() -> None:
+    sup = started(Budget(tokens=1000), min_output_tokens=10)
+    blocked = sup.open(sup.root, name="blocked", limits=None)
+    behind = sup.open(sup.root, name="behind", limits=None)
+    held = sup.reserve_nowait(sup.root, input_estimate=500, max_tokens=490)
+    outcome: dict[str, object] = {}
+
+    async def ask(node: Node, estimate: int) -> None:
+        with anyio.CancelScope() as scope:
+            node.scope = scope
+            outcome[node.name] = await sup.reserve(node, input_estimate=estimate, max_tokens=5)
+        if scope.cancelled_caught:
+            outcome[node.name] = "cancelled"
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask, blocked, 400)  # 10 free: waits for a lot
+        await wait_all_tasks_blocked()
+        tg.start_soon(ask, behind, 1)  # fits in the 10 free, but waits behind it
+        await wait_all_tasks_blocked()
+        sup.stop_subtree(blocked, "cancelled", "cancelled (test)")
+    assert outcome["blocked"] == "cancelled"
+    assert isinstance(outcome["behind"], Reservation)  # served as the first one left
+    assert (sup.waiting, blocked.requests, behind.requests) == (0, 0, 1)
+    sup.settle(sup.root, held, None)
+
+
+async def test_a_waiter_is_refused_once_settled_usage_leaves_it_no_room() -> None:
+    sup = started(min_output_tokens=100)
+    top = sup.open(sup.root, name="top", limits=Budget(tokens=1000))
+    child = sup.open(top, name="child", limits=None)
+    scoped(top)
+    held = sup.reserve_nowait(top, input_estimate=300, max_tokens=600)
+    caught: list[BudgetExceeded] = []
+
+    async def ask() -> None:
+        try:
+            await sup.reserve(child, input_estimate=200, max_tokens=None)
+        except BudgetExceeded as exc:
+            caught.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+        await wait_all_tasks_blocked()
+        # 900 settled: the 300 needed no longer fit even with nothing in flight.
+        sup.settle(top, held, Usage(input_tokens=300, output_tokens=600, requests=1))
+    (error,) = caught
+    assert (error.limit, error.node_id, error.need, error.left) == ("tokens", top.id, 300, 100)
+    assert top.stop_status == child.stop_status == "budget_exceeded"
+    assert cancel_called(top)
+
+
+async def test_a_request_admitted_and_then_cancelled_gives_its_reservation_back() -> None:
+    sup = started(Budget(tokens=1000), min_output_tokens=10)
+    top = sup.open(sup.root, name="top", limits=None)
+    held = sup.reserve_nowait(top, input_estimate=500, max_tokens=495)
+
+    async def ask(scope: anyio.CancelScope) -> None:
+        with scope:
+            await sup.reserve(top, input_estimate=100, max_tokens=None)
+
+    scope = anyio.CancelScope()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask, scope)
+        await wait_all_tasks_blocked()
+        scope.cancel()  # cancelled, and before it runs again...
+        sup.settle(top, held, Usage(input_tokens=500, output_tokens=5, requests=1))
+        assert top.requests == 2  # ...admitted by the settle
+    assert (top.requests, top.reserved_input, top.reserved_output) == (1, 0, 0)
+    assert sup.waiting == 0
+
+
+async def test_at_least_raises_the_minimum_of_a_request_asked_again() -> None:
+    sup = started(Budget(output_tokens=1000), min_output_tokens=10)
+    with pytest.raises(BudgetExceeded) as caught:
+        sup.reserve_nowait(sup.root, input_estimate=1, max_tokens=None, at_least=1001)
+    assert (caught.value.need, caught.value.left) == (1001, 1000)
+    sup = started(Budget(output_tokens=1000), min_output_tokens=10)
+    reservation = sup.reserve_nowait(sup.root, input_estimate=1, max_tokens=None, at_least=600)
+    assert reservation.max_tokens == 1000
+
+
+async def test_input_estimates_held_by_others_make_a_request_wait() -> None:
+    sup = started()
+    top = sup.open(sup.root, name="top", limits=Budget(input_tokens=100))
+    scoped(top)
+    first = sup.reserve_nowait(top, input_estimate=60, max_tokens=None)
+    with pytest.raises(anyio.WouldBlock):
+        sup.reserve_nowait(top, input_estimate=41, max_tokens=None)  # 60 held + 41 > 100
+    assert top.stop_status is None
+    sup.settle(top, first, Usage(input_tokens=60, output_tokens=1, requests=1))
+    with pytest.raises(BudgetExceeded) as caught:  # now 60 settled: it can never fit
+        sup.reserve_nowait(top, input_estimate=41, max_tokens=None)
+    assert (caught.value.limit, caught.value.need, caught.value.left) == ("input_tokens", 41, 40)
+    assert top.stop_status == "budget_exceeded"
 
 
 async def test_reserve_without_limits_keeps_the_requested_cap() -> None:
     sup = started()
     top = sup.open(sup.root, name="top", limits=None)
-    assert sup.reserve(top, input_estimate=5, max_tokens=None).max_tokens is None
-    assert sup.reserve(top, input_estimate=5, max_tokens=64).max_tokens == 64
+    assert sup.reserve_nowait(top, input_estimate=5, max_tokens=None).max_tokens is None
+    assert sup.reserve_nowait(top, input_estimate=5, max_tokens=64).max_tokens == 64
     assert top.requests == 2
-
-
-async def test_a_request_without_a_cap_reserves_the_default_not_the_whole_budget() -> None:
-    sup = Supervisor(Budget(output_tokens=250), default_max_tokens=100)
-    sup.start()
-    top = sup.open(sup.root, name="top", limits=None)
-    sibling = sup.open(sup.root, name="sibling", limits=None)
-    first = sup.reserve(top, input_estimate=1, max_tokens=None)
-    second = sup.reserve(sibling, input_estimate=1, max_tokens=None)
-    assert (first.max_tokens, second.max_tokens) == (100, 100)  # neither starves the other
-    assert sup.reserve(top, input_estimate=1, max_tokens=None).max_tokens == 50  # what is left
-    with pytest.raises(BudgetExceeded):
-        sup.reserve(sibling, input_estimate=1, max_tokens=None)  # all 250 are held now
-
-
-async def test_reserve_refuses_at_zero_output_headroom() -> None:
-    sup = started()
-    top = sup.open(sup.root, name="top", limits=Budget(output_tokens=5))
-    scoped(top)
-    assert sup.reserve(top, input_estimate=1, max_tokens=None).max_tokens == 5
-    with pytest.raises(BudgetExceeded) as caught:
-        sup.reserve(top, input_estimate=1, max_tokens=None)
-    assert (caught.value.limit, caught.value.allowed, caught.value.node_id) == (
-        "output_tokens",
-        5,
-        top.id,
-    )
-    assert top.requests == 1  # the refused request was not counted
-    assert top.reserved_input == 1
-    assert top.stop_status == "budget_exceeded"
-    assert cancel_called(top)
 
 
 async def test_reserve_refuses_input_estimates_over_input_tokens() -> None:
@@ -390,82 +544,49 @@ async def test_reserve_refuses_input_estimates_over_input_tokens() -> None:
     top = sup.open(sup.root, name="top", limits=Budget(input_tokens=100))
     scoped(top)
     with pytest.raises(BudgetExceeded) as caught:
-        sup.reserve(top, input_estimate=101, max_tokens=None)
+        sup.reserve_nowait(top, input_estimate=101, max_tokens=None)
     assert (caught.value.limit, caught.value.node_id) == ("input_tokens", top.id)
     assert (top.requests, top.reserved_input) == (0, 0)
     assert top.stop_status == "budget_exceeded"
-
-
-async def test_input_estimates_are_held_until_settled() -> None:
-    sup = started()
-    top = sup.open(sup.root, name="top", limits=Budget(input_tokens=100))
-    first = sup.reserve(top, input_estimate=60, max_tokens=None)
-    second = sup.reserve(top, input_estimate=40, max_tokens=None)  # 100 held: at the limit
-    assert (first.input, second.input, top.reserved_input) == (60, 40, 100)
-    sup.settle(top, first, None)
-    sup.settle(top, second, None)
-    assert top.reserved_input == 0
-    sup.reserve(top, input_estimate=100, max_tokens=None)  # all of it is back
-
-    sup = started()
-    top = sup.open(sup.root, name="top", limits=Budget(input_tokens=100))
-    sup.reserve(top, input_estimate=60, max_tokens=None)
-    with pytest.raises(BudgetExceeded) as caught:
-        sup.reserve(top, input_estimate=41, max_tokens=None)  # 60 held + 41 > 100
-    assert caught.value.limit == "input_tokens"
-
-
-async def test_reserve_refuses_when_the_tokens_left_are_all_input() -> None:
-    sup = started()
-    top = sup.open(sup.root, name="top", limits=Budget(tokens=50))
-    with pytest.raises(BudgetExceeded) as caught:
-        sup.reserve(top, input_estimate=50, max_tokens=None)
-    assert caught.value.limit == "tokens"
-    sup = started()
-    top = sup.open(sup.root, name="top", limits=Budget(tokens=50))
-    assert sup.reserve(top, input_estimate=49, max_tokens=None).max_tokens == 1
 
 
 async def test_reserve_counts_requests_on_the_whole_chain() -> None:
     sup = started(Budget(requests=2))
     top = sup.open(sup.root, name="top", limits=Budget(requests=5))
     other = sup.open(sup.root, name="other", limits=None)
-    sup.reserve(top, input_estimate=0, max_tokens=None)
-    sup.reserve(other, input_estimate=0, max_tokens=None)
+    sup.reserve_nowait(top, input_estimate=0, max_tokens=None)
+    sup.reserve_nowait(other, input_estimate=0, max_tokens=None)
     with pytest.raises(BudgetExceeded) as caught:
-        sup.reserve(top, input_estimate=0, max_tokens=None)
+        sup.reserve_nowait(top, input_estimate=0, max_tokens=None)
     assert (caught.value.limit, caught.value.node_id) == ("requests", "root")
     assert (sup.root.requests, top.requests, other.requests) == (2, 1, 1)
 
 
 async def test_reserve_caps_output_to_the_cost_left() -> None:
-    sup = started(prices={"m": PRICE})
+    sup = started(prices={"m": PRICE}, min_output_tokens=10)
     top = sup.open(sup.root, name="top", limits=Budget(cost=50))
-    first = sup.reserve(top, input_estimate=10, max_tokens=None, model="m")
+    scoped(top)
+    first = sup.reserve_nowait(top, input_estimate=10, max_tokens=None, model="m")
     # 50 - 10 for the input leaves 40, that is 20 output tokens at 2 each.
     assert first.max_tokens == 20
     assert first.cost == pytest.approx(50.0)
     assert first.price == PRICE
     assert top.reserved_cost == pytest.approx(50.0)
-    with pytest.raises(BudgetExceeded) as caught:
-        sup.reserve(top, input_estimate=0, max_tokens=None, model="m")
+    with pytest.raises(anyio.WouldBlock):  # all of it held, none of it spent
+        sup.reserve_nowait(top, input_estimate=0, max_tokens=None, model="m")
+    sup.settle(top, first, Usage(input_tokens=10, output_tokens=18, requests=1))
+    with pytest.raises(BudgetExceeded) as caught:  # 46 spent: 4 left, 20 needed
+        sup.reserve_nowait(top, input_estimate=0, max_tokens=None, model="m")
     assert (caught.value.limit, caught.value.node_id) == ("cost", top.id)
-
-
-async def test_reserve_refuses_when_not_even_one_output_token_is_affordable() -> None:
-    sup = started(prices={"m": PRICE})
-    top = sup.open(sup.root, name="top", limits=Budget(cost=11))
-    with pytest.raises(BudgetExceeded) as caught:
-        sup.reserve(top, input_estimate=10, max_tokens=None, model="m")  # 1 left, 2 needed
-    assert caught.value.limit == "cost"
-    assert top.requests == 0
+    assert caught.value.need == pytest.approx(20.0)
+    assert caught.value.left == pytest.approx(4.0)
 
 
 async def test_a_cost_limit_without_a_price_is_a_clear_error() -> None:
     sup = started(Budget(cost=1.0), prices={"known": PRICE})
     top = sup.open(sup.root, name="top", limits=None)
     with pytest.raises(ValueError, match="no price is known for model 'mystery'") as caught:
-        sup.reserve(top, input_estimate=1, max_tokens=None, model="mystery")
+        sup.reserve_nowait(top, input_estimate=1, max_tokens=None, model="mystery")
     assert "Budget.cost is set (budget of runtime 'root')" in str(caught.value)
     assert "Runtime(prices=" in str(caught.value)
     assert (sup.root.requests, top.requests, sup.root.reserved_input) == (0, 0, 0)
@@ -473,20 +594,29 @@ async def test_a_cost_limit_without_a_price_is_a_clear_error() -> None:
 
 
 async def test_a_price_without_a_cost_limit_still_prices_the_reservation() -> None:
-    sup = started(Budget(output_tokens=10), prices={"m": PRICE})
-    reservation = sup.reserve(sup.root, input_estimate=4, max_tokens=None, model="m")
-    assert reservation.max_tokens == 10
-    assert reservation.cost == pytest.approx(PRICE.cost(4, 10))
+    sup = started(Budget(output_tokens=300), prices={"m": PRICE})
+    reservation = sup.reserve_nowait(sup.root, input_estimate=4, max_tokens=None, model="m")
+    assert reservation.max_tokens == 300
+    assert reservation.cost == pytest.approx(PRICE.cost(4, 300))
 
 
-# -- settle: exact usage ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("min_output_tokens", 0), ("default_max_tokens", -1), ("min_output_tokens", 1.5)],
+)
+async def test_supervisor_options_are_checked(option: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"{option} must be a whole number >= 1"):
+        Supervisor(None, **{option: value})  # type: ignore[arg-type]
+
+
+# -- settle: exact usage, never a refund ---------------------------------------------------
 
 
 async def test_settle_releases_the_reservation_and_charges_exact_usage_and_cost() -> None:
     sup = started(Budget(tokens=1000), prices={"m": CACHED_PRICE})
     top = sup.open(sup.root, name="top", limits=Budget(cost=500))
     child = sup.open(top, name="child", limits=None)
-    reservation = sup.reserve(child, input_estimate=40, max_tokens=100, model="m")
+    reservation = sup.reserve_nowait(child, input_estimate=40, max_tokens=100, model="m")
     assert reservation.max_tokens == 100
     reported = Usage(input_tokens=30, output_tokens=12, cached_tokens=10, requests=1, cost=999.0)
     charged = sup.settle(child, reservation, reported)
@@ -507,7 +637,7 @@ async def test_settle_releases_the_reservation_and_charges_exact_usage_and_cost(
 async def test_settle_without_a_price_keeps_the_reported_cost() -> None:
     sup = started()
     top = sup.open(sup.root, name="top", limits=None)
-    reservation = sup.reserve(top, input_estimate=3, max_tokens=None)
+    reservation = sup.reserve_nowait(top, input_estimate=3, max_tokens=None)
     charged = sup.settle(top, reservation, Usage(input_tokens=3, output_tokens=1, cost=0.25))
     assert charged.cost == 0.25
     assert top.cost == sup.root.cost == 0.25
@@ -516,46 +646,74 @@ async def test_settle_without_a_price_keeps_the_reported_cost() -> None:
 async def test_settle_counts_the_extra_requests_a_model_reports() -> None:
     sup = started(Budget(requests=10))
     top = sup.open(sup.root, name="top", limits=None)
-    reservation = sup.reserve(top, input_estimate=5, max_tokens=None)
+    reservation = sup.reserve_nowait(top, input_estimate=5, max_tokens=None)
     charged = sup.settle(top, reservation, Usage(input_tokens=5, output_tokens=2, requests=3))
     assert charged.requests == 3
     assert top.requests == sup.root.requests == 3
     assert own(sup, top).requests == 3
 
 
-async def test_settle_with_no_usage_only_releases() -> None:
-    sup = started(Budget(tokens=100, output_tokens=50))
+async def test_settle_with_nothing_reported_charges_the_input_estimate() -> None:
+    sup = started(Budget(tokens=1000, output_tokens=500), prices={"m": PRICE})
     top = sup.open(sup.root, name="top", limits=None)
-    reservation = sup.reserve(top, input_estimate=20, max_tokens=None)
-    assert reservation.max_tokens == 50
+    reservation = sup.reserve_nowait(top, input_estimate=20, max_tokens=None, model="m")
+    assert reservation.max_tokens == 500
     charged = sup.settle(top, reservation, None)
-    assert (charged.input_tokens, charged.output_tokens, charged.cost) == (0, 0, 0.0)
+    assert charged == Usage(input_tokens=20, requests=1, cost=PRICE.cost(20, 0))
     for node in (sup.root, top):
         assert (node.reserved_input, node.reserved_output, node.reserved_cost) == (0, 0, 0.0)
-        assert (node.input_tokens, node.output_tokens) == (0, 0)
-        assert node.requests == 1  # the request was sent: it stays counted
-    # All the headroom is back.
-    assert sup.reserve(top, input_estimate=20, max_tokens=None).max_tokens == 50
+        assert (node.input_tokens, node.output_tokens, node.requests) == (20, 0, 1)
+    # The rest of the headroom is back.
+    assert sup.reserve_nowait(top, input_estimate=20, max_tokens=None, model="m").max_tokens == 500
+
+
+@pytest.mark.parametrize(
+    ("usage", "problem"),
+    [
+        (Usage(input_tokens=-5, output_tokens=3, requests=1), "input_tokens=-5 is negative"),
+        (Usage(input_tokens=5, output_tokens=-300, requests=1), "output_tokens=-300 is negative"),
+        (Usage(input_tokens=5, output_tokens=1, requests=-1), "requests=-1 is negative"),
+        (Usage(input_tokens=5, output_tokens=1, cost=-1.0), "cost=-1.0 is not a finite number"),
+        (Usage(input_tokens=5, output_tokens=1, cost=math.nan), "cost=nan is not a finite"),
+        (Usage(input_tokens=5, output_tokens=41, requests=1), "41 output tokens for a request"),
+        (Usage(input_tokens=10**12, requests=1), "input_tokens=1,000,000,000,000 for one"),
+    ],
+)
+async def test_impossible_usage_is_refused_and_charged_never_refunded(
+    usage: Usage, problem: str
+) -> None:
+    sup = started(Budget(tokens=1000))
+    top = sup.open(sup.root, name="top", limits=None)
+    spent = sup.reserve_nowait(top, input_estimate=10, max_tokens=40)
+    sup.settle(top, spent, Usage(input_tokens=10, output_tokens=40, requests=1))
+    reservation = sup.reserve_nowait(top, input_estimate=10, max_tokens=40)
+    with pytest.raises(InvalidUsage, match=problem) as caught:
+        sup.settle(top, reservation, usage, model="liar")
+    assert str(caught.value).startswith("model 'liar' reported impossible usage: ")
+    # The whole reservation is charged: what the model may at most have used.
+    assert caught.value.charged == Usage(input_tokens=10, output_tokens=40, requests=1)
+    assert (top.input_tokens, top.output_tokens) == (20, 80)
+    assert (top.reserved_input, top.reserved_output) == (0, 0)
 
 
 async def test_settle_past_a_limit_stops_that_subtree() -> None:
-    sup = started()
+    sup = started(min_output_tokens=5)
     top = sup.open(sup.root, name="top", limits=None)
-    worker = sup.open(top, name="worker", limits=Budget(output_tokens=10))
+    worker = sup.open(top, name="worker", limits=Budget(tokens=30))
     helper = sup.open(worker, name="helper", limits=None)
     sibling = sup.open(top, name="sibling", limits=None)
     scoped(top, worker, helper, sibling)
-    reservation = sup.reserve(helper, input_estimate=5, max_tokens=None)
-    assert reservation.max_tokens == 10
-    # The model went past the cap it was given: the usage is charged all the same.
-    charged = sup.settle(helper, reservation, Usage(input_tokens=5, output_tokens=15))
-    assert charged.output_tokens == 15
-    assert worker.output_tokens == top.output_tokens == 15
+    reservation = sup.reserve_nowait(helper, input_estimate=5, max_tokens=None)
+    assert reservation.max_tokens == 25
+    # The input was longer than its estimate: the usage is charged all the same.
+    charged = sup.settle(helper, reservation, Usage(input_tokens=25, output_tokens=15))
+    assert charged.input_tokens == 25
+    assert worker.input_tokens == top.input_tokens == 25
     for node in (worker, helper):
         assert node.stop_status == "budget_exceeded"
-        assert (
-            node.stop_reason
-            == f"output_tokens limit of 10 reached (budget of worker {worker.id!r})"
+        assert node.stop_reason == (
+            "tokens limit of 30 reached: 40 used: a request used more than its estimate "
+            f"(budget of worker {worker.id!r})"
         )
     assert cancel_called(worker)
     for node in (top, sibling):
@@ -564,12 +722,12 @@ async def test_settle_past_a_limit_stops_that_subtree() -> None:
 
 
 async def test_settle_past_an_ancestors_limit_stops_the_ancestors_subtree() -> None:
-    sup = started(Budget(output_tokens=10))
-    worker = sup.open(sup.root, name="worker", limits=Budget(output_tokens=10))
+    sup = started(Budget(input_tokens=10), min_output_tokens=5)
+    worker = sup.open(sup.root, name="worker", limits=Budget(input_tokens=10))
     sibling = sup.open(sup.root, name="sibling", limits=None)
     scoped(worker, sibling)
-    reservation = sup.reserve(worker, input_estimate=1, max_tokens=None)
-    sup.settle(worker, reservation, Usage(input_tokens=1, output_tokens=20))
+    reservation = sup.reserve_nowait(worker, input_estimate=1, max_tokens=None)
+    sup.settle(worker, reservation, Usage(input_tokens=20, output_tokens=1))
     assert worker.stop_status == "budget_exceeded"
     # The runtime's limit is past as well: everything under it stops, not just worker.
     assert sup.root.stop_status == "budget_exceeded"
@@ -577,22 +735,12 @@ async def test_settle_past_an_ancestors_limit_stops_the_ancestors_subtree() -> N
     assert cancel_called(sibling)
 
 
-async def test_settle_past_an_input_estimate_stops_the_owner_of_the_limit() -> None:
-    sup = started(Budget(tokens=100))
-    top = sup.open(sup.root, name="top", limits=None)
-    reservation = sup.reserve(top, input_estimate=10, max_tokens=10)
-    sup.settle(top, reservation, Usage(input_tokens=95, output_tokens=10))
-    assert sup.root.stop_status == "budget_exceeded"
-    assert "tokens limit of 100 reached (budget of runtime 'root')" in sup.root.stop_reason
-    assert top.stop_status == "budget_exceeded"
-
-
 async def test_settle_within_limits_stops_nothing() -> None:
-    sup = started(Budget(tokens=30, output_tokens=10, requests=1))
+    sup = started(Budget(tokens=300, output_tokens=256, requests=1))
     top = sup.open(sup.root, name="top", limits=None)
-    reservation = sup.reserve(top, input_estimate=20, max_tokens=None)
-    assert reservation.max_tokens == 10
-    sup.settle(top, reservation, Usage(input_tokens=20, output_tokens=10, requests=1))
+    reservation = sup.reserve_nowait(top, input_estimate=20, max_tokens=None)
+    assert reservation.max_tokens == 256
+    sup.settle(top, reservation, Usage(input_tokens=20, output_tokens=256, requests=1))
     assert sup.root.stop_status is None
     assert top.stop_status is None
 
@@ -752,7 +900,7 @@ async def test_snapshot_lists_live_then_finished_nodes_and_round_trips() -> None
     child = sup.open(top, name="child", limits=None)
     done = sup.open(top, name="done", limits=None)
     sup.charge(child, steps=2, tool_calls=1)
-    reservation = sup.reserve(child, input_estimate=10, max_tokens=5, model="m")
+    reservation = sup.reserve_nowait(child, input_estimate=10, max_tokens=5, model="m")
     sup.settle(child, reservation, Usage(input_tokens=10, output_tokens=5))
     sup.charge(top, steps=1)
     sup.close(done, "failed", "it broke")
@@ -892,6 +1040,23 @@ def check_tree(sup: Supervisor, model: Expected) -> None:
         assert node.reserved_cost >= -1e-12
 
 
+def check_honest(sup: Supervisor, error: BudgetExceeded) -> None:
+    """A refusal of tokens or cost: settled usage left less than what was needed."""
+    if error.need is None:
+        return
+    assert error.left is not None
+    assert error.need > error.left, error
+    owner = sup.nodes.get(error.node_id) or sup.root
+    assert owner.id == error.node_id
+    settled = {
+        "tokens": owner.input_tokens + owner.output_tokens,
+        "input_tokens": owner.input_tokens,
+        "output_tokens": owner.output_tokens,
+        "cost": owner.cost,
+    }[error.limit]
+    assert error.left == pytest.approx(error.allowed - settled), error
+
+
 def within(value: int, limit: int | None) -> None:
     assert limit is None or value <= limit, (value, limit)
 
@@ -909,7 +1074,7 @@ async def test_random_operations_never_overshoot_and_totals_add_up(
     node_budgets: list[Budget | None],
     ops: list[tuple[str, int, float, float | None]],
 ) -> None:
-    sup = started(root_budget, prices={"m": CHEAP})
+    sup = started(root_budget, prices={"m": CHEAP}, min_output_tokens=8)
     model = Expected(nodes=[sup.root])
     for position, parent_index in enumerate(shape):
         parent = model.nodes[parent_index]
@@ -932,11 +1097,13 @@ async def test_random_operations_never_overshoot_and_totals_add_up(
             node = model.nodes[index % len(model.nodes)]
             max_tokens = None if second is None else int(second)
             try:
-                reservation = sup.reserve(
+                reservation = sup.reserve_nowait(
                     node, input_estimate=int(first), max_tokens=max_tokens, model="m"
                 )
-            except BudgetExceeded:
-                pass
+            except anyio.WouldBlock:
+                assert node.stop_status is None  # held headroom never stops anyone
+            except BudgetExceeded as exc:
+                check_honest(sup, exc)
             else:
                 if max_tokens is not None:
                     assert reservation.max_tokens is not None

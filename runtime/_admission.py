@@ -1,0 +1,185 @@
+"""Admission of model requests: what one request needs, and what a budget has room for.
+
+The supervisor asks three questions of every node of a request's chain that has a
+budget, in this order:
+
+1. **Is it spent?** The node's *settled* usage (what requests that finished really
+   used) leaves no room for this request's minimum: its input estimate plus a
+   minimum output (``Supervisor.min_output_tokens``, capped by the request's own
+   ``max_tokens``), or that much cost. Only then is a request refused, and the
+   node stopped: headroom that other requests merely hold never refuses anyone.
+2. **Must it wait?** The headroom that in-flight requests do not hold is too small
+   for the minimum, or earlier requests already wait on that node (first come,
+   first served). The request waits until a reservation settles.
+3. **How much may it reserve?** Its output cap: the request's own ``max_tokens`` (or
+   the default) but no more than a fair share of the free headroom: all of it when
+   nothing else is in flight on that node, one part in ``n + 1`` with ``n``
+   requests in flight, and never less than the minimum. Concurrent requests thus
+   share what is left instead of the first ones taking it all.
+
+Everything here is synchronous arithmetic on the nodes; the supervisor does the
+charging, the waiting and the stopping.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ._budget import Budget, Price
+from ._exceptions import BudgetExceeded
+
+if TYPE_CHECKING:
+    from ._supervisor import Node
+
+__all__ = ["Need", "Reservation", "free_output", "refusal"]
+
+#: Relative slack for comparing costs (floating point sums).
+_COST_EPSILON = 1e-9
+
+
+class Need:
+    """What one request needs at least: its input estimate and a minimum output."""
+
+    __slots__ = ("input", "output", "price", "wanted")
+
+    def __init__(self, input: int, output: int, wanted: int, price: Price | None) -> None:
+        self.input = input
+        #: The minimum output: below this the request is not worth sending.
+        self.output = output
+        #: The output the request would like: its max_tokens, or the default.
+        self.wanted = wanted
+        self.price = price
+
+    def cost(self, output: int) -> float:
+        price = self.price
+        return price.cost(self.input, output) if price is not None else 0.0
+
+    def detail(self) -> str:
+        return f"{self.input:,} input + {self.output:,} output"
+
+
+class Reservation:
+    """Headroom held for one model request until its real usage is known.
+
+    ``max_tokens`` is what the request may ask for (None: no output limit applies and
+    the request named none). ``limited_by`` names the node (and ``limit`` the field)
+    whose headroom made it smaller than ``wanted``: a reply cut at that cap was cut
+    by the budget's sharing, not by the request's own cap.
+    """
+
+    __slots__ = (
+        "cost",
+        "input",
+        "limit",
+        "limited_by",
+        "max_tokens",
+        "output",
+        "price",
+        "wanted",
+    )
+
+    def __init__(
+        self,
+        input: int,
+        output: int,
+        cost: float,
+        max_tokens: int | None,
+        price: Price | None,
+        limited_by: Node | None = None,
+        limit: str = "",
+        wanted: int = 0,
+    ) -> None:
+        self.input = input
+        self.output = output
+        self.cost = cost
+        self.max_tokens = max_tokens
+        self.price = price
+        self.limited_by = limited_by
+        self.limit = limit
+        self.wanted = wanted
+
+    def __repr__(self) -> str:
+        return (
+            f"<Reservation input={self.input} output={self.output} cost={self.cost:g} "
+            f"max_tokens={self.max_tokens}>"
+        )
+
+
+def refusal(node: Node, budget: Budget, need: Need) -> BudgetExceeded | None:
+    """The refusal of a request that ``node``'s settled usage has no room for, if so.
+
+    Counters first (a request in flight counts: it will happen), then input tokens,
+    output tokens, tokens and cost, each against settled usage only.
+    """
+    if budget.requests is not None and node.requests + 1 > budget.requests:
+        return BudgetExceeded("requests", budget.requests, node.id, node.name)
+    if budget.input_tokens is not None:
+        left = budget.input_tokens - node.input_tokens
+        if need.input > left:
+            return _refused(node, "input_tokens", budget.input_tokens, need.input, left, "")
+    if budget.output_tokens is not None:
+        left = budget.output_tokens - node.output_tokens
+        if need.output > left:
+            detail = f"{need.output:,} output"
+            return _refused(node, "output_tokens", budget.output_tokens, need.output, left, detail)
+    if budget.tokens is not None:
+        left = budget.tokens - node.input_tokens - node.output_tokens
+        total = need.input + need.output
+        if total > left:
+            return _refused(node, "tokens", budget.tokens, total, left, need.detail())
+    if budget.cost is not None:
+        left_cost = budget.cost - node.cost
+        needed = need.cost(need.output)
+        if needed > left_cost + _COST_EPSILON * budget.cost:
+            return _refused(node, "cost", budget.cost, needed, left_cost, need.detail())
+    return None
+
+
+def _refused(
+    node: Node, limit: str, allowed: float, need: float, left: float, detail: str
+) -> BudgetExceeded:
+    return BudgetExceeded(
+        limit, allowed, node.id, node.name, need=need, left=left, need_detail=detail
+    )
+
+
+def free_output(node: Node, budget: Budget, need: Need) -> tuple[float, str]:
+    """The output tokens ``node``'s budget can hold for one more request right now,
+    after what in-flight requests hold, and the field that bounds it.
+
+    ``math.inf`` when no output limit applies; below ``need.output`` (possibly
+    negative) when the request must wait. Input tokens held by others count too: an
+    input limit that cannot take the estimate now gives ``-1``.
+    """
+    room = math.inf
+    field = ""
+    if budget.input_tokens is not None and (
+        node.input_tokens + node.reserved_input + need.input > budget.input_tokens
+    ):
+        return -1, "input_tokens"
+    if budget.output_tokens is not None:
+        room = budget.output_tokens - node.output_tokens - node.reserved_output
+        field = "output_tokens"
+    if budget.tokens is not None:
+        free = (
+            budget.tokens
+            - node.input_tokens
+            - node.output_tokens
+            - node.reserved_input
+            - node.reserved_output
+            - need.input
+        )
+        if free < room:
+            room, field = free, "tokens"
+    if budget.cost is not None and need.price is not None:
+        left = budget.cost - node.cost - node.reserved_cost - need.cost(0)
+        per_token = need.price.output_per_million / 1_000_000
+        cost_room: float
+        if per_token > 0:
+            cost_room = math.floor(left / per_token + _COST_EPSILON)
+        else:
+            cost_room = math.inf if left >= -_COST_EPSILON * budget.cost else -1
+        if cost_room < room:
+            room, field = cost_room, "cost"
+    return room, field
