@@ -12,10 +12,13 @@ budget, in this order:
    for the minimum, or earlier requests already wait on that node (first come,
    first served). The request waits until a reservation settles.
 3. **How much may it reserve?** Its output cap: the request's own ``max_tokens`` (or
-   the default) but no more than a fair share of the free headroom: all of it when
-   nothing else is in flight on that node, one part in ``n + 1`` with ``n``
-   requests in flight, and never less than the minimum. Concurrent requests thus
-   share what is left instead of the first ones taking it all.
+   the default) but no more than a fair share of the free headroom: one part for
+   each running execution under that budget that may send the next request (one
+   with no running children: a parent waits for its subagents) and holds none of
+   it yet; all of it for an execution alone under its budget; never less than the
+   minimum.
+   Children started together thus share what is left instead of the first one
+   taking it all and the others waiting for it.
 
 Everything here is synchronous arithmetic on the nodes; the supervisor does the
 charging, the waiting and the stopping.

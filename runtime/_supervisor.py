@@ -19,9 +19,10 @@ Every limit is **hard** (zero overshoot) and **honest** (no premature stop):
   The refusal says what the request needed and what was left.
 - Headroom that other in-flight requests hold makes a request **wait** for it, first
   come first served per budget, woken when a reservation settles; never stop.
-  Reservations take a fair share of the free headroom (all of it when nothing else
-  is in flight, one part in ``n + 1`` with ``n`` in flight, never less than the
-  minimum), so concurrent children run concurrently. A wait shows in the node's
+  Reservations take a fair share of the free headroom (one part for each running
+  execution under that budget that may ask next and holds none of it yet: all of
+  it when alone; never less than the minimum), so concurrent children run
+  concurrently. A wait shows in the node's
   snapshot (``waiting``) and in ``statistics()``; a stop, a deadline or a
   cancellation ends it at once.
 - Every request is charged: a failed or interrupted one at least its input
@@ -128,6 +129,7 @@ class Node:
         "id",
         "in_flight",
         "input_tokens",
+        "leaves",
         "limits",
         "name",
         "output_tokens",
@@ -196,6 +198,9 @@ class Node:
         self.reserved_cost = 0.0
         #: Requests under this node holding a reservation now.
         self.in_flight = 0
+        #: Running executions in this subtree with no running children (this one
+        #: included): the ones that may send a model request next.
+        self.leaves = 0
         # What this node itself consumed, without its descendants.
         self.own_input = 0
         self.own_output = 0
@@ -353,7 +358,12 @@ class Supervisor:
         if parent.stop_status is not None:
             child.stop_status, child.stop_reason = parent.stop_status, parent.stop_reason
             child.stop_error = parent.stop_error
+        if parent is not self.root and not parent.children:
+            for node in parent.chain():
+                node.leaves -= 1  # it waits for its children now
         parent.children.add(child)
+        for node in child.chain():
+            node.leaves += 1
         self.nodes[child.id] = child
         return child
 
@@ -371,8 +381,15 @@ class Supervisor:
         node.stop_reason = reason or node.stop_reason
         node.ended = anyio.current_time()
         node.scope = None
-        if node.parent is not None:
-            node.parent.children.discard(node)
+        if not node.children:
+            for current in node.chain():
+                current.leaves -= 1
+        parent = node.parent
+        if parent is not None:
+            parent.children.discard(node)
+            if parent is not self.root and parent.status == "running" and not parent.children:
+                for current in parent.chain():
+                    current.leaves += 1  # its step goes on: it may send the next request
         self.nodes.pop(node.id, None)
         self._finished.append(node)
 
@@ -612,8 +629,10 @@ class Supervisor:
                 if room < need.output:
                     return current
                 if room != math.inf:
-                    # A fair share: all of it alone, else one part per request in flight.
-                    mine = max(need.output, room // (current.in_flight + 1))
+                    # A fair share: one part for each execution under the budget
+                    # that may ask next and holds none of it yet (all of it, alone).
+                    parts = max(current.leaves - current.in_flight, 1)
+                    mine = max(need.output, room // parts)
                     if mine < share:
                         share, limited_by, limit = mine, current, field
             current = current.parent

@@ -339,14 +339,32 @@ async def test_a_lone_request_may_take_all_the_free_headroom_up_to_what_it_wants
 
 
 async def test_concurrent_requests_share_the_headroom_instead_of_stopping() -> None:
-    # The case: five concurrent requests under 10,000 tokens, 4,096 each by
-    # default. Each one takes at most 1/(n+1) of what is free while n are in flight.
+    # The case: five concurrent children under 10,000 tokens, 4,096 each by
+    # default. Each request takes one part of what is free for each running
+    # execution under the budget that holds none of it yet: 5, then 4, 3, 2, 1.
     sup = started(Budget(tokens=10_000))
     nodes = [sup.open(sup.root, name=f"child{i}", limits=None) for i in range(5)]
     caps = [sup.reserve_nowait(n, input_estimate=100, max_tokens=None).max_tokens for n in nodes]
-    assert caps == [4096, 2852, 917, 433, 256]
+    assert caps == [1980, 1955, 1921, 1872, 1772]
     assert sup.root.stop_status is None
     assert sup.root.input_tokens + sup.root.reserved_input + sup.root.reserved_output <= 10_000
+
+
+async def test_the_share_counts_the_executions_that_may_ask_next() -> None:
+    sup = started(Budget(tokens=10_000))
+    lead = sup.open(sup.root, name="lead", limits=None)
+    assert sup.root.leaves == lead.leaves == 1
+    children = [sup.open(lead, name=f"c{i}", limits=None) for i in range(4)]
+    # The lead waits for its children: four executions may ask next, not five.
+    assert (sup.root.leaves, lead.leaves) == (4, 4)
+    first = sup.reserve_nowait(children[0], input_estimate=100, max_tokens=None)
+    assert first.max_tokens == (10_000 - 100) // 4
+    for child in children:
+        sup.close(child, "completed")
+    assert (sup.root.leaves, lead.leaves) == (1, 1)  # the lead's step goes on
+    sup.close(lead, "completed")
+    assert sup.root.leaves == 0
+    sup.settle(children[0], first, None)
 
 
 async def test_a_request_waits_for_headroom_that_others_hold_and_is_never_refused_for_it() -> None:
@@ -412,12 +430,11 @@ async def test_the_minimum_output_is_capped_by_the_requests_own_max_tokens() -> 
 async def test_waiters_are_served_first_come_first_served() -> None:
     sup = started(Budget(tokens=1000), min_output_tokens=10)
     nodes = [sup.open(sup.root, name=f"n{i}", limits=None) for i in range(3)]
-    held = sup.reserve_nowait(nodes[0], input_estimate=500, max_tokens=480)
+    held = sup.reserve_nowait(nodes[0], input_estimate=500, max_tokens=480, at_least=480)
     order: list[str] = []
 
     async def ask(node: Node, estimate: int) -> None:
-        # No max_tokens: alone in flight, a request may take all the free headroom.
-        reservation = await sup.reserve(node, input_estimate=estimate, max_tokens=None)
+        reservation = await sup.reserve(node, input_estimate=estimate, max_tokens=20)
         order.append(node.name)
         sup.settle(node, reservation, Usage(input_tokens=estimate, output_tokens=1, requests=1))
 
@@ -429,9 +446,9 @@ async def test_waiters_are_served_first_come_first_served() -> None:
         assert (sup.waiting, order) == (2, [])
         assert nodes[2].waiting.startswith("waiting for budget: behind earlier requests")
         sup.settle(nodes[0], held, Usage(input_tokens=500, output_tokens=100, requests=1))
-        # n1 took what was free; n2 still waits, for n1 to settle.
-        assert (nodes[1].requests, nodes[2].requests, sup.waiting) == (1, 0, 1)
-    assert order == ["n1", "n2"]
+        # Both fit now: served in one pass, in their order.
+        assert (nodes[1].requests, nodes[2].requests, sup.waiting) == (1, 1, 0)
+    assert sorted(order) == ["n1", "n2"]
     assert sup.root.requests == 3
 
 

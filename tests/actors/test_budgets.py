@@ -1,0 +1,342 @@
+"""Budgets that are hard and never premature, end to end (DESIGN.md section 3).
+
+The cases of the budget issue: concurrent children under a shared budget complete
+(tokens, output tokens, cost; on the lead and on the Runtime), ReAct corrections are
+requests of their own, impossible usage is refused, waits are visible and end at
+once on a stop, and 1,000 waiting children do not deadlock.
+"""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import msgspec
+import pytest
+
+from actors import (
+    Agent,
+    AssistantMessage,
+    FunctionModel,
+    ModelRequest,
+    ModelResponse,
+    ReActModel,
+    Result,
+    ScriptedModel,
+    Usage,
+    call,
+    calls,
+    reply,
+    tool,
+)
+from actors._models import Turn
+from runtime import Budget, Event, Price, Runtime
+
+PRICES = {"worker-model": Price(input_per_million=1.0, output_per_million=4.0)}
+
+
+@tool
+async def lookup(topic: str) -> str:
+    """Look a topic up."""
+    return f"notes on {topic}"
+
+
+class Workers:
+    """A worker model that takes a few milliseconds per request (a tool call, then an
+    answer) and records how many of its requests were in flight at once."""
+
+    def __init__(self, latency: float = 0.003) -> None:
+        self.latency = latency
+        self.in_flight = 0
+        self.most_at_once = 0
+        self.model = FunctionModel(self.respond, name="worker-model")
+
+    async def respond(self, request: ModelRequest) -> Turn:
+        self.in_flight += 1
+        self.most_at_once = max(self.most_at_once, self.in_flight)
+        try:
+            await anyio.sleep(self.latency)
+        finally:
+            self.in_flight -= 1
+        asked = sum(
+            isinstance(m, AssistantMessage) and bool(m.tool_calls) for m in request.messages
+        )
+        if asked == 0:
+            return call("lookup", topic="heat pumps")
+        return reply("Heat pumps move heat; they do not make it.")
+
+
+def five_children(workers: Workers, budget: Budget | None = None) -> Agent:
+    worker = Agent("worker", workers.model, tools=[lookup])
+    lead_model = ScriptedModel(
+        [calls(*(call("worker", task=f"topic {i}") for i in range(5))), reply("All done.")] * 2,
+        name="worker-model",
+    )
+    return Agent("lead", lead_model, subagents=[worker], budget=budget)
+
+
+BUDGETS = [
+    pytest.param(Budget(tokens=10_000), id="tokens"),
+    pytest.param(Budget(output_tokens=3_000), id="output_tokens"),
+    pytest.param(Budget(cost=0.02), id="cost"),
+]
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+async def test_five_concurrent_children_complete_under_a_budget_on_the_lead(
+    budget: Budget,
+) -> None:
+    workers = Workers()
+    async with Runtime(prices=PRICES) as rt:
+        ref = await rt.spawn(five_children(workers, budget))
+        result = await ref.ask("Research five topics.")
+        tree = rt.tree()
+    assert (result.status, result.text) == ("completed", "All done."), result.stop_reason
+    assert [n.status for n in tree.nodes if n.name == "worker"] == ["completed"] * 5
+    assert workers.most_at_once == 5  # concurrent, not one after another
+    within(result.usage, budget)
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+async def test_five_concurrent_children_complete_under_a_runtime_budget_and_it_stays_usable(
+    budget: Budget,
+) -> None:
+    workers = Workers()
+    async with Runtime(budget=budget, prices=PRICES) as rt:
+        ref = await rt.spawn(five_children(workers))
+        first = await ref.ask("Research five topics.")
+        assert (first.status, first.text) == ("completed", "All done."), first.stop_reason
+        # The root was never stopped: a later ask on the same runtime still runs.
+        second = await ref.ask("Once more, briefly.")
+        root = rt.tree().node("root")
+    assert second.status == "completed", second.stop_reason
+    assert root.status == "running"
+    assert workers.most_at_once == 5
+    within(root.usage, budget)
+
+
+def within(usage: Usage, budget: Budget) -> None:
+    if budget.tokens is not None:
+        assert usage.total_tokens <= budget.tokens
+    if budget.output_tokens is not None:
+        assert usage.output_tokens <= budget.output_tokens
+    if budget.cost is not None:
+        assert usage.cost <= budget.cost
+
+
+async def test_twenty_children_under_a_runtime_budget_all_finish() -> None:
+    # The issue's second case: 20 children under Runtime(Budget(tokens=50_000)) used
+    # to stop at 151 tokens with none of them done.
+    workers = Workers(latency=0.001)
+    worker = Agent("worker", workers.model, tools=[lookup])
+    lead = Agent(
+        "lead",
+        ScriptedModel([calls(*(call("worker", task=str(i)) for i in range(20))), reply("ok")]),
+        subagents=[worker],
+    )
+    async with Runtime(budget=Budget(tokens=50_000)) as rt:
+        result = await (await rt.spawn(lead)).ask("go")
+        statuses = [n.status for n in rt.tree().nodes if n.name == "worker"]
+    assert result.status == "completed", result.stop_reason
+    assert statuses == ["completed"] * 20
+    assert result.usage.total_tokens <= 50_000
+
+
+async def test_a_budget_that_is_really_spent_stops_with_need_and_left() -> None:
+    workers = Workers(latency=0)
+    async with Runtime() as rt:
+        ref = await rt.spawn(five_children(workers, Budget(tokens=700)))
+        result = await ref.ask("Research five topics.")
+        lead = rt.tree().node(result.execution_id)
+    assert result.status == "budget_exceeded"
+    assert result.stop_reason.startswith("tokens limit of 700 reached: the next request needs")
+    assert "output), " in result.stop_reason
+    assert " left (budget of lead " in result.stop_reason
+    assert lead.usage.total_tokens <= 700
+    # Honest: what was left was less than what the next request needed.
+    need = int(result.stop_reason.split("needs about ")[1].split(" ")[0].replace(",", ""))
+    left = int(result.stop_reason.split("), ")[1].split(" left")[0].replace(",", ""))
+    assert need > left == 700 - lead.usage.total_tokens
+
+
+# -- every request goes through the supervisor ------------------------------------------
+
+
+async def test_react_corrections_are_requests_of_their_own() -> None:
+    inner = ScriptedModel(
+        [reply("not json at all"), reply('{"thought": "ok", "final": "fine"}')], name="inner"
+    )
+    agent = Agent("a", ReActModel(inner), tools=[lookup])
+    async with Runtime() as rt:
+        result = await (await rt.spawn(agent)).ask("go", budget=Budget(requests=1))
+    assert result.status == "budget_exceeded"
+    assert result.stop_reason.startswith("requests limit of 1 reached")
+    assert result.usage.requests == 1  # the correction was refused before it was sent
+    assert len(inner.requests) == 1
+    assert result.usage.input_tokens > 0  # the malformed reply was charged
+
+
+async def test_a_react_format_failure_is_charged_every_attempt() -> None:
+    inner = ScriptedModel([reply("no"), reply("still no"), reply("never")], name="inner")
+    agent = Agent("a", ReActModel(inner, max_corrections=2), tools=[lookup])
+    async with Runtime() as rt:
+        result = await (await rt.spawn(agent)).ask("go")
+    assert result.status == "failed"
+    assert "MalformedAction" in result.stop_reason
+    assert result.usage.requests == 3
+    assert result.usage.output_tokens == 1 + 2 + 2  # a token per 4 characters, at least 1
+
+
+async def test_negative_usage_from_a_model_is_refused_never_refunded() -> None:
+    model = ScriptedModel(
+        [
+            reply("fine", usage=Usage(input_tokens=50, output_tokens=10, requests=1)),
+            reply("refund me", usage=Usage(input_tokens=10, output_tokens=-1_000, requests=1)),
+        ],
+        name="liar",
+    )
+    agent = Agent("a", model)
+    async with Runtime(budget=Budget(tokens=5_000)) as rt:
+        ref = await rt.spawn(agent)
+        first = await ref.ask("one")
+        second = await ref.ask("two")
+        root = rt.tree().node("root")
+    assert first.status == "completed"
+    assert second.status == "failed"
+    assert "InvalidUsage: model 'liar' reported impossible usage: output_tokens=-1000" in (
+        second.stop_reason
+    )
+    # Charged the whole reservation, not refunded: usage only ever grows.
+    assert second.usage.output_tokens > 0
+    assert root.usage.output_tokens == 10 + second.usage.output_tokens
+    assert root.usage.input_tokens >= 60
+
+
+async def test_a_failed_request_is_charged_its_input_estimate() -> None:
+    model = FunctionModel(lambda request: _raise(ValueError("bad request shape")))
+    async with Runtime() as rt:
+        result = await (await rt.spawn(Agent("a", model))).ask("go")
+    assert result.status == "failed"
+    assert result.usage.requests == 1
+    assert result.usage.input_tokens == model.estimate_tokens(model.requests[0])
+    assert result.usage.output_tokens == 0
+
+
+def _raise(error: Exception) -> ModelResponse:
+    raise error
+
+
+async def test_a_request_cut_by_a_deadline_is_charged_its_input_estimate() -> None:
+    async def slow(request: ModelRequest) -> Turn:
+        await anyio.sleep(10)
+        return reply("never")
+
+    model = FunctionModel(slow)
+    async with Runtime() as rt:
+        result = await (await rt.spawn(Agent("a", model))).ask("go", budget=Budget(seconds=0.05))
+    assert result.status == "timed_out"
+    assert result.usage.requests == 1
+    assert result.usage.input_tokens == model.estimate_tokens(model.requests[0])
+
+
+# -- waits are visible, interruptible, and never deadlock -------------------------------
+
+
+def held_up(hold: anyio.Event) -> FunctionModel:
+    """Children whose first request holds the budget until ``hold`` is set."""
+
+    async def respond(request: ModelRequest) -> Turn:
+        await hold.wait()
+        return reply("done", usage=Usage(input_tokens=10, output_tokens=10, requests=1))
+
+    return FunctionModel(respond)
+
+
+async def test_a_wait_is_an_event_a_node_state_and_a_statistic() -> None:
+    hold = anyio.Event()
+    worker = Agent("worker", held_up(hold))
+    lead = Agent(
+        "lead",
+        ScriptedModel([calls(*(call("worker", task=str(i)) for i in range(3))), reply("ok")]),
+        subagents=[worker],
+    )
+    events: list[Event] = []
+    outcome: list[Result] = []
+    # 800 tokens: each child's request needs its input + 256 output; two fit at once.
+    async with Runtime(budget=Budget(tokens=800)) as rt, rt.events() as subscription:
+        ref = await rt.spawn(lead)
+
+        async def ask() -> None:
+            outcome.append(await ref.ask("go"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            with anyio.fail_after(5):
+                async for event in subscription:
+                    events.append(event)
+                    if event.kind == "budget_wait":
+                        waiting = [n for n in rt.tree().nodes if n.waiting]
+                        stats = rt.statistics()
+                        hold.set()
+                    if event.kind == "execution_end" and event.agent == "lead":
+                        break
+        after = rt.statistics()
+    (result,) = outcome
+    assert result.status == "completed", result.stop_reason
+    assert stats.budget_waiting == len(waiting) == 1
+    assert stats.budget_waits == 1
+    (node,) = waiting
+    assert node.name == "worker"
+    assert node.waiting.startswith("waiting for budget: tokens of runtime")
+    kinds = [e.kind for e in events]
+    assert kinds.count("budget_wait") == kinds.count("budget_resume") == 1
+    wait = next(e for e in events if e.kind == "budget_wait")
+    assert wait.detail["reason"] == node.waiting
+    assert wait.execution_id == node.id
+    assert (after.budget_waiting, after.budget_waits) == (0, 1)
+    assert after.budget_wait_seconds > 0
+
+
+async def test_a_deadline_ends_a_wait_at_once() -> None:
+    hold = anyio.Event()
+    worker = Agent("worker", held_up(hold))
+    lead = Agent(
+        "lead",
+        ScriptedModel([calls(*(call("worker", task=str(i)) for i in range(3))), reply("ok")]),
+        subagents=[worker],
+        budget=Budget(tokens=1_000, seconds=0.2),
+    )
+    async with Runtime() as rt:
+        with anyio.fail_after(5):
+            result = await (await rt.spawn(lead)).ask("go")
+        statuses = sorted(n.status for n in rt.tree().nodes if n.name == "worker")
+        waiting = rt.statistics().budget_waiting
+    assert result.status == "timed_out"
+    assert statuses == ["timed_out"] * 3
+    assert waiting == 0
+
+
+async def test_a_thousand_waiting_children_do_not_deadlock() -> None:
+    async def respond(request: ModelRequest) -> Turn:
+        await anyio.lowlevel.checkpoint()
+        return reply("done", usage=Usage(input_tokens=100, output_tokens=20, requests=1))
+
+    worker = Agent("worker", FunctionModel(respond))
+    fan_out = calls(*(call("worker", task=str(i)) for i in range(1000)))
+    # A thousand calls in one reply: more than the default cap would let through.
+    fan_out = msgspec.structs.replace(
+        fan_out, usage=Usage(input_tokens=100, output_tokens=1_000, requests=1)
+    )
+    lead = Agent(
+        "lead", ScriptedModel([fan_out, reply("ok")]), subagents=[worker], tool_concurrency=1000
+    )
+    # Room for a few dozen requests at a time: most children wait, all of them finish.
+    async with Runtime(budget=Budget(tokens=160_000), min_output_tokens=200) as rt:
+        with anyio.fail_after(60):
+            result = await (await rt.spawn(lead)).ask("go")
+        stats = rt.statistics()
+        statuses = [n.status for n in rt.tree().nodes if n.name == "worker"]
+    assert result.status == "completed", result.stop_reason
+    assert statuses == ["completed"] * 1000
+    assert stats.budget_waits > 0
+    assert stats.budget_waiting == 0
+    assert result.usage.total_tokens <= 160_000
