@@ -64,8 +64,6 @@ DEFAULT_BUDGET_TOKENS = 4_000
 PROMPT_TOKENS = 900
 #: Output tokens a model spends on a turn besides what it writes (reasoning, framing).
 THINKING_TOKENS = 40
-#: The output cap of every request: it is what the supervisor reserves before each one.
-MAX_TOKENS = 1_024
 #: Illustrative prices per million tokens, so that the usage table shows costs.
 PRICES = {
     "demo-large": Price(input_per_million=3.0, output_per_million=15.0),
@@ -199,7 +197,6 @@ def _checker(level: int, depth: int, clock: Clock, tools: dict[str, Tool[..., An
         tools=[tools["lookup_source"], tools["search"]],
         subagents=() if deeper is None else (deeper,),
         instructions="Check one claim against primary sources. Be terse.",
-        max_tokens=MAX_TOKENS,
         description="checks one claim against primary sources",
     )
 
@@ -240,7 +237,6 @@ def _researcher(
         subagents=() if checker is None else (checker,),
         budget=budget,
         instructions=f"Research {topic.title}: search, read two sources, take notes, summarize.",
-        max_tokens=MAX_TOKENS,
         description=f"researches {topic.title}",
     )
 
@@ -301,7 +297,6 @@ def _lead(
         tools=[tools["plan_research"]],
         subagents=tuple(researchers),
         instructions="Plan the research, delegate each topic, merge what comes back honestly.",
-        max_tokens=MAX_TOKENS,
     )
 
 

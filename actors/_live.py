@@ -127,12 +127,15 @@ def _label(node: NodeSnapshot, steps: int, frame: int) -> Text:
         f"{tools} tool call{'' if tools == 1 else 's'}",
         _seconds(node),
     ]
-    label = Text.assemble((node.name, "bold"), "  ", _status(node.status, frame), "  ")
+    status = _status(node.status, frame)
+    if node.waiting and node.status == "running":
+        status = Text("⧗ waiting for budget", style="bold yellow")
+    label = Text.assemble((node.name, "bold"), "  ", status, "  ")
     label.append_text(
         Text(" · ", style="dim").join(Text(p) if isinstance(p, str) else p for p in parts)
     )
-    if node.status not in ("running", "completed") and node.stop_reason:
-        reason = node.stop_reason
+    reason = node.stop_reason if node.status not in ("running", "completed") else node.waiting
+    if reason:
         if len(reason) > _REASON_SHOWN:
             reason = reason[: _REASON_SHOWN - 1] + "…"
         label.append(f"\n{reason}", style="dim")
@@ -201,8 +204,8 @@ def _clip(text: str, limit: int = _ARGUMENTS_SHOWN) -> str:
 class ProgressLines:
     """Turns events into plain progress lines: ``line(event)`` is the line or None.
 
-    One line per execution start and end, spawn, budget stop, deadline, retry and
-    restart; with ``steps=True`` also one per model step (its tool calls with their
+    One line per execution start and end, spawn, budget wait, budget stop, deadline,
+    retry and restart; with ``steps=True`` also one per model step (its tool calls with their
     arguments, tokens and time). Lines are indented by depth and start with the
     seconds since the runtime started.
     """
@@ -241,6 +244,8 @@ class ProgressLines:
                 return f"{agent}: budget exceeded: {detail.get('reason', '')}"
             case "deadline":
                 return f"{agent}: deadline: {detail.get('reason', '')}"
+            case "budget_wait":
+                return f"{agent}: {detail.get('reason', 'waiting for budget')}"
             case "retry":
                 delay = float(detail.get("delay", 0.0))
                 return (

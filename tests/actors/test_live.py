@@ -245,6 +245,30 @@ def test_stopped_nodes_show_why() -> None:
     assert "tokens limit of 4000 reached" in out
 
 
+def test_a_node_waiting_for_budget_says_so_and_why() -> None:
+    why = "waiting for budget: tokens of lead (2,000 tokens held by requests in flight)"
+    waiting = msgspec.structs.replace(
+        node("root/lead/r0", "root/lead", status="running"), waiting=why
+    )
+    tree = TreeSnapshot(nodes=(*snapshot(fanout=0).nodes, waiting))
+    out = render(tree)
+    assert "r0  ⧗ waiting for budget  " in out
+    assert why in out
+    assert "lead  ⠋ running" in out  # the others run as before
+
+
+def test_a_budget_wait_is_a_progress_line() -> None:
+    lines = ProgressLines()
+    event = Event(
+        kind="budget_wait",
+        at=1.5,
+        agent="worker",
+        depth=2,
+        detail={"reason": "waiting for budget: tokens of runtime"},
+    )
+    assert lines.line(event) == "[  1.50s]   worker: waiting for budget: tokens of runtime"
+
+
 def test_own_steps_and_tree_order() -> None:
     tree = snapshot()
     assert own_steps(tree)["root/lead"] == 3
