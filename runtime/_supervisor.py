@@ -526,11 +526,7 @@ class Supervisor:
         leaves no room for the request's minimum, and ``anyio.WouldBlock`` when it
         would have to wait for headroom that requests in flight hold.
         """
-        need = self.need(
-            input_estimate=input_estimate, max_tokens=max_tokens, model=model, at_least=at_least
-        )
-        self._check_price(node, need, model)
-        got = self._admit(node, need, max_tokens, _NEW)
+        _, got = self._first_try(node, input_estimate, max_tokens, model, at_least)
         if type(got) is Reservation:
             return got
         raise anyio.WouldBlock
@@ -552,11 +548,7 @@ class Supervisor:
         cancellation of the waiting execution (anything that cancels its task).
         ``on_wait`` is called with why, in words, when the request starts to wait.
         """
-        need = self.need(
-            input_estimate=input_estimate, max_tokens=max_tokens, model=model, at_least=at_least
-        )
-        self._check_price(node, need, model)
-        got = self._admit(node, need, max_tokens, _NEW)
+        need, got = self._first_try(node, input_estimate, max_tokens, model, at_least)
         if type(got) is Reservation:
             return got
         assert isinstance(got, Node)
@@ -584,9 +576,23 @@ class Supervisor:
         assert wait.reservation is not None
         return wait.reservation
 
-    def _check_price(self, node: Node, need: Need, model: str) -> None:
-        if need.price is not None:
-            return
+    def _first_try(
+        self,
+        node: Node,
+        input_estimate: int,
+        max_tokens: int | None,
+        model: str,
+        at_least: int | None,
+    ) -> tuple[Need, Reservation | Node]:
+        """A new request's need, and its reservation or the node it must wait for."""
+        need = self.need(
+            input_estimate=input_estimate, max_tokens=max_tokens, model=model, at_least=at_least
+        )
+        if need.price is None:
+            self._check_price(node, model)
+        return need, self._admit(node, need, max_tokens, _NEW)
+
+    def _check_price(self, node: Node, model: str) -> None:
         for current in node.chain():
             if current.limits is not None and current.limits.cost is not None:
                 raise ValueError(

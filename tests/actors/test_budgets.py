@@ -241,24 +241,24 @@ async def test_a_request_cut_by_a_deadline_is_charged_its_input_estimate() -> No
 # -- waits are visible, interruptible, and never deadlock -------------------------------
 
 
-def held_up(hold: anyio.Event) -> FunctionModel:
-    """Children whose first request holds the budget until ``hold`` is set."""
+def held_up(hold: anyio.Event, budget: Budget | None = None) -> Agent:
+    """A lead of three children whose requests hold the budget until ``hold`` is set."""
 
     async def respond(request: ModelRequest) -> Turn:
         await hold.wait()
         return reply("done", usage=Usage(input_tokens=10, output_tokens=10, requests=1))
 
-    return FunctionModel(respond)
+    return Agent(
+        "lead",
+        ScriptedModel([calls(*(call("worker", task=str(i)) for i in range(3))), reply("ok")]),
+        subagents=[Agent("worker", FunctionModel(respond))],
+        budget=budget,
+    )
 
 
 async def test_a_wait_is_an_event_a_node_state_and_a_statistic() -> None:
     hold = anyio.Event()
-    worker = Agent("worker", held_up(hold))
-    lead = Agent(
-        "lead",
-        ScriptedModel([calls(*(call("worker", task=str(i)) for i in range(3))), reply("ok")]),
-        subagents=[worker],
-    )
+    lead = held_up(hold)
     events: list[Event] = []
     outcome: list[Result] = []
     # 800 tokens: each child's request needs its input + 256 output; two fit at once.
@@ -297,14 +297,7 @@ async def test_a_wait_is_an_event_a_node_state_and_a_statistic() -> None:
 
 
 async def test_a_deadline_ends_a_wait_at_once() -> None:
-    hold = anyio.Event()
-    worker = Agent("worker", held_up(hold))
-    lead = Agent(
-        "lead",
-        ScriptedModel([calls(*(call("worker", task=str(i)) for i in range(3))), reply("ok")]),
-        subagents=[worker],
-        budget=Budget(tokens=1_000, seconds=0.2),
-    )
+    lead = held_up(anyio.Event(), Budget(tokens=1_000, seconds=0.2))
     async with Runtime() as rt:
         with anyio.fail_after(5):
             result = await (await rt.spawn(lead)).ask("go")
