@@ -77,8 +77,16 @@ class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 _EMPTY_USAGE = Usage()
 
 
+class _Interrupted(Exception):
+    """A step's task group was cancelled by the supervisor (see ``_run_with_subagents``)."""
+
+
 def synthesize(status: Status, reason: str, steps: Sequence[StepRecord], last_text: str) -> str:
     """The final response of an execution that stopped without one."""
+    if not steps:  # stopped in its first step (a cancelled child, say): nothing done
+        head = f"[{status}] The task stopped before a final answer: {reason}."
+        tail = f" Last text from the model: {last_text}" if last_text else ""
+        return f"{head} Done so far: 0 step(s), 0 tool call(s).{tail}"
     calls = [outcome for step in steps for outcome in step.outcomes]
     failed = sum(outcome.is_error for outcome in calls)
     used = sorted({outcome.call.name for outcome in calls})
@@ -195,7 +203,7 @@ class Execution:
                     scope.cancel()
                 try:
                     await self._steps()
-                except BudgetExceeded:
+                except (BudgetExceeded, _Interrupted):
                     pass  # the supervisor has stopped this subtree and says why, below
                 except Exception as exc:
                     self._stop("failed", f"{type(exc).__name__}: {exc}")
@@ -206,7 +214,8 @@ class Execution:
             raise
         finally:
             node.scope = None
-            structlog.contextvars.reset_contextvars(**tokens)
+            for token in tokens.values():  # what reset_contextvars does, minus lookups
+                token.var.reset(token)
         if node.stop_status is not None or scope.cancelled_caught:
             self._stop(*self.supervisor.why_stopped(node))
         if bus.active:
@@ -448,10 +457,21 @@ class Execution:
         delegated = [(i, call) for i, call in enumerate(calls) if call.name in subagents]
         # The children live in this block: whatever interrupts the step (a stop of
         # the tree, a deadline, a cancellation) cancels them with it, in one delivery.
-        async with anyio.create_task_group() as tg:
-            if tools:
-                self._start_workers(tg, tools, outcomes)
-            await _Delegation(self, tg, delegated, outcomes).run()
+        # While it runs, the block's own scope is the one the supervisor cancels: from
+        # the execution's, the cancellation would reach every child twice (once from
+        # there, once more from the task group as it sees its body cancelled).
+        node = self.node
+        outer = node.scope
+        try:
+            async with anyio.create_task_group() as tg:
+                node.scope = tg.cancel_scope
+                if tools:
+                    self._start_workers(tg, tools, outcomes)
+                await _Delegation(self, tg, delegated, outcomes).run()
+        finally:
+            node.scope = outer
+        if tg.cancel_scope.cancelled_caught:
+            raise _Interrupted  # the supervisor stopped this node: the step ends here
         return outcomes
 
     def _run_call(self, call: ToolCall) -> Awaitable[ToolOutcome]:
@@ -578,7 +598,16 @@ class _Delegation:
     second cancellation: one delivery from the top reached the whole subtree).
     """
 
-    __slots__ = ("execution", "outcomes", "pending", "running", "stopped", "task_group", "waiter")
+    __slots__ = (
+        "execution",
+        "interrupted",
+        "outcomes",
+        "pending",
+        "running",
+        "stopped",
+        "task_group",
+        "waiter",
+    )
 
     def __init__(
         self,
@@ -596,6 +625,8 @@ class _Delegation:
         # why: their nodes are closed by ``run``, which knows whether the step goes on.
         self.stopped: list[tuple[Node, str]] = []
         self.waiter: Waiter | None = None
+        #: Set once the step is interrupted: replies that settle later are not read.
+        self.interrupted = False
 
     async def run(self) -> None:
         execution = self.execution
@@ -617,6 +648,7 @@ class _Delegation:
         except BaseException:
             # Interrupted: the task group cancels the children; their nodes end with
             # this execution's reason.
+            self.interrupted = True
             for node in [*running.values(), *(node for node, _ in self.stopped)]:
                 supervisor.abandon(node, execution.node, cancel=False)
             raise
@@ -670,6 +702,8 @@ class _Delegation:
         reply: PendingReply,
     ) -> None:
         """The child's reply (or its stop) has settled: record the outcome."""
+        if self.interrupted:
+            return  # nobody reads the outcomes of an interrupted step
         del self.running[index]
         error = reply.error
         if error is not None:

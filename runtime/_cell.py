@@ -8,6 +8,10 @@ closed and drained, it is cancelled, or a failing handler stops it. On every pat
 ends in ``_finish``, which refuses new messages and settles every pending ask with
 ``ActorStopped`` exactly once. No await stands between marking the cell stopped and
 failing its asks.
+
+A cell cancels its actor through a cancel scope of its own, or, for a child started
+with ``spawn_soon``, through the handle anyio gives the child's task (anyio 4.14 and
+later): one scope less for a cancellation to reach and unwind, per child.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import anyio.lowlevel
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
+if TYPE_CHECKING:
+    from anyio import TaskHandle
+
 from ._actor import Actor, ActorContext
 from ._exceptions import ActorStopped, RuntimeClosed, UnknownMessage
 from ._mailbox import Mailbox
@@ -28,6 +35,9 @@ from ._ref import ActorRef, PendingReply
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
+
+#: Whether ``TaskGroup.start_soon`` returns a handle that can cancel the task (4.14+).
+TASK_HANDLES = hasattr(anyio, "TaskHandle")
 
 __all__ = ["ActorGroup", "Cell"]
 
@@ -75,6 +85,8 @@ class ActorGroup:
 _NO_CHILDREN = ActorGroup()
 #: What an actor that spawns no children enters instead of a task group of its own.
 _NO_TASK_GROUP = contextlib.nullcontext()
+#: What a cell cancelled through its task's handle enters instead of a scope of its own.
+_NO_SCOPE = contextlib.nullcontext()
 
 
 class Cell:
@@ -88,6 +100,7 @@ class Cell:
         "actor",
         "children",
         "group",
+        "handle",
         "id",
         "mailbox",
         "name",
@@ -109,6 +122,7 @@ class Cell:
         mailbox_size: int,
         runtime: Runtime,
         group: ActorGroup | None,
+        own_scope: bool = True,
     ) -> None:
         self.actor = actor
         self.id = id
@@ -121,7 +135,10 @@ class Cell:
         self.pending: dict[int, PendingReply] = {}
         # An actor that spawns no children shares one empty group (it stays empty).
         self.children = ActorGroup() if actor.spawns_children else _NO_CHILDREN
-        self.scope = anyio.CancelScope()
+        # Without a scope of its own, the cell is cancelled through ``handle``, which
+        # whoever starts its task sets (see ``Runtime.spawn_soon``).
+        self.scope: anyio.CancelScope | None = anyio.CancelScope() if own_scope else None
+        self.handle: TaskHandle[None] | None = None
         self._finished: anyio.Event | None = None  # made only if someone waits
         self.stopped = False
         self.ref = ActorRef(self)
@@ -147,9 +164,10 @@ class Cell:
         _running_cell.set(self)
         actor = self.actor
         mailbox = self.mailbox
+        scope = self.scope
         reason = "stopped"
         try:
-            with self.scope:
+            with scope if scope is not None else _NO_SCOPE:
                 async with (
                     anyio.create_task_group() if actor.spawns_children else _NO_TASK_GROUP
                 ) as children:
@@ -194,35 +212,38 @@ class Cell:
                                     reply.set_result(value)
                         else:  # closed and drained: a graceful stop
                             reason = mailbox.reason or "stopped"
-                    self._close_children(reason)
+                    if children is not None:
+                        self._close_children(reason)
             if self._start_error is not None and task_status is not anyio.TASK_STATUS_IGNORED:
                 # Raised here, outside the task group, so the spawner gets it unwrapped.
                 raise self._start_error
-            if self.scope.cancelled_caught:
+            if scope is not None and scope.cancelled_caught:
                 reason = self._cancel_reason or "cancelled"
         except self.runtime.cancelled_exc:
-            reason = "cancelled"
+            # Through the handle, the cancellation is caught outside this frame: the
+            # reason is the one ``cancel`` (or a grace period) gave, if any.
+            reason = self._cancel_reason if scope is None and self._cancel_reason else "cancelled"
             raise
         except BaseException as exc:
             if not reason.startswith("failed"):
                 reason = f"failed: {exc!r}"
             raise
         finally:
-            self._close_children("stopped")
+            if self.children is not _NO_CHILDREN:
+                self._close_children("stopped")
             self._finish(reason)
             if type(actor).on_stop is not Actor.on_stop:
                 await self._run_stop_hook()
 
     def _close_children(self, reason: str) -> None:
-        if self.children is not _NO_CHILDREN:
-            why = "" if reason == "stopped" else f" ({reason})"
-            self.children.close_all(f"parent {self.id!r} stopped{why}")
+        why = "" if reason == "stopped" else f" ({reason})"
+        self.children.close_all(f"parent {self.id!r} stopped{why}")
 
     def _finish(self, reason: str) -> None:
         """Mark the actor stopped and settle every pending ask. Never awaits."""
         self.stopped = True
-        self.mailbox.close(reason)
-        self.mailbox.discard()
+        self.handle = None  # it keeps the task's outcome (and traceback): no cycle
+        self.mailbox.discard(reason)
         pending = self.pending
         while pending:
             _, reply = pending.popitem()
@@ -250,8 +271,16 @@ class Cell:
             )
         self.mailbox.close("stopped")
         if grace is not None:
-            self._cancel_reason = f"stopped, cancelled after a {grace:g} s grace period"
-            self.scope.deadline = min(self.scope.deadline, anyio.current_time() + grace)
+            reason = f"stopped, cancelled after a {grace:g} s grace period"
+            if self.scope is not None:
+                self._cancel_reason = reason
+                self.scope.deadline = min(self.scope.deadline, anyio.current_time() + grace)
+            else:
+                with anyio.move_on_after(grace):
+                    await self.wait_finished()
+                if not self.stopped:
+                    self._cancel_reason = self._cancel_reason or reason
+                    self._cancel_task()
         await self.wait_finished()
 
     async def wait_finished(self) -> None:
@@ -270,4 +299,10 @@ class Cell:
         if not self.stopped:
             self._cancel_reason = "cancelled"
             self.mailbox.close("cancelled")
+            self._cancel_task()
+
+    def _cancel_task(self) -> None:
+        if self.scope is not None:
             self.scope.cancel()
+        elif self.handle is not None:
+            self.handle.cancel()

@@ -174,10 +174,13 @@ class Mailbox:
         while senders:
             wake(senders.pop(0))  # each finds the mailbox closed: ActorStopped
 
-    def discard(self) -> list[Envelope]:
-        """Close the mailbox and return what was still queued (the actor is gone)."""
-        self.close(self.reason or "stopped")
+    def discard(self, reason: str = "stopped") -> list[Envelope]:
+        """Close the mailbox (with ``reason`` unless it was closed already) and return
+        what was still queued (the actor is gone)."""
+        self.close(reason)
         left: list[Envelope] = []
+        if self._head == len(self._queue):
+            return left
         while (envelope := self.receive_nowait()) is not None:
             left.append(envelope)
         return left

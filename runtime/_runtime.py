@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup
 
 from ._actor import Spawnable
 from ._budget import Budget, Price
-from ._cell import ActorGroup, Cell
+from ._cell import TASK_HANDLES, ActorGroup, Cell
 from ._events import EventBus, Subscription
 from ._exceptions import DuplicateActor, RuntimeClosed
 from ._messages import RuntimeStatistics
@@ -198,8 +198,11 @@ class Runtime:
         by ``ActorContext.spawn_soon``)."""
         if self._state != "running":
             raise RuntimeClosed(self._state)
-        cell = self._new_cell(None, parent.id, spawnable, id, name, mailbox_size)
-        task_group.start_soon(cell.run, name=cell.id)
+        cell = self._new_cell(
+            None, parent.id, spawnable, id, name, mailbox_size, own_scope=not TASK_HANDLES
+        )
+        # The task's handle cancels the child: no cancel scope of the cell's own.
+        cell.handle = task_group.start_soon(cell.run, name=cell.id)
         return spawnable.make_ref(cell.ref)
 
     async def _spawn_in(
@@ -223,6 +226,8 @@ class Runtime:
         id: str | None,
         name: str | None,
         mailbox_size: int | None,
+        *,
+        own_scope: bool = True,
     ) -> Cell:
         actor = spawnable.new_actor()
         spawnable_name = getattr(spawnable, "name", None)
@@ -243,6 +248,7 @@ class Runtime:
             mailbox_size=mailbox_size or self.mailbox_size or actor.mailbox_size,
             runtime=self,
             group=group,
+            own_scope=own_scope,
         )
         self._cells[id] = cell
         self._spawned += 1

@@ -314,6 +314,65 @@ async def test_spawn_soon_children_are_cancelled_with_their_block() -> None:
         assert "cancelled" in str(errors[0])
 
 
+class Blocking(Actor):
+    """Sleeps forever on every message; stop and cancel are what end it."""
+
+    async def receive(self, message: Any) -> Any:
+        await anyio.sleep_forever()
+
+
+class KeepsOne(Actor):
+    """On a message, spawns one blocking child with ``spawn_soon``, asks it, and
+    answers with what that ask ended with."""
+
+    spawns_children = False
+
+    def __init__(self) -> None:
+        self.child: ActorRef | None = None
+        self.started = anyio.Event()
+
+    async def receive(self, message: Any) -> Any:
+        async with anyio.create_task_group() as tg:
+            self.child = self.context.spawn_soon(Blocking(), task_group=tg, name="kid")
+            reply = self.child.ask_nowait(message)
+            self.started.set()
+            try:
+                return await reply.wait()
+            except ActorStopped as exc:
+                return exc
+
+
+@pytest.mark.parametrize("how", ["cancel", "grace"])
+async def test_a_spawn_soon_child_can_be_cancelled_or_stopped_with_grace(how: str) -> None:
+    async with Runtime() as rt:
+        parent = KeepsOne()
+        ref = await rt.spawn(parent)
+        async with anyio.create_task_group() as tg:
+            answers: list[object] = []
+
+            async def ask() -> None:
+                answers.append(await ref.ask("wait"))
+
+            tg.start_soon(ask)
+            await parent.started.wait()
+            await wait_all_tasks_blocked()
+            child = parent.child
+            assert child is not None
+            if how == "cancel":
+                child.cancel()
+            else:
+                with anyio.fail_after(5):
+                    await child.stop(grace=0.01)
+        assert child is not None
+        assert child.stopped
+        (answer,) = answers
+        assert isinstance(answer, ActorStopped)
+        expected = "cancelled" if how == "cancel" else "cancelled after a 0.01 s grace"
+        assert expected in str(answer)
+        assert rt.statistics().live_actors == 1  # the parent goes on
+        assert not ref.stopped
+
+
 async def test_spawn_soon_refuses_a_closed_runtime_and_duplicate_ids() -> None:
     class Spawner(Actor):
         async def receive(self, message: Any) -> Any:
