@@ -264,18 +264,32 @@ class AgentActor(Actor):
                 self.execution.clear()  # fresh buffer, same conversation
                 execution = self._new_execution(node, task, history)
                 await execution.run()
-        finally:
-            # Every path, cancellation included: empty buffer, one final response.
+        except BaseException:
+            # Cancelled: the buffer is emptied all the same. A delegated child's actor
+            # ends with this cancellation (it has no other task) and nothing reads its
+            # conversation or traces again, so only its node is closed: a cancelled
+            # tree of a thousand children does no more per child than it must.
             self.execution.clear()
-            text = execution.answer()
-            self.messages.append(AssistantMessage(content=text))
-            self._keep(execution.trace(text))
+            if not task.node:
+                self._conclude(execution)
             supervisor.close(node, execution.status, execution.reason)
+            raise
+        # Every other path: empty buffer, one final response.
+        self.execution.clear()
+        text = self._conclude(execution)
+        supervisor.close(node, execution.status, execution.reason)
         # Returned normally: the turn is complete, store it (a cancelled one never is).
         store = context.runtime.store
         if store is not None:
             await self._save(store, self.traces[-1])
         return execution.result(text)
+
+    def _conclude(self, execution: Execution) -> str:
+        """The final response joins the conversation and the trace is kept."""
+        text = execution.answer()
+        self.messages.append(AssistantMessage(content=text))
+        self._keep(execution.trace(text))
+        return text
 
     async def _save(self, store: Store, trace: ExecutionTrace) -> None:
         """Save the persistent sections and ``trace`` in one transaction.
@@ -324,6 +338,7 @@ class AgentActor(Actor):
             history=history,
             buffer=self.execution,
             context=context,
+            delegated=bool(task.node),
         )
 
     def _keep(self, trace: ExecutionTrace) -> None:

@@ -13,6 +13,7 @@ useful text, so a caller always gets an answer.
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -75,6 +76,8 @@ class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 _EMPTY_USAGE = Usage()
+#: What an execution without a cancel scope of its own enters instead.
+_NO_SCOPE = contextlib.nullcontext()
 
 
 class _Interrupted(Exception):
@@ -125,6 +128,7 @@ class Execution:
         "history",
         "last_text",
         "node",
+        "own_scope",
         "reason",
         "started",
         "status",
@@ -145,6 +149,7 @@ class Execution:
         history: tuple[Message, ...],
         buffer: list[Message],
         context: ActorContext,
+        delegated: bool = False,
     ) -> None:
         self.agent = agent
         self.agent_id = agent_id
@@ -162,6 +167,8 @@ class Execution:
         self.last_text = ""
         self.escalation = ""
         self.started = time.perf_counter()
+        #: Whether it runs in a cancel scope of its own (see ``run``).
+        self.own_scope = not delegated or node.limits is not None or node.deadline_owner is node
         #: What the current step's model requests were charged, all attempts included.
         self.charged = _EMPTY_USAGE
         #: A model built on another (ReAct) sends each of its requests through ours.
@@ -196,12 +203,17 @@ class Execution:
         bus = self.context.runtime.event_bus
         if bus.active:
             self._emit("execution_start", task=self.task[:200])
+        # A subagent with no budget or deadline of its own needs no cancel scope of
+        # its own: its parent's deadline and stops reach it through the parent's
+        # step, and a stop of its node alone cancels its actor's task (its parent
+        # then reads the node's status). One scope less per child to cancel.
+        own = self.own_scope
         try:
-            with anyio.CancelScope(deadline=node.deadline) as scope:
-                node.scope = scope
-                if node.stop_status is not None:
-                    scope.cancel()
+            with anyio.CancelScope(deadline=node.deadline) if own else _NO_SCOPE as scope:
+                node.scope = scope if scope is not None else self.context.ref
                 try:
+                    if node.stop_status is not None:
+                        raise _Interrupted
                     await self._steps()
                 except (BudgetExceeded, _Interrupted):
                     pass  # the supervisor has stopped this subtree and says why, below
@@ -216,7 +228,7 @@ class Execution:
             node.scope = None
             for token in tokens.values():  # what reset_contextvars does, minus lookups
                 token.var.reset(token)
-        if node.stop_status is not None or scope.cancelled_caught:
+        if node.stop_status is not None or (scope is not None and scope.cancelled_caught):
             self._stop(*self.supervisor.why_stopped(node))
         if bus.active:
             if self.status in ("budget_exceeded", "timed_out"):
@@ -462,14 +474,18 @@ class Execution:
         # there, once more from the task group as it sees its body cancelled).
         node = self.node
         outer = node.scope
+        delegation: _Delegation | None = None
         try:
             async with anyio.create_task_group() as tg:
                 node.scope = tg.cancel_scope
                 if tools:
                     self._start_workers(tg, tools, outcomes)
-                await _Delegation(self, tg, delegated, outcomes).run()
+                delegation = _Delegation(self, tg, delegated, outcomes)
+                await delegation.run()
         finally:
             node.scope = outer
+            if delegation is not None and delegation.interrupted:
+                delegation.close_abandoned()
         if tg.cancel_scope.cancelled_caught:
             raise _Interrupted  # the supervisor stopped this node: the step ends here
         return outcomes
@@ -646,12 +662,26 @@ class _Delegation:
                 await park(self.waiter)
                 self.waiter = None
         except BaseException:
-            # Interrupted: the task group cancels the children; their nodes end with
-            # this execution's reason.
+            # Interrupted: the task group cancels the children. Their subtrees are
+            # marked with this execution's reason now, before they see the
+            # cancellation (a stop of this node marked them already); each closes its
+            # own node as it ends, and ``close_abandoned`` closes what did not run.
             self.interrupted = True
-            for node in [*running.values(), *(node for node, _ in self.stopped)]:
-                supervisor.abandon(node, execution.node, cancel=False)
+            status, reason = supervisor.why_stopped(execution.node)
+            for node in self.abandoned():
+                if node.stop_status is None:
+                    supervisor.stop_subtree(node, status, reason, cancel=False)
             raise
+
+    def abandoned(self) -> list[Node]:
+        return [*self.running.values(), *(node for node, _ in self.stopped)]
+
+    def close_abandoned(self) -> None:
+        """After an interrupted step: close the nodes of children that never ran."""
+        supervisor = self.execution.supervisor
+        for node in self.abandoned():
+            if node.status == "running":
+                supervisor.close(node, *supervisor.why_stopped(node))
 
     def _launch(self, index: int, call: ToolCall) -> None:
         execution = self.execution
@@ -706,7 +736,15 @@ class _Delegation:
             return  # nobody reads the outcomes of an interrupted step
         del self.running[index]
         error = reply.error
-        if error is not None:
+        if error is not None and node.status != "running":
+            # Its execution ended and its actor's task was cancelled (a stop of its
+            # node alone): the node says how it ended.
+            outcome = _refused(
+                call,
+                f"[{node.status}] subagent {call.name!r} stopped before a final answer: "
+                f"{node.stop_reason}",
+            )
+        elif error is not None:
             # The child stopped before answering (it failed to start, say).
             self.stopped.append((node, f"{type(error).__name__}: {error}"))
             outcome = _refused(

@@ -43,7 +43,7 @@ import math
 import secrets
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Literal, Protocol
 
 import anyio
 import msgspec
@@ -75,6 +75,12 @@ DEFAULT_MAX_TOKENS = 4_096
 MIN_OUTPUT_TOKENS = 256
 #: More tokens than this in one request's reported usage cannot be true.
 MAX_TOKENS_PER_REQUEST = 100_000_000
+
+
+class Cancellable(Protocol):
+    """A cancel scope, or a reference to an actor whose task can be cancelled."""
+
+    def cancel(self) -> None: ...
 
 
 class NodeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -177,7 +183,9 @@ class Node:
         self.ended: float | None = None
         self.actor_id = ""
         self.children: set[Node] = set()
-        self.scope: anyio.CancelScope | None = None
+        #: What the supervisor cancels to stop this node's execution: its cancel
+        #: scope, or the task of its actor (anything with ``cancel()``).
+        self.scope: Cancellable | None = None
         self.status: NodeStatus = "running"
         #: Set when the supervisor stops this node (limit, cancellation): how it ends.
         self.stop_status: EndStatus | None = None

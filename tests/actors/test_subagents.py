@@ -428,6 +428,40 @@ async def test_cancelling_a_node_cancels_its_subtree_and_the_ask_answers() -> No
     assert {n.status for n in after.nodes if n.id != "root"} == {"cancelled"}
 
 
+@pytest.mark.parametrize("own_budget", [None, Budget(tokens=100_000)], ids=["bare", "budgeted"])
+async def test_cancelling_one_child_lets_its_parent_carry_on(own_budget: Budget | None) -> None:
+    # A child with no budget of its own runs without a cancel scope of its own (its
+    # actor's task is cancelled); one with a budget has its scope: the parent reads
+    # the same kind of answer either way and goes on.
+    hang, entered = hanging()
+    child = Agent("child", stepped(call("hang"), reply("never")), tools=[hang], budget=own_budget)
+    lead_model = ScriptedModel([call("child", task="x"), reply("carried on")])
+    lead = Agent("lead", lead_model, subagents=[child])
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        results = []
+
+        async def ask() -> None:
+            results.append(await ref.ask("go"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            await entered.wait()
+            child_node = next(n for n in rt.tree().nodes if n.name == "child")
+            rt.supervisor.cancel(child_node.id)
+        after = rt.tree()
+        live = rt.statistics().live_actors
+    (result,) = results
+    assert (result.status, result.text) == ("completed", "carried on")
+    assert after.node(child_node.id).status == "cancelled"
+    seen = [m for m in lead_model.requests[1].messages if isinstance(m, ToolResultMessage)]
+    (tool_result,) = seen
+    assert tool_result.is_error
+    assert "cancelled" in tool_result.content
+    assert f"cancelled (child {child_node.id!r})" in tool_result.content
+    assert live == 1  # the child's actor has ended
+
+
 async def test_the_tree_snapshot_is_live() -> None:
     seen = []
     gate = anyio.Event()
