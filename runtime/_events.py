@@ -17,7 +17,7 @@ that an unobserved runtime pays one attribute check per event site:
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -25,6 +25,8 @@ import anyio
 import msgspec
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ._waiter import clock
 
 __all__ = ["Event", "EventBus", "EventKind", "Subscription"]
 
@@ -96,11 +98,13 @@ class EventBus:
         self.log_events = log_events
         self._subscribers: dict[Subscription, MemoryObjectSendStream[Event]] = {}
         self._origin = 0.0
+        self._now: Callable[[], float] = anyio.current_time
         #: True when anyone listens: event sites check this before building an event.
         self.active = log_events
 
     def start(self) -> None:
-        self._origin = anyio.current_time()
+        self._now = clock()
+        self._origin = self._now()
 
     def emit(
         self,
@@ -116,7 +120,7 @@ class EventBus:
         """Publish one event to every subscriber (and the log, if enabled)."""
         event = Event(
             kind=kind,
-            at=anyio.current_time() - self._origin,
+            at=self._now() - self._origin,
             agent=agent,
             agent_id=agent_id,
             execution_id=execution_id,

@@ -51,7 +51,7 @@ import msgspec
 from ._admission import Need, Reservation, free_output, refusal
 from ._budget import Budget, Price, Usage
 from ._exceptions import BudgetExceeded, InvalidUsage
-from ._waiter import Waiter, new_waiter, park, wake
+from ._waiter import Waiter, clock, new_waiter, park, wake
 
 __all__ = [
     "EndStatus",
@@ -324,6 +324,8 @@ class Supervisor:
         self.nodes: dict[str, Node] = {"root": self.root}
         self._finished: deque[Node] = deque(maxlen=FINISHED_KEPT)
         self._seq = itertools.count()
+        #: The running backend's clock (set by ``start``).
+        self.now: Callable[[], float] = anyio.current_time
         #: Requests waiting for budget now; waits so far; seconds spent waiting.
         self.waiting = 0
         self.waits = 0
@@ -331,7 +333,8 @@ class Supervisor:
 
     def start(self) -> None:
         """Start the clock: the runtime's ``seconds`` budget counts from here."""
-        self._origin = now = anyio.current_time()
+        self.now = now_of = clock()
+        self._origin = now = now_of()
         self.root.started = now
         seconds = self.budget.seconds if self.budget is not None else None
         if seconds is not None:
@@ -356,7 +359,7 @@ class Supervisor:
                 raise BudgetExceeded("agents", budget.agents, node.id, node.name)
         for node in parent.chain():
             node.agents += 1
-        now = anyio.current_time()
+        now = self.now()
         deadline, owner = parent.deadline, parent.deadline_owner
         seconds = limits.seconds if limits is not None else None
         node_id = f"{name}#{next(self._ids)}.{self.token}"
@@ -387,7 +390,7 @@ class Supervisor:
             return
         node.status = status
         node.stop_reason = reason or node.stop_reason
-        node.ended = anyio.current_time()
+        node.ended = self.now()
         node.scope = None
         if not node.children:
             for current in node.chain():
@@ -441,7 +444,7 @@ class Supervisor:
         plain cancellation from outside the tree."""
         if node.stop_status is not None:
             return node.stop_status, node.stop_reason
-        if anyio.current_time() >= node.deadline:
+        if self.now() >= node.deadline:
             owner = node.deadline_owner or node
             seconds = owner.limits.seconds if owner.limits is not None else None
             shown = f"{seconds:g} s " if seconds is not None else ""
@@ -566,7 +569,7 @@ class Supervisor:
         self.waits += 1
         if on_wait is not None:
             on_wait(node.waiting)
-        began = anyio.current_time()
+        began = self.now()
         try:
             await park(wait.waiter)
         except BaseException:
@@ -578,7 +581,7 @@ class Supervisor:
             raise
         finally:
             node.waiting = ""
-            self.wait_seconds += anyio.current_time() - began
+            self.wait_seconds += self.now() - began
         if wait.error is not None:
             raise wait.error
         assert wait.reservation is not None
@@ -826,7 +829,7 @@ class Supervisor:
 
     def snapshot(self) -> TreeSnapshot:
         """The tree as it is now: live nodes, then recently finished ones."""
-        now = anyio.current_time()
+        now = self.now()
         order = _parents_first
         nodes = [self._snapshot(node, now) for node in sorted(self.nodes.values(), key=order)]
         finished = sorted(self._finished, key=order)

@@ -15,12 +15,12 @@ kernel does not use anyio's memory object streams for mailboxes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeAlias
 
 import anyio
 
-__all__ = ["Waiter", "new_waiter", "park", "wake"]
+__all__ = ["Waiter", "clock", "new_waiter", "park", "wake"]
 
 Waiter: TypeAlias = "asyncio.Future[None] | anyio.Event"
 
@@ -54,3 +54,13 @@ def park(waiter: Waiter) -> Awaitable[None]:
     if isinstance(waiter, asyncio.Future):
         return waiter
     return waiter.wait()
+
+
+def clock() -> Callable[[], float]:
+    """The running backend's clock (what ``anyio.current_time`` reads) as a plain
+    function, looked up once: the loop's own ``time`` on asyncio (each
+    ``anyio.current_time()`` first finds out which backend runs)."""
+    try:
+        return asyncio.get_running_loop().time
+    except RuntimeError:  # no asyncio loop in this thread: trio
+        return anyio.current_time
