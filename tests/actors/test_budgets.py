@@ -158,6 +158,41 @@ async def test_a_budget_that_is_really_spent_stops_with_need_and_left() -> None:
     assert need > left == 700 - lead.usage.total_tokens
 
 
+async def test_a_reply_cut_by_its_share_is_asked_again_not_a_stop() -> None:
+    # Four children share 3,200 tokens: the first request of each may take a quarter.
+    # The long one runs into its share; asked again with room for twice as much (it
+    # waits for the others to settle), it completes: a reservation race is no stop.
+    long_answer = "word " * 720  # 900 tokens at 4 characters each
+
+    async def respond(request: ModelRequest) -> Turn:
+        await anyio.sleep(0.001)
+        task = request.messages[-1].content
+        return reply(long_answer if task == "long" else "short answer")
+
+    worker = Agent("worker", FunctionModel(respond))
+    tasks = ["long", "a", "b", "c"]
+    lead = Agent(
+        "lead",
+        ScriptedModel([calls(*(call("worker", task=t) for t in tasks)), reply("ok")]),
+        subagents=[worker],
+    )
+    events: list[Event] = []
+    async with Runtime(budget=Budget(tokens=3_200), min_output_tokens=64) as rt:
+        async with rt.events() as subscription:
+            result = await (await rt.spawn(lead)).ask("go")
+            while (event := subscription.receive_nowait()) is not None:
+                events.append(event)
+        workers = [n for n in rt.tree().nodes if n.name == "worker"]
+    assert result.status == "completed", result.stop_reason
+    assert [n.status for n in workers] == ["completed"] * 4
+    cut = [e for e in events if e.kind == "retry" and "cut at" in str(e.detail["error"])]
+    assert len(cut) == 1
+    assert "by the budget shared with requests in flight" in str(cut[0].detail["error"])
+    long_node = next(n for n in workers if n.own_usage.requests == 2)
+    assert long_node.own_usage.output_tokens > 900  # the cut reply was charged too
+    assert result.usage.total_tokens <= 3_200
+
+
 # -- every request goes through the supervisor ------------------------------------------
 
 
