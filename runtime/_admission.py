@@ -131,12 +131,24 @@ def refusal(node: Node, budget: Budget, need: Need) -> BudgetExceeded | None:
         total = need.input + need.output
         if total > left:
             return _refused(node, "tokens", budget.tokens, total, left, need.detail())
-    if budget.cost is not None:
+    if budget.cost is not None and need.price is not None:
         left_cost = budget.cost - node.cost
-        needed = need.cost(need.output)
-        if needed > left_cost + _COST_EPSILON * budget.cost:
+        if _cost_room(left_cost, budget.cost, need) < need.output:
+            needed = need.cost(need.output)
             return _refused(node, "cost", budget.cost, needed, left_cost, need.detail())
     return None
+
+
+def _cost_room(left: float, allowed: float, need: Need) -> float:
+    """The output tokens that ``left`` of a cost budget of ``allowed`` pays for after
+    the request's input (negative: not even the input), with the same slack for sums
+    of floats in every check: what refuses and what waits never disagree."""
+    assert need.price is not None
+    left += _COST_EPSILON * allowed - need.cost(0)
+    per_token = need.price.output_per_million / 1_000_000
+    if per_token > 0:
+        return math.floor(left / per_token)
+    return math.inf if left >= 0 else -1
 
 
 def _refused(
@@ -176,13 +188,7 @@ def free_output(node: Node, budget: Budget, need: Need) -> tuple[float, str]:
         if free < room:
             room, field = free, "tokens"
     if budget.cost is not None and need.price is not None:
-        left = budget.cost - node.cost - node.reserved_cost - need.cost(0)
-        per_token = need.price.output_per_million / 1_000_000
-        cost_room: float
-        if per_token > 0:
-            cost_room = math.floor(left / per_token + _COST_EPSILON)
-        else:
-            cost_room = math.inf if left >= -_COST_EPSILON * budget.cost else -1
+        cost_room = _cost_room(budget.cost - node.cost - node.reserved_cost, budget.cost, need)
         if cost_room < room:
             room, field = cost_room, "cost"
     return room, field

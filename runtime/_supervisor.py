@@ -644,6 +644,13 @@ class Supervisor:
             if budget is not None:
                 room, field = free_output(current, budget, need)
                 if room < need.output:
+                    if not current.in_flight:  # nothing held could come back: spent
+                        allowed = getattr(budget, field)
+                        error = BudgetExceeded(
+                            field, allowed, current.id, current.name, why="no room left"
+                        )
+                        self.stop_subtree(current, "budget_exceeded", str(error), error)
+                        raise error
                     return current
                 if room != math.inf:
                     # A fair share: one part for each execution under the budget
