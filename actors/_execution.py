@@ -377,10 +377,13 @@ class Execution:
                 raise
             else:
                 try:
-                    self._charge(reservation, response.usage, name)
+                    charged = supervisor.settle(node, reservation, response.usage, model=name)
                 except InvalidUsage as exc:
                     error = exc
+                    self.charged = self.charged + exc.charged
                 else:
+                    spent = self.charged
+                    self.charged = charged if spent is _EMPTY_USAGE else spent + charged
                     if response.finish_reason != "length" or reservation.limited_by is None:
                         return response
                     # Cut by the budget's sharing, not by its own cap: ask again.
@@ -404,11 +407,12 @@ class Execution:
             await anyio.sleep(delay)
 
     def _charge(self, reservation: Reservation, usage: Usage | None, model: str) -> None:
+        """Settle a request that failed or was cut off: what its error reported (if
+        that cannot be true, the whole reservation), or its input estimate."""
         try:
             charged = self.supervisor.settle(self.node, reservation, usage, model=model)
-        except InvalidUsage as exc:
-            self.charged = self.charged + exc.charged
-            raise
+        except InvalidUsage as exc:  # the request failed already: that error stands
+            charged = exc.charged
         self.charged = self.charged + charged
 
     async def _wait_for_budget(

@@ -44,10 +44,14 @@ _COST_EPSILON = 1e-9
 class Need:
     """What one request needs at least: its input estimate and a minimum output."""
 
-    __slots__ = ("input", "output", "price", "wanted")
+    __slots__ = ("input", "model", "output", "price", "wanted")
 
-    def __init__(self, input: int, output: int, wanted: int, price: Price | None) -> None:
+    def __init__(
+        self, input: int, output: int, wanted: int, price: Price | None, model: str = ""
+    ) -> None:
         self.input = input
+        #: The model's name (its price is looked up by it).
+        self.model = model
         #: The minimum output: below this the request is not worth sending.
         self.output = output
         #: The output the request would like: its max_tokens, or the default.

@@ -136,6 +136,7 @@ class Node:
         "in_flight",
         "input_tokens",
         "leaves",
+        "limited",
         "limits",
         "name",
         "output_tokens",
@@ -177,6 +178,8 @@ class Node:
         self.parent = parent
         self.depth: int = 0 if parent is None else parent.depth + 1
         self.limits = limits
+        #: Whether this node or an ancestor has a budget.
+        self.limited: bool = limits is not None or (parent is not None and parent.limited)
         self.deadline = deadline
         self.deadline_owner = deadline_owner
         self.started = started
@@ -519,7 +522,7 @@ class Supervisor:
         wanted = max_tokens if max_tokens is not None else self.default_max_tokens
         minimum = self.min_output_tokens if at_least is None else at_least
         price = self.prices.get(model) if self.prices else None
-        return Need(max(input_estimate, 0), min(minimum, wanted), wanted, price)
+        return Need(max(input_estimate, 0), min(minimum, wanted), wanted, price, model)
 
     def reserve_nowait(
         self,
@@ -537,6 +540,21 @@ class Supervisor:
         leaves no room for the request's minimum, and ``anyio.WouldBlock`` when it
         would have to wait for headroom that requests in flight hold.
         """
+        if not node.limited and node.stop_status is None:
+            # No budget on the chain, no one waits: count it and hold what it asks.
+            price = self.prices.get(model) if self.prices else None
+            output = max_tokens or 0
+            cost = price.cost(input_estimate, output) if price is not None else 0.0
+            current: Node | None = node
+            while current is not None:
+                current.requests += 1
+                current.in_flight += 1
+                current.reserved_input += input_estimate
+                current.reserved_output += output
+                current.reserved_cost += cost
+                current = current.parent
+            node.own_requests += 1
+            return Reservation(input_estimate, output, cost, max_tokens, price)
         _, got = self._first_try(node, input_estimate, max_tokens, model, at_least)
         if type(got) is Reservation:
             return got
@@ -599,18 +617,14 @@ class Supervisor:
         need = self.need(
             input_estimate=input_estimate, max_tokens=max_tokens, model=model, at_least=at_least
         )
-        if need.price is None:
-            self._check_price(node, model)
         return need, self._admit(node, need, max_tokens, _NEW)
 
-    def _check_price(self, node: Node, model: str) -> None:
-        for current in node.chain():
-            if current.limits is not None and current.limits.cost is not None:
-                raise ValueError(
-                    f"Budget.cost is set (budget of {current.name} {current.id!r}) but no "
-                    f"price is known for model {model!r}: pass "
-                    f"Runtime(prices={{{model!r}: Price(...)}})"
-                )
+    @staticmethod
+    def _no_price(node: Node, model: str) -> ValueError:
+        return ValueError(
+            f"Budget.cost is set (budget of {node.name} {node.id!r}) but no price is known "
+            f"for model {model!r}: pass Runtime(prices={{{model!r}: Price(...)}})"
+        )
 
     def _admit(
         self, node: Node, need: Need, max_tokens: int | None, seq: float
@@ -623,10 +637,14 @@ class Supervisor:
         """
         if node.stop_status is not None:
             raise self._stopped(node)
+        if not node.limited:  # no budget on the chain: nothing to check, no one waits
+            return self._hold(node, need, max_tokens, max_tokens or 0, None, "")
         current: Node | None = node
         while current is not None:  # spent? (settled usage only)
             budget = current.limits
             if budget is not None:
+                if budget.cost is not None and need.price is None:
+                    raise self._no_price(current, need.model)
                 error = refusal(current, budget, need)
                 if error is not None:
                     self.stop_subtree(current, "budget_exceeded", str(error), error)
@@ -661,14 +679,25 @@ class Supervisor:
                         share, limited_by, limit = mine, current, field
             current = current.parent
         if share == math.inf:  # no output limit on the chain
-            cap, output = max_tokens, max_tokens or 0
-        else:
-            cap = output = int(min(need.wanted, share))
-            if cap >= need.wanted:
-                limited_by, limit = None, ""
+            return self._hold(node, need, max_tokens, max_tokens or 0, None, "")
+        cap = int(min(need.wanted, share))
+        if cap >= need.wanted:
+            limited_by, limit = None, ""
+        return self._hold(node, need, cap, cap, limited_by, limit)
+
+    @staticmethod
+    def _hold(
+        node: Node,
+        need: Need,
+        cap: int | None,
+        output: int,
+        limited_by: Node | None,
+        limit: str,
+    ) -> Reservation:
+        """Count the request and hold its headroom on the whole chain."""
         price = need.price
         cost = price.cost(need.input, output) if price is not None else 0.0
-        current = node
+        current: Node | None = node
         while current is not None:
             current.requests += 1
             current.in_flight += 1
@@ -914,6 +943,16 @@ def _why_waiting(at: Node, need: Need) -> str:
 
 def _impossible(usage: Usage, reservation: Reservation) -> str:
     """What cannot be true in a model's reported usage ("" when it can be)."""
+    cap = reservation.max_tokens
+    output = usage.output_tokens
+    if (
+        0 <= usage.input_tokens <= MAX_TOKENS_PER_REQUEST
+        and 0 <= output <= (MAX_TOKENS_PER_REQUEST if cap is None else cap)
+        and 0 <= usage.cached_tokens <= MAX_TOKENS_PER_REQUEST
+        and 0 <= usage.requests <= MAX_TOKENS_PER_REQUEST
+        and 0.0 <= usage.cost < math.inf  # NaN fails this too
+    ):
+        return ""  # the usual case, in one test
     for name in ("input_tokens", "output_tokens", "cached_tokens", "requests"):
         value = getattr(usage, name)
         if value < 0:
@@ -922,7 +961,6 @@ def _impossible(usage: Usage, reservation: Reservation) -> str:
             return f"{name}={value:,} for one request"
     if not math.isfinite(usage.cost) or usage.cost < 0:
         return f"cost={usage.cost!r} is not a finite number >= 0"
-    cap = reservation.max_tokens
     if cap is not None and usage.output_tokens > cap:
         return f"{usage.output_tokens:,} output tokens for a request capped at {cap:,}"
     return ""
