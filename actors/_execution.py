@@ -34,7 +34,7 @@ from runtime import (
     Supervisor,
     Usage,
 )
-from runtime._waiter import Waiter, new_waiter, park, wake
+from runtime.lowlevel import Waiter, new_waiter, park, wake
 
 from ._messages import (
     AssistantMessage,

@@ -1,0 +1,21 @@
+"""The kernel's low-level waiting primitives, for code built on it (as ``anyio.lowlevel``).
+
+Most code needs none of this: ``Runtime``, ``ActorRef`` and the mailboxes park and
+wake their tasks themselves. A layer above the kernel that keeps its own waiters on a
+hot path (the ``actors`` package's execution, waiting for its children's results)
+uses the same cheap ones the kernel does:
+
+- ``new_waiter()`` makes a ``Waiter`` for the calling task; ``park(waiter)`` is what to
+  await until another task calls ``wake(waiter)`` (at most once).
+- ``clock()`` is the running backend's clock as a plain function, looked up once.
+
+See ``runtime._waiter`` for why a waiter is a bare future on asyncio.
+"""
+
+from ._waiter import Waiter as Waiter
+from ._waiter import clock as clock
+from ._waiter import new_waiter as new_waiter
+from ._waiter import park as park
+from ._waiter import wake as wake
+
+__all__ = ["Waiter", "clock", "new_waiter", "park", "wake"]
