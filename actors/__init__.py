@@ -12,7 +12,6 @@ from ._agent import AgentRef as AgentRef
 from ._agent import GetConversation as GetConversation
 from ._agent import GetTrace as GetTrace
 from ._agent import Task as Task
-from ._anthropic import AnthropicModel as AnthropicModel
 from ._execution import StopCondition as StopCondition
 from ._live import watch as watch
 from ._messages import AssistantMessage as AssistantMessage
@@ -41,12 +40,9 @@ from ._models import calls as calls
 from ._models import estimate_tokens as estimate_tokens
 from ._models import fail as fail
 from ._models import reply as reply
-from ._openai import OpenAIModel as OpenAIModel
 from ._persistence import AgentState as AgentState
 from ._policy import RestartPolicy as RestartPolicy
 from ._policy import RetryPolicy as RetryPolicy
-from ._provider import ProviderError as ProviderError
-from ._provider import model_from_string as model_from_string
 from ._react import MalformedAction as MalformedAction
 from ._react import ReActModel as ReActModel
 from ._tools import Tool as Tool
@@ -57,6 +53,10 @@ from ._traces import collect_trace_tree as collect_trace_tree
 from ._traces import export_traces as export_traces
 from ._traces import load_traces as load_traces
 from ._traces import render_trace_tree as render_trace_tree
+from .providers import AnthropicModel as AnthropicModel
+from .providers import OpenAIModel as OpenAIModel
+from .providers import ProviderError as ProviderError
+from .providers import model_from_string as model_from_string
 
 __all__ = [
     "Agent",

@@ -29,7 +29,7 @@ from ._agent import Agent
 from ._live import watch
 from ._messages import Result
 from ._policy import RetryPolicy
-from ._provider import ProviderError, model_from_string
+from .providers import ProviderError, model_from_string
 
 __all__ = ["Event", "add_run_parser", "run_command", "show"]
 

@@ -24,8 +24,8 @@ from actors import (
     ToolSpec,
     UserMessage,
 )
-from actors._anthropic import check_event_loop
 from actors._cli import main
+from actors.providers._anthropic import check_event_loop
 from runtime import Budget, Runtime
 
 from .loopback import LoopbackServer, json_reply

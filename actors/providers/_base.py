@@ -1,17 +1,16 @@
-"""What the real model providers share: their error, the model string, token estimates.
+"""The contract the model providers share: their error, their base, token estimates.
 
 - ``ProviderError``: a request to a provider failed. Its message names the provider,
   the model, the HTTP status (when there was one), what happened and what to do; its
   ``retryable`` attribute tells the agent's ``RetryPolicy`` whether sending the
   request again may help (rate limits, server errors, timeouts, lost connections and
   malformed responses: yes; a rejected key, an unknown model, any other 4xx: no).
-- ``model_from_string("openai:gpt-4.1-mini")``: the model string form of the command
-  line and of configuration files: ``PROVIDER:MODEL``, split at the first colon (so
-  ``openai:llama3.2:3b`` is the Ollama model ``llama3.2:3b``).
 - ``estimate_request_tokens``: the cheap input-token estimate of the budget pre-check,
   with each provider's own constants.
-- ``ProviderModel``: the base of ``OpenAIModel`` and ``AnthropicModel`` (configuration,
-  the SDK client's life, error translation).
+- ``ProviderModel``: the base of ``OpenAIModel`` (``_openai.py``) and
+  ``AnthropicModel`` (``_anthropic.py``): configuration, the SDK client's life, error
+  translation. Neither provider imports the other; the ``model_from_string``
+  registry that names them both lives in the package's ``__init__``.
 
 Both providers send requests through their official SDK, with the SDK's own retries
 off: the agent's ``RetryPolicy`` is the one that retries. The SDKs are optional
@@ -27,29 +26,21 @@ import math
 import os
 from collections.abc import Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import anyio
 import msgspec
 
 from runtime import FractorError
 
-from ._messages import AssistantMessage, ModelRequest, ModelResponse
-
-if TYPE_CHECKING:
-    from ._models import Model
+from .._messages import AssistantMessage, ModelRequest, ModelResponse
 
 __all__ = [
-    "PROVIDERS",
     "ProviderError",
     "ProviderModel",
     "estimate_output_tokens",
     "estimate_request_tokens",
-    "model_from_string",
 ]
-
-#: The providers a model string may name.
-PROVIDERS = ("anthropic", "openai")
 
 #: The placeholder key sent to a server given by ``base_url`` when no key is known:
 #: local servers (vLLM, Ollama, llama.cpp, LM Studio) ignore it, the SDKs want one.
@@ -511,58 +502,6 @@ async def read_raw(raw: Any) -> tuple[int, bytes]:
     body: bytes = await http_response.aread()
     status: int = http_response.status_code
     return status, body
-
-
-# -- model strings --------------------------------------------------------------------
-
-
-def model_from_string(
-    spec: str,
-    *,
-    base_url: str | None = None,
-    api_key: str | None = None,
-    timeout: float = 60.0,
-    **options: Any,
-) -> Model:
-    """The model a ``PROVIDER:MODEL`` string names.
-
-    ``"openai:gpt-4.1-mini"`` builds ``OpenAIModel("gpt-4.1-mini")`` (also for any
-    OpenAI-compatible server, with ``base_url``), ``"anthropic:claude-sonnet-4-5"``
-    builds ``AnthropicModel("claude-sonnet-4-5")``. The string is split at the first
-    colon; the provider is case-insensitive. ``options`` are request options sent
-    with every request (``temperature=0.2``, ...). Raises ``ValueError`` for a string
-    without a provider or a model, or with an unknown provider.
-    """
-    if not isinstance(spec, str):
-        raise TypeError(f"a model string is a str like 'openai:gpt-4.1-mini', got {spec!r}")
-    provider, colon, name = spec.strip().partition(":")
-    provider = provider.strip().lower()
-    name = name.strip()
-    known = " or ".join(f"'{p}:MODEL'" for p in PROVIDERS)
-    if not colon or not provider:
-        raise ValueError(
-            f"model string {spec!r} names no provider: write it as {known}, "
-            "for example 'openai:gpt-4.1-mini' or 'anthropic:claude-sonnet-4-5'"
-        )
-    if provider not in PROVIDERS:
-        raise ValueError(
-            f"unknown provider {provider!r} in model string {spec!r}: known providers are "
-            f"{', '.join(PROVIDERS)} (any OpenAI-compatible server: 'openai:MODEL' with a "
-            "base URL)"
-        )
-    if not name:
-        raise ValueError(f"model string {spec!r} names no model: write it as {known}")
-    if provider == "openai":
-        from ._openai import OpenAIModel
-
-        return OpenAIModel(
-            name, base_url=base_url, api_key=api_key, timeout=timeout, options=options
-        )
-    from ._anthropic import AnthropicModel
-
-    return AnthropicModel(
-        name, base_url=base_url, api_key=api_key, timeout=timeout, options=options
-    )
 
 
 # -- token estimates ------------------------------------------------------------------

@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
-from ._messages import (
+from .._messages import (
     AssistantMessage,
     FinishReason,
     Message,
@@ -52,7 +52,7 @@ from ._messages import (
     Usage,
     UserMessage,
 )
-from ._provider import (
+from ._base import (
     ProviderModel,
     estimate_output_tokens,
     estimate_request_tokens,

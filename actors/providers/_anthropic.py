@@ -44,7 +44,7 @@ from typing import Any, ClassVar, cast
 
 import msgspec
 
-from ._messages import (
+from .._messages import (
     AssistantMessage,
     FinishReason,
     ModelRequest,
@@ -56,7 +56,7 @@ from ._messages import (
     Usage,
     UserMessage,
 )
-from ._provider import (
+from ._base import (
     ProviderError,
     ProviderModel,
     estimate_request_tokens,
