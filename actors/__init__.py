@@ -13,7 +13,6 @@ from ._agent import GetConversation as GetConversation
 from ._agent import GetTrace as GetTrace
 from ._agent import Task as Task
 from ._execution import StopCondition as StopCondition
-from ._live import watch as watch
 from ._messages import AssistantMessage as AssistantMessage
 from ._messages import Conversation as Conversation
 from ._messages import ExecutionTrace as ExecutionTrace
@@ -31,6 +30,7 @@ from ._messages import ToolResultMessage as ToolResultMessage
 from ._messages import ToolSpec as ToolSpec
 from ._messages import Usage as Usage
 from ._messages import UserMessage as UserMessage
+from ._models import CycleModel as CycleModel
 from ._models import FunctionModel as FunctionModel
 from ._models import Model as Model
 from ._models import ScriptedModel as ScriptedModel
@@ -53,6 +53,7 @@ from ._traces import collect_trace_tree as collect_trace_tree
 from ._traces import export_traces as export_traces
 from ._traces import load_traces as load_traces
 from ._traces import render_trace_tree as render_trace_tree
+from .cli._live import watch as watch
 from .providers import AnthropicModel as AnthropicModel
 from .providers import OpenAIModel as OpenAIModel
 from .providers import ProviderError as ProviderError
@@ -66,6 +67,7 @@ __all__ = [
     "AnthropicModel",
     "AssistantMessage",
     "Conversation",
+    "CycleModel",
     "ExecutionTrace",
     "FinishReason",
     "FunctionModel",

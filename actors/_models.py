@@ -1,15 +1,17 @@
-"""Models: the protocol a provider implements, and two fakes that script it.
+"""Models: the protocol a provider implements, and the fakes that script it.
 
 A ``Model`` takes one ``ModelRequest`` (the inference context, the tools offered and
 the output cap) and answers one ``ModelResponse`` (text, tool calls, usage, finish
 reason). Real providers plug in behind the protocol; the tests, demos and benchmarks
-use the two fakes shipped here (as httpx ships ``MockTransport`` next to its transports):
+use the fakes shipped here (as httpx ships ``MockTransport`` next to its transports):
 
 - ``ScriptedModel``: a fixed list of turns, served in order.
 - ``FunctionModel``: a function of the request, for concurrent and nested scripts.
+- ``CycleModel``: a lean script for measurements (the benchmarks, ``fractor bench
+  --tool``): each execution gets the same turns, and it records nothing.
 
 Turns are built with ``reply`` (a final answer), ``call`` (one tool call), ``calls``
-(several tool calls in one step) and ``fail`` (the model raises an error). Both fakes
+(several tool calls in one step) and ``fail`` (the model raises an error). The first two
 fill in what a provider would report: call ids, usage (estimated with
 ``estimate_tokens``) and the ``finish_reason="length"`` truncation that
 ``max_tokens`` causes.
@@ -428,8 +430,8 @@ class CycleModel:
     The step is read from the last tool call id (``call_<step>_<i>``): O(1), no state,
     so concurrent executions of one definition never mix their scripts. It records no
     request and its token estimate is constant, so what is measured is the runtime
-    (and the tool under test), not the fake. Not part of the public API: the
-    benchmarks and ``fractor bench --tool`` use it.
+    (and the tool under test), not the fake. The benchmarks and ``fractor bench
+    --tool`` use it.
     """
 
     def __init__(self, turns: Sequence[ModelResponse], *, name: str = "cycle") -> None:

@@ -1,4 +1,8 @@
-"""Run every benchmark: ``python -m benchmarks [--backend trio] [--quick]``."""
+"""Run every benchmark: ``python -m benchmarks [--backend trio] [--quick] [--only PREFIX]``.
+
+``fractor bench`` runs this module in a subprocess: the suite imports ``actors`` and
+``runtime`` to measure them, never the other way round.
+"""
 
 from __future__ import annotations
 
@@ -43,8 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
     parser.add_argument("--only", help="run the workloads whose name starts with this")
+    parser.add_argument(
+        "--json", metavar="PATH", type=pathlib.Path, default=RESULTS, help="where to write results"
+    )
+    # The name a bad option is reported under: `fractor bench` runs the suite through here.
+    parser.add_argument("--prog", default=parser.prog, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    return run_suite(backend=args.backend, quick=args.quick, only=args.only)
+    names = [name for name, _ in WORKLOADS]
+    if args.only is not None and not any(
+        name.lower().startswith(args.only.lower()) for name in names
+    ):
+        message = f"--only {args.only!r} matches no workload; the workloads: {', '.join(names)}"
+        print(f"{args.prog}: {message}", file=sys.stderr)
+        return 2
+    return run_suite(backend=args.backend, quick=args.quick, only=args.only, path=args.json)
 
 
 def run_suite(
@@ -52,7 +68,7 @@ def run_suite(
 ) -> int:
     """Run the suite, print the table, write ``path``; 0 when every target holds, else 1.
 
-    Shared by ``python -m benchmarks`` and ``fractor bench``.
+    ``fractor bench`` reaches it through ``main`` (with ``--json``), in a subprocess.
     """
     rows = anyio.run(suite, quick, only, backend=backend)
     print_rows(rows)

@@ -15,6 +15,7 @@ import msgspec
 
 from actors import (
     AssistantMessage,
+    CycleModel,
     Message,
     ModelResponse,
     ToolCall,
@@ -22,7 +23,6 @@ from actors import (
     Usage,
     UserMessage,
 )
-from actors._models import CycleModel
 
 __all__ = ["CycleModel", "fanout_turns", "raw_execution", "step_turns"]
 

@@ -14,11 +14,9 @@ A new wire format is one more module beside these two, one more entry in
 ``PROVIDERS`` and one more branch of ``model_from_string``.
 """
 
-from __future__ import annotations
+import typing
 
-from typing import Any
-
-from .._models import Model
+from .. import _models
 from ._anthropic import AnthropicModel as AnthropicModel
 from ._base import ProviderError as ProviderError
 from ._base import ProviderModel as ProviderModel
@@ -43,8 +41,8 @@ def model_from_string(
     base_url: str | None = None,
     api_key: str | None = None,
     timeout: float = 60.0,
-    **options: Any,
-) -> Model:
+    **options: typing.Any,
+) -> _models.Model:
     """The model a ``PROVIDER:MODEL`` string names.
 
     ``"openai:gpt-4.1-mini"`` builds ``OpenAIModel("gpt-4.1-mini")`` (also for any

@@ -31,8 +31,8 @@ from actors import (
     reply,
     tool,
 )
-from actors._cli import main
 from actors._traces import trace_record
+from actors.cli import main
 from runtime import Budget, MemoryStore, Runtime, SQLiteStore, Store
 
 LONG = "a very long search query " * 8

@@ -35,11 +35,11 @@ import msgspec
 
 from runtime import Runtime
 
-from ._agent import Agent
-from ._messages import ModelResponse, ToolCall, Usage
-from ._models import CycleModel
-from ._schema import describe, introspect
-from ._tools import Tool, ToolDefinitionError, tool
+from .._agent import Agent
+from .._messages import ModelResponse, ToolCall, Usage
+from .._models import CycleModel
+from .._schema import describe, introspect
+from .._tools import Tool, ToolDefinitionError, tool
 
 __all__ = ["BenchInputError", "Gauge", "ToolReport", "load_target", "measure", "prepare"]
 

@@ -10,12 +10,13 @@ not fit in its next request, so it answers ``budget_exceeded`` while the others
 complete. The lead then reads the tool results in its request and writes one final
 answer that says which topic is missing and why.
 
-Every model is a ``FunctionModel`` script: a function of the request that picks its
-next turn from what the execution buffer holds so far. The scripts report the usage
-a real model would: each request carries a system prompt and tool schemas
-(``PROMPT_TOKENS``) besides its messages, and the same count is the model's token
-estimate, so the supervisor's pre-check sees what will be charged. Prices are
-illustrative, so that costs show.
+Its tools and their fake web pages live in ``_world.py``. Every model is a
+``FunctionModel`` script: a function of the request that picks its next turn from
+what the execution buffer holds so far. The scripts report the usage a real model
+would: each request carries a system prompt and tool schemas (``PROMPT_TOKENS``)
+besides its messages, and the same count is the model's token estimate, so the
+supervisor's pre-check sees what will be charged. Prices are illustrative, so that
+costs show.
 """
 
 from __future__ import annotations
@@ -32,10 +33,8 @@ from rich.console import Console
 
 from runtime import Budget, Price, Runtime, SQLiteStore, Store, TreeSnapshot, Usage
 
-from ._agent import Agent
-from ._demo_world import Clock, Topic, make_tools, pick_topics, url
-from ._live import watch
-from ._messages import (
+from .._agent import Agent
+from .._messages import (
     AssistantMessage,
     ModelRequest,
     ModelResponse,
@@ -43,9 +42,11 @@ from ._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from ._models import FunctionModel, call, calls, estimate_tokens, reply
-from ._tools import Tool
-from ._traces import collect_trace_tree
+from .._models import FunctionModel, call, calls, estimate_tokens, reply
+from .._tools import Tool
+from .._traces import collect_trace_tree
+from ._live import watch
+from ._world import Clock, Topic, make_tools, pick_topics, url
 
 __all__ = [
     "DEFAULT_BUDGET_TOKENS",

@@ -6,14 +6,16 @@
     fractor bench --tool mypackage.tools:search --args '{"query": "actors"}' \\
         --fanout 20 --concurrency 8 --calls 500
 
-The first form runs the suite of ``benchmarks`` (the same function as ``python -m
-benchmarks``), prints the table and writes it as JSON (default ``fractor-bench.json``
-in the current directory); exit status 0 when every target holds, 1 otherwise.
+The first form runs the suite of ``benchmarks``: ``python -m benchmarks`` in a
+subprocess (the suite measures the product, so the product never imports it), its
+output streamed as it comes. It prints the table and writes it as JSON (default
+``fractor-bench.json`` in the current directory); exit status 0 when every target
+holds, 1 otherwise.
 
 The second form imports ``FUNCTION`` from ``MODULE`` (a plain function, async or sync,
 or a ``@tool``; the current directory is searched) and measures it under an agent:
 ``--fanout`` calls per step, at most ``--concurrency`` at once, until ``--calls`` calls
-ran (see ``actors._tool_bench``). It reports throughput, latency percentiles, errors
+ran (see ``_tool_bench.py``). It reports throughput, latency percentiles, errors
 and the peak concurrency reached, with a progress bar on a terminal (plain lines
 otherwise, on stderr); ``--json PATH`` also writes the report. Exit status 0 when
 every call succeeded, 1 when some failed.
@@ -26,13 +28,17 @@ runs.
 from __future__ import annotations
 
 import argparse
+import codecs
 import functools
 import importlib.util
 import json
+import os
 import pathlib
+import subprocess
 import sys
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any, TextIO
 
 import anyio
 import msgspec
@@ -50,6 +56,8 @@ DEFAULT_FANOUT = 10
 DEFAULT_CALLS = 200
 _SUITE_ONLY = ("quick", "only")
 _TOOL_ONLY = ("args", "fanout", "concurrency", "calls")
+#: The suite's package, run as ``python -m benchmarks``: never imported from here.
+_SUITE = "benchmarks"
 #: Worker threads anyio's default limiter lets sync tools use at once.
 _THREADS = 40
 
@@ -129,19 +137,42 @@ def _suite(args: argparse.Namespace) -> int:
     stray = [f"--{name}" for name in _TOOL_ONLY if getattr(args, name) is not None]
     if stray:
         return _fail(f"{', '.join(stray)} only apply with --tool MODULE:FUNCTION")
-    try:
-        from benchmarks.__main__ import WORKLOADS, run_suite
-    except ImportError as exc:
-        return _fail(f"the benchmark suite is not installed with this fractor ({exc})")
-    names = [name for name, _ in WORKLOADS]
-    if args.only is not None and not any(
-        name.lower().startswith(args.only.lower()) for name in names
-    ):
-        return _fail(f"--only {args.only!r} matches no workload; the workloads: {', '.join(names)}")
+    if importlib.util.find_spec(_SUITE) is None:
+        return _fail(f"the benchmark suite is not installed with this fractor (no {_SUITE!r})")
     path = _json_path(args.json or DEFAULT_JSON)
     if isinstance(path, int):
         return path
-    return run_suite(backend=args.backend, quick=args.quick, only=args.only, path=path)
+    # The suite checks --only itself (it knows its workloads) and reports a bad one
+    # under our name, with exit status 2.
+    command = [sys.executable, "-m", _SUITE, "--prog", "fractor bench"]
+    command += ["--backend", args.backend, "--json", str(path)]
+    if args.quick:
+        command.append("--quick")
+    if args.only is not None:
+        command += ["--only", args.only]
+    return _relay(command)
+
+
+def _relay(command: list[str]) -> int:
+    """Run ``command``, its output and errors copied to ours as they come; its exit status."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        assert child.stdout is not None
+        assert child.stderr is not None
+        errors = threading.Thread(target=_copy, args=(child.stderr, sys.stderr), daemon=True)
+        errors.start()
+        _copy(child.stdout, sys.stdout)
+        errors.join()
+        return child.wait()
+
+
+def _copy(source: IO[bytes], target: TextIO) -> None:
+    """Copy ``source`` to ``target`` until it ends, each chunk as soon as it is read
+    (the suite's progress lines end in mid-line while a workload runs)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    while chunk := os.read(source.fileno(), 65536):
+        target.write(decoder.decode(chunk))
+        target.flush()
+    target.write(decoder.decode(b"", final=True))
 
 
 # -- your tool ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tools for ``test_cli_bench``: ``fractor bench --tool tests.actors.bench_tools:NAME``."""
+"""Tools for ``test_bench``: ``fractor bench --tool tests.actors.cli.bench_tools:NAME``."""
 
 from __future__ import annotations
 

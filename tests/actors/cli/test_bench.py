@@ -16,13 +16,13 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from actors import _cli_bench, _tool_bench
-from actors._cli_bench import add_bench_parser, bench_command
-from actors._tool_bench import percentile, plan
+from actors.cli import _bench, _tool_bench
+from actors.cli._bench import add_bench_parser, bench_command
+from actors.cli._tool_bench import percentile, plan
 
 from . import bench_tools
 
-TOOLS = "tests.actors.bench_tools"
+TOOLS = "tests.actors.cli.bench_tools"
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -143,7 +143,7 @@ async def test_an_existing_tool_keeps_its_name(anyio_backend: str, tmp_path: pat
     [
         (["--tool", "no_colon"], "--tool expects MODULE:FUNCTION"),
         (["--tool", f"{TOOLS}:"], "--tool expects MODULE:FUNCTION"),
-        (["--tool", "tests.actors.no_such_module:f"], "cannot import module"),
+        (["--tool", "tests.actors.cli.no_such_module:f"], "cannot import module"),
         (["--tool", f"{TOOLS}:missing"], "has no attribute 'missing'; its functions: echo_tool"),
         (["--tool", f"{TOOLS}:NOT_CALLABLE"], "is not callable: it is 3 (int)"),
         (["--tool", "pathlib:Path"], "it is a class"),
@@ -173,7 +173,7 @@ def test_bad_input_exits_2_before_anything_runs(
 def test_trio_must_be_installed_to_run_on_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(_cli_bench, "_trio_installed", lambda: False)
+    monkeypatch.setattr(_bench, "_trio_installed", lambda: False)
     assert bench_command(parse("--backend", "trio", "--only", "W4")) == 2
     assert "needs the trio package" in capsys.readouterr().err
 

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 import anyio
 
-from ._cli_bench import add_bench_parser, bench_command
-from ._cli_demo import add_demo_parser, demo_command
-from ._cli_run import add_run_parser, run_command
-from ._cli_trace import add_trace_parser, trace_command
+from ._bench import add_bench_parser, bench_command
+from ._demo import add_demo_parser, demo_command
+from ._run import add_run_parser, run_command
+from ._trace import add_trace_parser, trace_command
 
 __all__ = ["main"]
 
@@ -50,7 +50,3 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "bench":
         return bench_command(args)  # starts its own event loop
     return 2  # pragma: no cover - argparse rejects unknown commands
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

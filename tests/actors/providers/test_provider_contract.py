@@ -21,8 +21,8 @@ import pytest
 from actors import Agent, ModelRequest, ProviderError, RetryPolicy, UserMessage
 from runtime import Budget, Runtime
 
-from .loopback import LoopbackServer, json_reply, text_reply
-from .tools import ask_once
+from ..loopback import LoopbackServer, json_reply, text_reply
+from ..tools import ask_once
 from .wires import ANTHROPIC, ANTHROPIC_TRIO_UNSUPPORTED, OPENAI, Wire
 
 REQUEST = ModelRequest(messages=(UserMessage(content="x"),))

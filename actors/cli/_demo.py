@@ -1,4 +1,4 @@
-"""``fractor demo``: the scripted research team of ``actors._demo``, watched live.
+"""``fractor demo``: the scripted research team of ``_scenario.py``, watched live.
 
 ::
 
@@ -27,9 +27,9 @@ from rich.text import Text
 
 from runtime import StoreError
 
-from ._cli_trace import DEFAULT_DB, default_db
-from ._demo import DEFAULT_BUDGET_TOKENS, QUESTION, DemoOptions, DemoRun, describe, run_demo
 from ._live import PipeConsole
+from ._scenario import DEFAULT_BUDGET_TOKENS, QUESTION, DemoOptions, DemoRun, describe, run_demo
+from ._trace import DEFAULT_DB, default_db
 from ._usage import print_usage
 
 __all__ = ["add_demo_parser", "demo_command", "print_report"]

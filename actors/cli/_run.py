@@ -8,7 +8,7 @@
 
 ``show`` prints the head (the agent, its model and budget, the task) and the end
 (status, stop reason, final text, usage). In between, the run is watched with the
-live view of ``actors._live``: a live tree on a terminal; elsewhere one plain line
+live view of ``_live.py``: a live tree on a terminal; elsewhere one plain line
 per execution start and end, retry and model step (its tool calls, tokens and time).
 Exit status: 0 when the task completed, 1 when it ended otherwise (failed, budget,
 time), 2 for bad options.
@@ -25,11 +25,11 @@ from typing import Any, TextIO
 
 from runtime import Budget, Runtime
 
-from ._agent import Agent
+from .._agent import Agent
+from .._messages import Result
+from .._policy import RetryPolicy
+from ..providers import ProviderError, model_from_string
 from ._live import watch
-from ._messages import Result
-from ._policy import RetryPolicy
-from .providers import ProviderError, model_from_string
 
 __all__ = ["Event", "add_run_parser", "run_command", "show"]
 

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from actors import Agent, ScriptedModel, call, calls, reply, tool, watch
-from actors._live import (
+from actors.cli._live import (
     LiveView,
     PipeConsole,
     ProgressLines,
@@ -19,7 +19,7 @@ from actors._live import (
     render_tree,
     tree_order,
 )
-from actors._usage import print_usage, usage_lines, usage_table
+from actors.cli._usage import print_usage, usage_lines, usage_table
 from runtime import Budget, Event, NodeSnapshot, Runtime, TreeSnapshot, Usage
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

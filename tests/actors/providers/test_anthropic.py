@@ -24,12 +24,11 @@ from actors import (
     ToolSpec,
     UserMessage,
 )
-from actors._cli import main
 from actors.providers._anthropic import check_event_loop
 from runtime import Budget, Runtime
 
-from .loopback import LoopbackServer, json_reply
-from .tools import add, get_weather
+from ..loopback import LoopbackServer, json_reply
+from ..tools import add, get_weather
 from .wires import ANTHROPIC_KEY as KEY
 from .wires import ANTHROPIC_TRIO_UNSUPPORTED as TRIO_UNSUPPORTED
 from .wires import anthropic_model as model_for
@@ -360,22 +359,3 @@ def test_estimate_tokens_counts_the_tool_use_prompt() -> None:
     with_tool = ModelRequest(messages=one.messages, tools=(spec,))
     assert model.estimate_tokens(one) == 100 + 4
     assert model.estimate_tokens(with_tool) >= model.estimate_tokens(one) + 350
-
-
-def test_fractor_run_with_anthropic(
-    server: LoopbackServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
-    server.queue(json_reply(message(text("Forty-two."), input_tokens=20, output_tokens=4)))
-    backend = "asyncio" if TRIO_UNSUPPORTED else "trio"
-    args = ["--model", "anthropic:claude-test", "--base-url", server.url, "--backend", backend]
-    code = main(["run", *args, "--budget-requests", "3", "What is the answer?"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert "Forty-two." in out
-    assert "usage: 20 input tokens (0 cached), 4 output tokens, 1 request(s)" in out
-    (received,) = server.requests
-    assert sent_key(received) == KEY
-    assert received.json()["messages"] == [
-        {"role": "user", "content": [text("What is the answer?")]}
-    ]

@@ -11,7 +11,7 @@ from typing import Any
 
 from actors import AnthropicModel, OpenAIModel
 
-from .loopback import LoopbackServer, Received
+from ..loopback import LoopbackServer, Received
 
 # -- OpenAI chat completions -------------------------------------------------------------
 

@@ -1,0 +1,143 @@
+"""``fractor run``: one task on a real model, against a real HTTP server on 127.0.0.1.
+
+The server speaks each provider's wire format (``providers/wires.py``); every test
+asserts on what it received and on what the command printed. No network, no real key.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.cli import _parser, main
+from actors.cli._run import run_command
+
+from ..loopback import LoopbackServer, json_reply
+from ..providers.wires import (
+    ANTHROPIC_KEY,
+    ANTHROPIC_TRIO_UNSUPPORTED,
+    completion,
+    message,
+    sent_anthropic_key,
+    text,
+    wire_call,
+)
+from ..providers.wires import openai_error as error_body
+
+# -- OpenAI and compatible servers ------------------------------------------------------
+
+
+def test_fractor_run_against_the_loopback_server(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.queue(json_reply(completion("The answer is 42.", prompt=21, output=6)))
+    code = main(
+        [
+            "run",
+            "--model",
+            "openai:test",
+            "--base-url",
+            f"{server.url}/v1",
+            "--budget-tokens",
+            "5000",
+            "--max-tokens",
+            "300",
+            "--instructions",
+            "Be brief.",
+            "What is the answer?",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "agent 'assistant' started on openai:test" in out
+    assert "step 1: answered [" in out
+    assert "status: completed (final answer)" in out
+    assert "The answer is 42." in out
+    assert "usage: 21 input tokens (0 cached), 6 output tokens, 1 request(s)" in out
+    body = server.requests[0].json()
+    assert body["model"] == "test"
+    assert body["max_tokens"] == 300
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the answer?"},
+    ]
+
+
+async def test_run_command_on_both_backends(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_KEY", "sk-from-my-var")
+    server.queue(
+        json_reply(completion(None, (wire_call("c1", "add", '{"a": 1}'),))),
+        json_reply(completion("Done.")),
+    )
+    url = f"{server.url}/v1"
+    args = _parser().parse_args(
+        ["run", "--model", "openai:test", "--base-url", url, "--api-key-env", "MY_KEY", "task"]
+    )
+    assert await run_command(args) == 0
+    out = capsys.readouterr().out
+    assert 'step 1: 1 tool call(s): add({"a": 1})' in out
+    assert "step 2: answered [" in out
+    assert out.rstrip().endswith("2 request(s), 1 tool call(s)")
+    assert server.requests[0].headers["authorization"] == "Bearer sk-from-my-var"
+
+
+def test_fractor_run_reports_failures_and_bad_options(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.queue(json_reply(error_body("bad key", "invalid_api_key"), status=401))
+    url = f"{server.url}/v1"
+    assert main(["run", "--model", "openai:test", "--base-url", url, "go"]) == 1
+    out = capsys.readouterr().out
+    assert "model request failed: ProviderError: openai model 'test', HTTP 401" in out
+    assert "status: failed" in out
+    assert "check the key" in out
+    assert main(["run", "--model", "gpt-4", "go"]) == 2
+    assert "names no provider" in capsys.readouterr().err
+    assert main(["run", "--model", "openai:m", "--api-key-env", "NOT_SET_ANYWHERE", "go"]) == 2
+    assert "NOT_SET_ANYWHERE" in capsys.readouterr().err
+    assert main(["run", "--model", "openai:gpt-4.1-mini", "go"]) == 2
+    assert "OPENAI_API_KEY" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "--model", "openai:m", "--budget-tokens", "0", "go"])
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--budget-tokens", "0", "expected a whole number >= 1, got 0"),
+        ("--retries", "-1", "expected a whole number >= 0, got -1"),
+        ("--max-tokens", "ten", "expected a whole number, got 'ten'"),
+    ],
+)
+def test_run_rejects_bad_numbers_saying_what_was_expected(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--model", "openai:m", option, value, "go"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: {message}" in err
+
+
+# -- Anthropic -----------------------------------------------------------------------------
+
+
+def test_fractor_run_with_anthropic(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", ANTHROPIC_KEY)
+    server.queue(json_reply(message(text("Forty-two."), input_tokens=20, output_tokens=4)))
+    backend = "asyncio" if ANTHROPIC_TRIO_UNSUPPORTED else "trio"
+    args = ["--model", "anthropic:claude-test", "--base-url", server.url, "--backend", backend]
+    code = main(["run", *args, "--budget-requests", "3", "What is the answer?"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "Forty-two." in out
+    assert "usage: 20 input tokens (0 cached), 4 output tokens, 1 request(s)" in out
+    (received,) = server.requests
+    assert sent_anthropic_key(received) == ANTHROPIC_KEY
+    assert received.json()["messages"] == [
+        {"role": "user", "content": [text("What is the answer?")]}
+    ]
