@@ -1,38 +1,50 @@
-"""The ``fractor`` command line."""
+"""The ``fractor`` command line: the edge of ``actors``, above the core and the providers.
 
-from __future__ import annotations
+``main`` is the console entry (``fractor = "actors.cli:main"``); each command is a
+module of its own:
+
+- ``_run.py``: ``fractor run``, one task on a real model (``actors.providers``).
+- ``_demo.py``: ``fractor demo``, the scripted research team of ``_scenario.py`` in
+  the scripted world of ``_world.py``, with the usage table of ``_usage.py``.
+- ``_trace.py``: ``fractor trace``, a stored or exported execution as a tree.
+- ``_bench.py``: ``fractor bench``, the benchmark suite (``python -m benchmarks``, in
+  a subprocess: the product never imports ``benchmarks``) or one of your tools under
+  the runtime (``_tool_bench.py``).
+
+``_live.py`` is the live view the commands share; ``actors`` re-exports its ``watch``.
+Nothing below this package (the core, the providers, the kernel) imports it.
+"""
 
 import argparse
+import collections.abc
 import os
 import sys
-from collections.abc import Sequence
 
 import anyio
-
-from ._bench import add_bench_parser, bench_command
-from ._demo import add_demo_parser, demo_command
-from ._run import add_run_parser, run_command
-from ._trace import add_trace_parser, trace_command
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    # The commands are imported when the command line runs, not with the package:
+    # ``import actors`` (which re-exports ``watch`` from ``_live.py``) loads none of them.
+    from . import _bench, _demo, _run, _trace
+
     parser = argparse.ArgumentParser(
         prog="fractor", description="An actor runtime for nested LLM agents."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_demo_parser(commands)
-    add_trace_parser(commands)
-    add_run_parser(commands)
-    add_bench_parser(commands)
+    _demo.add_demo_parser(commands)
+    _trace.add_trace_parser(commands)
+    _run.add_run_parser(commands)
+    _bench.add_bench_parser(commands)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: collections.abc.Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _run(args)
+        return _dispatch(args)
     except BrokenPipeError:
         # The reader went away (`fractor demo | head`): stop quietly, as a pipe expects,
         # and let nothing write to the closed stdout again at exit.
@@ -40,13 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _run(args: argparse.Namespace) -> int:
+def _dispatch(args: argparse.Namespace) -> int:
+    from . import _bench, _demo, _run, _trace
+
     if args.command == "demo":
-        return anyio.run(demo_command, args, backend=args.backend)
+        return anyio.run(_demo.demo_command, args, backend=args.backend)
     if args.command == "trace":
-        return anyio.run(trace_command, args)
+        return anyio.run(_trace.trace_command, args)
     if args.command == "run":
-        return anyio.run(run_command, args, backend=args.backend)
+        return anyio.run(_run.run_command, args, backend=args.backend)
     if args.command == "bench":
-        return bench_command(args)  # starts its own event loop
+        return _bench.bench_command(args)  # starts its own event loop
     return 2  # pragma: no cover - argparse rejects unknown commands

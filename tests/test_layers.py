@@ -1,0 +1,365 @@
+"""Dependencies run one way: the imports of every module, read with ``ast``.
+
+Every ``.py`` module under ``runtime/``, ``actors/`` and ``benchmarks/`` is parsed
+(nothing is imported); each of its imports of these packages is resolved, absolute or
+relative, at module level or inside a function. The check fails, naming the modules
+and the line, on:
+
+1. **A circle**: modules that import each other, directly or through others. Imports
+   under ``if TYPE_CHECKING:`` never run, so they form no circle and are left out of
+   this check only: the two rules below apply to them too.
+2. **An upward import.** The layers, lowest first::
+
+       runtime  <  actors (the core)  <  actors.providers  <  actors.integrations
+                <  actors.cli  <  benchmarks
+
+   A module imports its own layer and the layers below it, never one above: the
+   kernel knows nothing of agents, the core nothing of providers, nothing of the
+   product imports the benchmarks. The command line may use an integration, an
+   integration never the command line. A package's ``__init__`` (its public
+   surface) may re-export from anywhere inside its own package: ``actors``
+   re-exports ``watch`` from ``actors.cli._live``.
+3. **A private cross-package import.** A private module (one whose name, below the
+   top package, starts with ``_``) is imported only from inside the package that
+   holds it (its ``__init__``, its siblings and their subpackages) or by the
+   ``__init__`` of a package enclosing it, re-exporting; anything else goes through
+   the package's public surface. So ``actors.cli._run`` may import
+   ``actors._agent``, but ``actors`` may not import ``runtime._waiter`` (it imports
+   ``runtime.lowlevel``), nor ``benchmarks`` ``actors._models``, nor
+   ``actors.cli`` ``actors.providers._openai``.
+
+The tests themselves are not walked: they may reach into private modules. The
+checker is first run on small synthetic module graphs, each breaking one rule, so
+that the repository passing it means something.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import pathlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parent.parent
+PACKAGES = ("runtime", "actors", "benchmarks")
+#: The layers, lowest first; a module's layer is the longest entry its name starts with.
+LAYERS = (
+    "runtime",
+    "actors",
+    "actors.providers",
+    "actors.integrations",
+    "actors.cli",
+    "benchmarks",
+)
+
+
+@dataclass(frozen=True)
+class Module:
+    source: str
+    is_package: bool  # an ``__init__.py``
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    target: str
+    line: int
+    type_only: bool  # under ``if TYPE_CHECKING:``
+
+    def __str__(self) -> str:
+        return f"{self.importer} imports {self.target} (line {self.line})"
+
+
+# -- the checker ----------------------------------------------------------------------
+
+
+def check(modules: Mapping[str, Module]) -> list[str]:
+    """Every problem of ``modules`` (by dotted name), one sentence each."""
+    imports = [found for name in sorted(modules) for found in imports_of(name, modules)]
+    return [*circles(imports), *upward(imports, modules), *private(imports, modules)]
+
+
+def imports_of(name: str, modules: Mapping[str, Module]) -> Iterator[Import]:
+    """The imports by ``name`` of the packages of ``modules``, resolved to module names."""
+    module = modules[name]
+    package = name if module.is_package else name.rpartition(".")[0]
+    tops = {known.partition(".")[0] for known in modules}
+    visitor = _Visitor()
+    visitor.visit(ast.parse(module.source))
+    for target, level, names, line, type_only in visitor.found:
+        if level:  # relative: ``from ..x import y``
+            base = ".".join(package.split(".")[: len(package.split(".")) - (level - 1)])
+            target = f"{base}.{target}" if target else base
+        if target.partition(".")[0] not in tops:
+            continue  # the standard library or a third party
+        # ``from package import name``: the submodule ``name`` if there is one.
+        targets = [f"{target}.{n}" if f"{target}.{n}" in modules else target for n in names]
+        for resolved in dict.fromkeys(targets or [target]):
+            if resolved != name:
+                yield Import(name, resolved, line, type_only)
+
+
+class _Visitor(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.found: list[tuple[str, int, list[str], int, bool]] = []
+        self.type_only = False
+
+    def visit_If(self, node: ast.If) -> None:
+        test = node.test
+        guarded = (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        )
+        if not guarded:
+            self.generic_visit(node)
+            return
+        outer, self.type_only = self.type_only, True
+        for statement in node.body:
+            self.visit(statement)
+        self.type_only = outer
+        for statement in node.orelse:
+            self.visit(statement)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.found.append((alias.name, 0, [], node.lineno, self.type_only))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        names = [alias.name for alias in node.names]
+        self.found.append((node.module or "", node.level, names, node.lineno, self.type_only))
+
+
+def circles(imports: list[Import]) -> Iterator[str]:
+    """Each circle of run-time imports, as one path around it."""
+    edges: dict[str, dict[str, Import]] = {}
+    for found in imports:
+        if not found.type_only:
+            edges.setdefault(found.importer, {}).setdefault(found.target, found)
+    for component in _strongly_connected(edges):
+        start = min(component)
+        path = _path_back(start, component, edges)
+        steps = "; ".join(str(edges[a][b]) for a, b in itertools.pairwise(path))
+        also = sorted(component - set(path))
+        more = f" (the circle also takes in {', '.join(also)})" if also else ""
+        yield f"import circle {' -> '.join(path)}: {steps}{more}"
+
+
+def _strongly_connected(edges: Mapping[str, Mapping[str, Import]]) -> list[set[str]]:
+    """Tarjan's algorithm; only the components of two modules or more."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for successor in edges.get(node, {}):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _path_back(
+    start: str, component: set[str], edges: Mapping[str, Mapping[str, Import]]
+) -> list[str]:
+    """The shortest path from ``start`` round to itself inside ``component``."""
+    paths = {start: [start]}
+    queue = [start]
+    for node in queue:
+        for successor in sorted(edges.get(node, {})):
+            if successor == start:
+                return [*paths[node], start]
+            if successor in component and successor not in paths:
+                paths[successor] = [*paths[node], successor]
+                queue.append(successor)
+    raise AssertionError(f"no way back to {start}")  # pragma: no cover - a component
+
+
+def layer(name: str) -> str:
+    """The layer of a module: the longest of ``LAYERS`` its name is in."""
+    return max((p for p in LAYERS if name == p or name.startswith(f"{p}.")), key=len)
+
+
+def upward(imports: list[Import], modules: Mapping[str, Module]) -> Iterator[str]:
+    for found in imports:
+        importer, target = layer(found.importer), layer(found.target)
+        if LAYERS.index(target) <= LAYERS.index(importer):
+            continue
+        if modules[found.importer].is_package and found.target.startswith(f"{found.importer}."):
+            continue  # a package's surface re-exports from inside the package
+        yield f"upward import: {found}: {importer!r} is below {target!r}"
+
+
+def owner(name: str) -> str | None:
+    """The package a private module belongs to; ``None`` for a public module."""
+    parts = name.split(".")
+    for depth, part in enumerate(parts[1:], 1):
+        if part.startswith("_") and not (part.startswith("__") and part.endswith("__")):
+            return ".".join(parts[:depth])
+    return None
+
+
+def private(imports: list[Import], modules: Mapping[str, Module]) -> Iterator[str]:
+    for found in imports:
+        home = owner(found.target)
+        if home is None or found.importer == home or found.importer.startswith(f"{home}."):
+            continue
+        if modules[found.importer].is_package and home.startswith(f"{found.importer}."):
+            continue  # an enclosing package's surface re-exports it
+        yield (
+            f"private import: {found}: {found.target} is private to {home!r}; import "
+            f"what it needs from a public module of {home!r}"
+        )
+
+
+def repository() -> dict[str, Module]:
+    modules: dict[str, Module] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            is_package = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if is_package else parts)
+            modules[name] = Module(path.read_text(encoding="utf-8"), is_package)
+    return modules
+
+
+# -- the checker on synthetic graphs ----------------------------------------------------
+
+
+def graph(sources: Mapping[str, str]) -> dict[str, Module]:
+    """Modules from their sources; the packages enclosing them are empty unless given
+    (a module whose name another one extends is a package)."""
+    named = {"runtime": "", "actors": "", "benchmarks": "", **sources}
+    for name in list(named):  # every enclosing package exists, empty unless given
+        parts = name.split(".")
+        for depth in range(1, len(parts)):
+            named.setdefault(".".join(parts[:depth]), "")
+    return {
+        name: Module(source, any(other.startswith(f"{name}.") for other in named))
+        for name, source in named.items()
+    }
+
+
+TYPE_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    "
+
+BROKEN = {
+    "a circle": (
+        {"actors._a": "from ._b import B", "actors._b": "from . import _a"},
+        "import circle actors._a -> actors._b -> actors._a",
+    ),
+    "a circle through a function's import": (
+        {
+            "actors._a": "from ._b import B",
+            "actors._b": "from ._c import C",
+            "actors._c": "def f():\n    from actors._a import A",
+        },
+        "import circle actors._a -> actors._b -> actors._c -> actors._a",
+    ),
+    "the kernel importing actors": (
+        {"runtime._x": "import actors"},
+        "upward import: runtime._x imports actors (line 1): 'runtime' is below 'actors'",
+    ),
+    "the core importing the command line": (
+        {"actors.cli": "", "actors._agent": "from .cli import main"},
+        "upward import: actors._agent imports actors.cli",
+    ),
+    "the core importing a provider, for types only": (
+        {"actors.providers": "", "actors._agent": TYPE_ONLY + "from .providers import Model"},
+        "upward import: actors._agent imports actors.providers (line 3)",
+    ),
+    "an integration importing the command line": (
+        {"actors.cli": "", "actors.integrations.mcp": "from ..cli import main"},
+        "upward import: actors.integrations.mcp imports actors.cli",
+    ),
+    "the product importing the benchmarks": (
+        {"actors.cli._bench": "def suite():\n    import benchmarks"},
+        "upward import: actors.cli._bench imports benchmarks",
+    ),
+    "the core importing the kernel's private module": (
+        {"runtime._waiter": "", "actors._execution": "from runtime._waiter import park"},
+        "private import: actors._execution imports runtime._waiter (line 1): "
+        "runtime._waiter is private to 'runtime'",
+    ),
+    "the benchmarks importing a private module of actors": (
+        {"actors._models": "", "benchmarks._common": "from actors._models import CycleModel"},
+        "private import: benchmarks._common imports actors._models",
+    ),
+    "the command line importing a provider's private module": (
+        {
+            "actors.providers._openai": "",
+            "actors.cli._run": "from ..providers._openai import OpenAIModel",
+        },
+        "private import: actors.cli._run imports actors.providers._openai",
+    ),
+}
+
+SOUND = {
+    "imports both ways, one of them for types only": {
+        "actors._agent": "from ._execution import Execution",
+        "actors._execution": TYPE_ONLY + "from ._agent import Agent",
+    },
+    "a surface re-exporting from a subpackage's private module": {
+        "actors": "from .cli._live import watch",
+        "actors.cli._live": "from runtime import Runtime",
+    },
+    "the edge importing the core, the providers and the kernel's surfaces": {
+        "runtime.lowlevel": "",
+        "actors._agent": "from runtime.lowlevel import park",
+        "actors.providers": "from .. import _agent",
+        "actors.cli._run": "from .._agent import Agent\nfrom ..providers import model_from_string",
+    },
+    "the benchmarks importing public surfaces and their own private modules": {
+        "benchmarks._harness": "",
+        "benchmarks.__main__": "from . import _harness\nfrom actors import Agent\nimport runtime",
+    },
+}
+
+
+@pytest.mark.parametrize(("sources", "expected"), BROKEN.values(), ids=BROKEN.keys())
+def test_the_checker_reports_a_broken_rule(sources: dict[str, str], expected: str) -> None:
+    problems = check(graph(sources))
+    assert any(expected in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize("sources", SOUND.values(), ids=SOUND.keys())
+def test_the_checker_accepts_a_sound_graph(sources: dict[str, str]) -> None:
+    assert check(graph(sources)) == []
+
+
+# -- the repository ---------------------------------------------------------------------
+
+
+def test_the_walk_sees_every_module_and_its_imports() -> None:
+    modules = repository()
+    assert {"runtime.lowlevel", "actors._agent", "actors.providers", "actors.cli._run"} <= set(
+        modules
+    )
+    edges = {(i.importer, i.target, i.type_only) for n in modules for i in imports_of(n, modules)}
+    assert ("actors._agent", "actors._execution", False) in edges
+    assert ("actors._execution", "actors._agent", True) in edges
+    assert ("actors._execution", "runtime.lowlevel", False) in edges
+    assert ("actors", "actors.cli._live", False) in edges
+
+
+def test_dependencies_run_one_way() -> None:
+    problems = check(repository())
+    assert not problems, "\n".join(problems)
