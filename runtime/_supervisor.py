@@ -427,20 +427,26 @@ class Supervisor:
         tree.) With ``cancel=False`` nothing is cancelled, only marked: for a
         subtree whose tasks are being cancelled anyway.
         """
-        to_cancel: list[Node] = []
-        stack = [(node, True)]
-        while stack:
-            current, topmost = stack.pop()
+        stack = [node]
+        while stack:  # mark every node
+            current = stack.pop()
             if current.stop_status is None:
                 current.stop_status, current.stop_reason = status, reason
                 current.stop_error = error
-            if cancel and topmost and current.scope is not None:
-                to_cancel.append(current)
-            below_top = topmost and current.scope is None
-            stack.extend((child, below_top) for child in current.children)
-        for current in to_cancel:
+            if current.children:
+                stack.extend(current.children)
+        if not cancel:
+            return
+        to_cancel: list[Cancellable] = []
+        stack = [node]
+        while stack:  # find the topmost executions: no need to look below them
+            current = stack.pop()
             if current.scope is not None:
-                current.scope.cancel()
+                to_cancel.append(current.scope)
+            elif current.children:
+                stack.extend(current.children)
+        for scope in to_cancel:
+            scope.cancel()
 
     def why_stopped(self, node: Node) -> tuple[EndStatus, str]:
         """How a node that was interrupted ends: a supervisor stop, its deadline, or a
