@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -82,6 +83,33 @@ _NO_SCOPE = contextlib.nullcontext()
 
 class _Interrupted(Exception):
     """A step's task group was cancelled by the supervisor (see ``_run_with_subagents``)."""
+
+
+#: structlog's context variables for the four keys every execution binds, found by
+#: the first bind (``Token.var``): later binds set them directly.
+_LOG_VARS: list[contextvars.ContextVar[Any]] = []
+
+
+def _bind_log_context(
+    agent_id: str, parent_id: str | None, depth: int, execution_id: str
+) -> tuple[contextvars.Token[Any], ...]:
+    """Bind ``agent_id``, ``parent_id``, ``depth`` and ``execution_id`` for structlog,
+    as ``structlog.contextvars.bind_contextvars`` does, minus its per-key lookups
+    (bind + reset, not ``bound_contextvars()``, which first snapshots every context
+    variable: a cost paid per execution, per subagent call)."""
+    if _LOG_VARS:
+        agent_var, parent_var, depth_var, execution_var = _LOG_VARS
+        return (
+            agent_var.set(agent_id),
+            parent_var.set(parent_id),
+            depth_var.set(depth),
+            execution_var.set(execution_id),
+        )
+    bound = structlog.contextvars.bind_contextvars(
+        agent_id=agent_id, parent_id=parent_id, depth=depth, execution_id=execution_id
+    )
+    _LOG_VARS.extend(token.var for token in bound.values())
+    return tuple(bound.values())
 
 
 def synthesize(status: Status, reason: str, steps: Sequence[StepRecord], last_text: str) -> str:
@@ -192,13 +220,8 @@ class Execution:
         """
         node = self.node
         parent = node.parent
-        # bind + reset, not bound_contextvars(): that one snapshots every context
-        # variable first, a cost paid per execution (per subagent call).
-        tokens = structlog.contextvars.bind_contextvars(
-            agent_id=self.agent_id,
-            parent_id=parent.id if parent is not None else None,
-            depth=node.depth,
-            execution_id=node.id,
+        tokens = _bind_log_context(
+            self.agent_id, parent.id if parent is not None else None, node.depth, node.id
         )
         bus = self.context.runtime.event_bus
         if bus.active:
@@ -226,7 +249,7 @@ class Execution:
             raise
         finally:
             node.scope = None
-            for token in tokens.values():  # what reset_contextvars does, minus lookups
+            for token in tokens:
                 token.var.reset(token)
         if node.stop_status is not None or (scope is not None and scope.cancelled_caught):
             self._stop(*self.supervisor.why_stopped(node))

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from anyio import TaskHandle
 
 from ._actor import Actor, ActorContext
-from ._exceptions import ActorStopped, RuntimeClosed, UnknownMessage
+from ._exceptions import RuntimeClosed, UnknownMessage
 from ._mailbox import Mailbox
 from ._ref import ActorRef, PendingReply
 
@@ -247,7 +247,7 @@ class Cell:
         pending = self.pending
         while pending:
             _, reply = pending.popitem()
-            reply.set_error(ActorStopped(self.id, reason))
+            reply.set_stopped(reason)
         if self.group is not None:
             self.group.live.pop(self.id, None)
         self.runtime.cell_finished(self)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from ._exceptions import AskTimeout, MailboxFull
+from ._exceptions import ActorStopped, AskTimeout, MailboxFull
 from ._messages import Envelope, MailboxStatistics
 from ._waiter import Waiter, new_waiter, park, wake
 
@@ -41,6 +41,7 @@ class PendingReply:
         "_error",
         "_message",
         "_settled",
+        "_stopped",
         "_value",
         "_waiter",
         "request_id",
@@ -54,6 +55,9 @@ class PendingReply:
         self._settled = False
         self._value: Any = None
         self._error: BaseException | None = None
+        #: Why the actor stopped before answering (its ``ActorStopped`` is made when
+        #: someone looks: a cancelled tree of a thousand children builds none).
+        self._stopped: str | None = None
         self.request_id = next(_request_ids)
 
     def done(self) -> bool:
@@ -72,9 +76,18 @@ class PendingReply:
             self._error = error
             self._settled_now()
 
+    def set_stopped(self, reason: str) -> None:
+        """Settle with ``ActorStopped``: the actor stopped (for ``reason``) first."""
+        if not self._settled:
+            self._settled = True
+            self._stopped = reason
+            self._settled_now()
+
     @property
     def error(self) -> BaseException | None:
         """The error the ask settled with, if it did (None for an answer, or not yet)."""
+        if self._error is None and self._stopped is not None:
+            self._error = ActorStopped(self._cell.id, self._stopped)
         return self._error
 
     def _settled_now(self) -> None:
@@ -100,8 +113,9 @@ class PendingReply:
         """The reply if it has arrived; raises its error, or ``RuntimeError`` if not yet."""
         if not self._settled:
             raise RuntimeError(f"no reply yet from actor {self._cell.id!r}; await wait() first")
-        if self._error is not None:
-            raise self._error
+        error = self.error
+        if error is not None:
+            raise error
         return self._value
 
     async def wait(self, timeout: float | None = None) -> Any:
@@ -122,8 +136,9 @@ class PendingReply:
             except BaseException:
                 self._withdraw()
                 raise
-        if self._error is not None:
-            raise self._error
+        error = self.error
+        if error is not None:
+            raise error
         return self._value
 
     async def _settle(self) -> None:
@@ -228,8 +243,9 @@ class ActorRef:
         except BaseException:
             reply._withdraw()
             raise
-        if reply._error is not None:
-            raise reply._error
+        error = reply.error
+        if error is not None:
+            raise error
         return reply._value
 
     async def stop(self, *, grace: float | None = None) -> None:

@@ -395,9 +395,11 @@ class Supervisor:
         node.stop_reason = reason or node.stop_reason
         node.ended = self.now()
         node.scope = None
+        current: Node | None = node
         if not node.children:
-            for current in node.chain():
+            while current is not None:  # a plain loop: closes are many (a whole tree)
                 current.leaves -= 1
+                current = current.parent
         parent = node.parent
         if parent is not None:
             parent.children.discard(node)
