@@ -138,29 +138,26 @@ async def _cancel_once(children: int) -> float:
 
 
 async def _raw_cancel_once(children: int) -> float:
-    async def blocked() -> None:
-        await anyio.sleep_forever()
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(children):
-            tg.start_soon(blocked)
-        await anyio.wait_all_tasks_blocked()
-        gc.collect()
-        began = time.perf_counter()
-        tg.cancel_scope.cancel()
-    return time.perf_counter() - began
+    """Seconds to cancel ``children`` bare blocked tasks in a task group."""
+    return await _bare_cancel_once(children, scopes=False)
 
 
 async def _floor_cancel_once(children: int) -> float:
     """The raw figure with each task blocked inside two nested cancel scopes."""
+    return await _bare_cancel_once(children, scopes=True)
 
+
+async def _bare_cancel_once(children: int, *, scopes: bool) -> float:
     async def blocked() -> None:
+        await anyio.sleep_forever()
+
+    async def scoped() -> None:
         with anyio.CancelScope(), anyio.CancelScope():
             await anyio.sleep_forever()
 
     async with anyio.create_task_group() as tg:
         for _ in range(children):
-            tg.start_soon(blocked)
+            tg.start_soon(scoped if scopes else blocked)
         await anyio.wait_all_tasks_blocked()
         gc.collect()
         began = time.perf_counter()
