@@ -40,11 +40,11 @@ from ._store import MemoryStore as MemoryStore
 from ._store import Record as Record
 from ._store import SQLiteStore as SQLiteStore
 from ._store import Store as Store
-from ._supervisor import Node as Node
-from ._supervisor import NodeSnapshot as NodeSnapshot
-from ._supervisor import NodeStatus as NodeStatus
 from ._supervisor import Supervisor as Supervisor
-from ._supervisor import TreeSnapshot as TreeSnapshot
+from ._tree import Node as Node
+from ._tree import NodeSnapshot as NodeSnapshot
+from ._tree import NodeStatus as NodeStatus
+from ._tree import TreeSnapshot as TreeSnapshot
 
 __all__ = [
     "Actor",

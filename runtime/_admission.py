@@ -20,22 +20,37 @@ budget, in this order:
    Children started together thus share what is left instead of the first one
    taking it all and the others waiting for it.
 
-Everything here is synchronous arithmetic on the nodes; the supervisor does the
-charging, the waiting and the stopping.
+Everything here is synchronous arithmetic on the nodes (and the record of one
+waiting request, ``Wait``); the supervisor does the charging, the waiting and the
+stopping. ``impossible`` says what cannot be true in a model's reported usage, and
+``over_limit`` which limit settled usage went past (an estimate fell short).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import TYPE_CHECKING
 
-from ._budget import Budget, Price
+from ._budget import Budget, Price, Usage
 from ._exceptions import BudgetExceeded
+from ._waiter import Waiter
 
 if TYPE_CHECKING:
-    from ._supervisor import Node
+    from ._tree import Node
 
-__all__ = ["Need", "Reservation", "free_output", "refusal"]
+__all__ = [
+    "MAX_TOKENS_PER_REQUEST",
+    "Need",
+    "Reservation",
+    "Wait",
+    "ahead",
+    "free_output",
+    "impossible",
+    "over_limit",
+    "refusal",
+    "why_waiting",
+]
 
 #: Relative slack for comparing costs (floating point sums).
 _COST_EPSILON = 1e-9
@@ -196,3 +211,101 @@ def free_output(node: Node, budget: Budget, need: Need) -> tuple[float, str]:
         if cost_room < room:
             room, field = cost_room, "cost"
     return room, field
+
+
+class Wait:
+    """One model request waiting for headroom, queued on the node that holds it up."""
+
+    __slots__ = (
+        "done",
+        "error",
+        "max_tokens",
+        "need",
+        "node",
+        "queue",
+        "reservation",
+        "seq",
+        "waiter",
+    )
+
+    def __init__(
+        self, node: Node, need: Need, max_tokens: int | None, seq: int, waiter: Waiter
+    ) -> None:
+        self.node = node
+        self.need = need
+        self.max_tokens = max_tokens
+        self.seq = seq
+        self.waiter = waiter
+        #: The node whose queue holds it now.
+        self.queue: Node = node
+        self.reservation: Reservation | None = None
+        self.error: BudgetExceeded | None = None
+        self.done = False
+
+
+#: More tokens than this in one request's reported usage cannot be true.
+MAX_TOKENS_PER_REQUEST = 100_000_000
+
+
+def over_limit(node: Node, budget: Budget) -> tuple[Node, str, float, float] | None:
+    """The first request, token or cost limit that real usage went past, if any, with
+    what was used."""
+    if budget.requests is not None and node.requests > budget.requests:
+        return node, "requests", budget.requests, node.requests
+    if budget.input_tokens is not None and node.input_tokens > budget.input_tokens:
+        return node, "input_tokens", budget.input_tokens, node.input_tokens
+    if budget.output_tokens is not None and node.output_tokens > budget.output_tokens:
+        return node, "output_tokens", budget.output_tokens, node.output_tokens
+    tokens = node.input_tokens + node.output_tokens
+    if budget.tokens is not None and tokens > budget.tokens:
+        return node, "tokens", budget.tokens, tokens
+    if budget.cost is not None and node.cost > budget.cost * (1 + 1e-9):
+        return node, "cost", budget.cost, node.cost
+    return None
+
+
+def ahead(queue: deque[Wait], seq: float) -> bool:
+    """Whether a live request waits in ``queue`` ahead of place ``seq``."""
+    while queue and queue[0].done:
+        queue.popleft()
+    return bool(queue) and queue[0].seq < seq
+
+
+def why_waiting(at: Node, need: Need) -> str:
+    """Why a request waits on ``at``, in words for the tree view."""
+    budget = at.limits
+    if budget is None:
+        return f"waiting for budget: behind earlier requests for the budget of {at.name}"
+    held = at.reserved_input + at.reserved_output
+    room, field = free_output(at, budget, need)
+    if room >= need.output:
+        return f"waiting for budget: behind earlier requests for the {at.name} budget"
+    return (
+        f"waiting for budget: {field} of {at.name} ({held:,} tokens held by requests "
+        f"in flight, {need.input + need.output:,} needed)"
+    )
+
+
+def impossible(usage: Usage, reservation: Reservation) -> str:
+    """What cannot be true in a model's reported usage ("" when it can be)."""
+    cap = reservation.max_tokens
+    output = usage.output_tokens
+    if (
+        0 <= usage.input_tokens <= MAX_TOKENS_PER_REQUEST
+        and 0 <= output <= (MAX_TOKENS_PER_REQUEST if cap is None else cap)
+        and 0 <= usage.cached_tokens <= MAX_TOKENS_PER_REQUEST
+        and 0 <= usage.requests <= MAX_TOKENS_PER_REQUEST
+        and 0.0 <= usage.cost < math.inf  # NaN fails this too
+    ):
+        return ""  # the usual case, in one test
+    for name in ("input_tokens", "output_tokens", "cached_tokens", "requests"):
+        value = getattr(usage, name)
+        if value < 0:
+            return f"{name}={value} is negative"
+        if value > MAX_TOKENS_PER_REQUEST:
+            return f"{name}={value:,} for one request"
+    if not math.isfinite(usage.cost) or usage.cost < 0:
+        return f"cost={usage.cost!r} is not a finite number >= 0"
+    if cap is not None and usage.output_tokens > cap:
+        return f"{usage.output_tokens:,} output tokens for a request capped at {cap:,}"
+    return ""

@@ -30,7 +30,8 @@ from ._exceptions import DuplicateActor, RuntimeClosed
 from ._messages import RuntimeStatistics
 from ._ref import ActorRef
 from ._store import Store
-from ._supervisor import DEFAULT_MAX_TOKENS, MIN_OUTPUT_TOKENS, Supervisor, TreeSnapshot
+from ._supervisor import DEFAULT_MAX_TOKENS, MIN_OUTPUT_TOKENS, Supervisor
+from ._tree import TreeSnapshot
 
 __all__ = ["Runtime"]
 

@@ -33,7 +33,8 @@ When a charge is refused, the node whose limit it is (the charging node or an
 ancestor) is stopped with its whole subtree: each execution's cancel scope is
 cancelled and each one answers ``budget_exceeded`` naming that limit and node. A
 refused spawn (depth, agents) stops nothing: the caller gets the error as a value.
-(The arithmetic of admission lives in ``_admission``.)
+(The nodes and their snapshots live in ``_tree``; the arithmetic of admission, the
+waiting requests and the checks of reported usage in ``_admission``.)
 """
 
 from __future__ import annotations
@@ -42,29 +43,27 @@ import itertools
 import math
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import Literal, Protocol
+from collections.abc import Callable
 
 import anyio
-import msgspec
 
-from ._admission import Need, Reservation, free_output, refusal
+from ._admission import (
+    Need,
+    Reservation,
+    Wait,
+    ahead,
+    free_output,
+    impossible,
+    over_limit,
+    refusal,
+    why_waiting,
+)
 from ._budget import Budget, Price, Usage
 from ._exceptions import BudgetExceeded, InvalidUsage
-from ._waiter import Waiter, clock, new_waiter, park, wake
+from ._tree import Cancellable, EndStatus, Node, NodeSnapshot, TreeSnapshot
+from ._waiter import clock, new_waiter, park, wake
 
-__all__ = [
-    "EndStatus",
-    "Node",
-    "NodeSnapshot",
-    "NodeStatus",
-    "Reservation",
-    "Supervisor",
-    "TreeSnapshot",
-]
-
-EndStatus = Literal["completed", "budget_exceeded", "timed_out", "cancelled", "failed"]
-NodeStatus = Literal["running"] | EndStatus
+__all__ = ["DEFAULT_MAX_TOKENS", "MIN_OUTPUT_TOKENS", "Supervisor"]
 
 #: How many finished nodes a snapshot still shows.
 FINISHED_KEPT = 10_000
@@ -73,218 +72,6 @@ DEFAULT_MAX_TOKENS = 4_096
 #: The least output a request is sent with: a budget whose settled usage leaves less
 #: (plus the input estimate) is spent; one whose free headroom is smaller waits.
 MIN_OUTPUT_TOKENS = 256
-#: More tokens than this in one request's reported usage cannot be true.
-MAX_TOKENS_PER_REQUEST = 100_000_000
-
-
-class Cancellable(Protocol):
-    """A cancel scope, or a reference to an actor whose task can be cancelled."""
-
-    def cancel(self) -> None: ...
-
-
-class NodeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """One node of the tree, as it was when the snapshot was taken."""
-
-    id: str
-    parent_id: str | None
-    depth: int
-    name: str
-    actor_id: str
-    status: NodeStatus
-    stop_reason: str
-    usage: Usage
-    own_usage: Usage
-    steps: int
-    agents: int
-    limits: Budget | None
-    started: float
-    seconds: float
-    #: Why its model request waits for budget ("" when it does not wait).
-    waiting: str = ""
-
-
-class TreeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """The whole tree: live nodes and recently finished ones, parents before children."""
-
-    nodes: tuple[NodeSnapshot, ...]
-
-    def node(self, node_id: str) -> NodeSnapshot:
-        for node in self.nodes:
-            if node.id == node_id:
-                return node
-        raise KeyError(f"no node {node_id!r} in this snapshot")
-
-    def children(self, node_id: str) -> tuple[NodeSnapshot, ...]:
-        return tuple(node for node in self.nodes if node.parent_id == node_id)
-
-
-class Node:
-    """One execution in the tree. Mutated only by the ``Supervisor``."""
-
-    __slots__ = (
-        "actor_id",
-        "agents",
-        "cached_tokens",
-        "children",
-        "cost",
-        "deadline",
-        "deadline_owner",
-        "depth",
-        "ended",
-        "id",
-        "in_flight",
-        "input_tokens",
-        "leaves",
-        "limited",
-        "limits",
-        "name",
-        "output_tokens",
-        "own_cached",
-        "own_cost",
-        "own_input",
-        "own_output",
-        "own_requests",
-        "own_tool_calls",
-        "parent",
-        "requests",
-        "reserved_cost",
-        "reserved_input",
-        "reserved_output",
-        "scope",
-        "started",
-        "status",
-        "steps",
-        "stop_error",
-        "stop_reason",
-        "stop_status",
-        "tool_calls",
-        "waiters",
-        "waiting",
-    )
-
-    def __init__(
-        self,
-        id: str,
-        name: str,
-        parent: Node | None,
-        limits: Budget | None,
-        deadline: float,
-        deadline_owner: Node | None,
-        started: float,
-    ) -> None:
-        self.id = id
-        self.name = name
-        self.parent = parent
-        self.depth: int = 0 if parent is None else parent.depth + 1
-        self.limits = limits
-        #: Whether this node or an ancestor has a budget.
-        self.limited: bool = limits is not None or (parent is not None and parent.limited)
-        self.deadline = deadline
-        self.deadline_owner = deadline_owner
-        self.started = started
-        self.ended: float | None = None
-        self.actor_id = ""
-        self.children: set[Node] = set()
-        #: What the supervisor cancels to stop this node's execution: its cancel
-        #: scope, or the task of its actor (anything with ``cancel()``).
-        self.scope: Cancellable | None = None
-        self.status: NodeStatus = "running"
-        #: Set when the supervisor stops this node (limit, cancellation): how it ends.
-        self.stop_status: EndStatus | None = None
-        self.stop_reason = ""
-        #: The refusal that stopped it, when a limit did.
-        self.stop_error: BudgetExceeded | None = None
-        # Totals: this node and its whole subtree.
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.cached_tokens = 0
-        self.requests = 0
-        self.tool_calls = 0
-        self.steps = 0
-        self.agents = 0
-        self.cost = 0.0
-        self.reserved_input = 0
-        self.reserved_output = 0
-        self.reserved_cost = 0.0
-        #: Requests under this node holding a reservation now.
-        self.in_flight = 0
-        #: Running executions in this subtree with no running children (this one
-        #: included): the ones that may send a model request next.
-        self.leaves = 0
-        # What this node itself consumed, without its descendants.
-        self.own_input = 0
-        self.own_output = 0
-        self.own_cached = 0
-        self.own_requests = 0
-        self.own_tool_calls = 0
-        self.own_cost = 0.0
-        #: Requests waiting for this node's headroom, first come first served.
-        self.waiters: deque[_Wait] | None = None
-        #: Why this node's own request waits for budget ("" when it does not).
-        self.waiting = ""
-
-    def chain(self) -> Iterator[Node]:
-        """This node, then each ancestor up to the root."""
-        node: Node | None = self
-        while node is not None:
-            yield node
-            node = node.parent
-
-    def usage(self) -> Usage:
-        """Totals of this node and its subtree."""
-        return Usage(
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            cached_tokens=self.cached_tokens,
-            requests=self.requests,
-            tool_calls=self.tool_calls,
-            cost=self.cost,
-        )
-
-    def own_usage(self) -> Usage:
-        """What this node itself consumed, without its descendants."""
-        return Usage(
-            input_tokens=self.own_input,
-            output_tokens=self.own_output,
-            cached_tokens=self.own_cached,
-            requests=self.own_requests,
-            tool_calls=self.own_tool_calls,
-            cost=self.own_cost,
-        )
-
-    def __repr__(self) -> str:
-        return f"<Node {self.id!r} depth={self.depth} {self.status}>"
-
-
-class _Wait:
-    """One model request waiting for headroom, queued on the node that holds it up."""
-
-    __slots__ = (
-        "done",
-        "error",
-        "max_tokens",
-        "need",
-        "node",
-        "queue",
-        "reservation",
-        "seq",
-        "waiter",
-    )
-
-    def __init__(
-        self, node: Node, need: Need, max_tokens: int | None, seq: int, waiter: Waiter
-    ) -> None:
-        self.node = node
-        self.need = need
-        self.max_tokens = max_tokens
-        self.seq = seq
-        self.waiter = waiter
-        #: The node whose queue holds it now.
-        self.queue: Node = node
-        self.reservation: Reservation | None = None
-        self.error: BudgetExceeded | None = None
-        self.done = False
 
 
 #: The place in line of a request that does not wait yet: behind every waiting one.
@@ -589,7 +376,7 @@ class Supervisor:
         if type(got) is Reservation:
             return got
         assert isinstance(got, Node)
-        wait = _Wait(node, need, max_tokens, next(self._seq), new_waiter())
+        wait = Wait(node, need, max_tokens, next(self._seq), new_waiter())
         self._enqueue(wait, got)
         self.waiting += 1
         self.waits += 1
@@ -664,7 +451,7 @@ class Supervisor:
         current = node
         while current is not None:  # held up? and how much may it take?
             queue = current.waiters
-            if queue and _ahead(queue, seq):
+            if queue and ahead(queue, seq):
                 return current
             budget = current.limits
             if budget is not None:
@@ -716,7 +503,7 @@ class Supervisor:
         node.own_requests += 1
         return Reservation(need.input, output, cost, cap, price, limited_by, limit, need.wanted)
 
-    def _enqueue(self, wait: _Wait, at: Node) -> None:
+    def _enqueue(self, wait: Wait, at: Node) -> None:
         """Queue ``wait`` on ``at`` in its place in line, and say why it waits."""
         queue = at.waiters
         if queue is None:
@@ -727,14 +514,14 @@ class Supervisor:
             index = next(i for i, other in enumerate(queue) if other.seq > wait.seq)
             queue.insert(index, wait)
         wait.queue = at
-        wait.node.waiting = _why_waiting(at, wait.need)
+        wait.node.waiting = why_waiting(at, wait.need)
 
-    def _end(self, wait: _Wait) -> None:
+    def _end(self, wait: Wait) -> None:
         """``wait`` is over (served, refused or given up): once."""
         wait.done = True
         self.waiting -= 1
 
-    def _leave(self, wait: _Wait) -> None:
+    def _leave(self, wait: Wait) -> None:
         """``wait`` gave up (cancelled): let the requests behind it try."""
         queue = wait.queue.waiters
         if queue and queue[0] is wait:
@@ -805,7 +592,7 @@ class Supervisor:
         estimate fell short), that node's subtree is stopped. Requests waiting for
         headroom on the chain are served.
         """
-        problem = _impossible(usage, reservation) if usage is not None else ""
+        problem = impossible(usage, reservation) if usage is not None else ""
         price = reservation.price
         extra_requests = cached_tokens = 0
         if usage is None or problem:
@@ -838,7 +625,7 @@ class Supervisor:
             current.requests += extra_requests
             if current.limits is not None:
                 # The highest node over its limit: stopping it stops everything below.
-                over = _over_limit(current, current.limits) or over
+                over = over_limit(current, current.limits) or over
             served = served or current.waiters is not None
             current = current.parent
         node.own_input += input_tokens
@@ -906,69 +693,5 @@ def _parents_first(node: Node) -> tuple[float, int]:
     return node.started, node.depth
 
 
-def _over_limit(node: Node, budget: Budget) -> tuple[Node, str, float, float] | None:
-    """The first request, token or cost limit that real usage went past, if any, with
-    what was used."""
-    if budget.requests is not None and node.requests > budget.requests:
-        return node, "requests", budget.requests, node.requests
-    if budget.input_tokens is not None and node.input_tokens > budget.input_tokens:
-        return node, "input_tokens", budget.input_tokens, node.input_tokens
-    if budget.output_tokens is not None and node.output_tokens > budget.output_tokens:
-        return node, "output_tokens", budget.output_tokens, node.output_tokens
-    tokens = node.input_tokens + node.output_tokens
-    if budget.tokens is not None and tokens > budget.tokens:
-        return node, "tokens", budget.tokens, tokens
-    if budget.cost is not None and node.cost > budget.cost * (1 + 1e-9):
-        return node, "cost", budget.cost, node.cost
-    return None
-
-
 def _amount(value: float) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.6g}"
-
-
-def _ahead(queue: deque[_Wait], seq: float) -> bool:
-    """Whether a live request waits in ``queue`` ahead of place ``seq``."""
-    while queue and queue[0].done:
-        queue.popleft()
-    return bool(queue) and queue[0].seq < seq
-
-
-def _why_waiting(at: Node, need: Need) -> str:
-    """Why a request waits on ``at``, in words for the tree view."""
-    budget = at.limits
-    if budget is None:
-        return f"waiting for budget: behind earlier requests for the budget of {at.name}"
-    held = at.reserved_input + at.reserved_output
-    room, field = free_output(at, budget, need)
-    if room >= need.output:
-        return f"waiting for budget: behind earlier requests for the {at.name} budget"
-    return (
-        f"waiting for budget: {field} of {at.name} ({held:,} tokens held by requests "
-        f"in flight, {need.input + need.output:,} needed)"
-    )
-
-
-def _impossible(usage: Usage, reservation: Reservation) -> str:
-    """What cannot be true in a model's reported usage ("" when it can be)."""
-    cap = reservation.max_tokens
-    output = usage.output_tokens
-    if (
-        0 <= usage.input_tokens <= MAX_TOKENS_PER_REQUEST
-        and 0 <= output <= (MAX_TOKENS_PER_REQUEST if cap is None else cap)
-        and 0 <= usage.cached_tokens <= MAX_TOKENS_PER_REQUEST
-        and 0 <= usage.requests <= MAX_TOKENS_PER_REQUEST
-        and 0.0 <= usage.cost < math.inf  # NaN fails this too
-    ):
-        return ""  # the usual case, in one test
-    for name in ("input_tokens", "output_tokens", "cached_tokens", "requests"):
-        value = getattr(usage, name)
-        if value < 0:
-            return f"{name}={value} is negative"
-        if value > MAX_TOKENS_PER_REQUEST:
-            return f"{name}={value:,} for one request"
-    if not math.isfinite(usage.cost) or usage.cost < 0:
-        return f"cost={usage.cost!r} is not a finite number >= 0"
-    if cap is not None and usage.output_tokens > cap:
-        return f"{usage.output_tokens:,} output tokens for a request capped at {cap:,}"
-    return ""

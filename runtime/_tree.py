@@ -1,0 +1,213 @@
+r"""The supervisor's tree: one ``Node`` per execution, and the snapshots it hands out.
+
+A node holds its execution's place in the tree (parent, children, depth), its limits
+(a ``Budget``, a deadline), its usage (totals of its subtree and its own), what
+requests in flight hold of its headroom, the requests waiting for it, and how it
+ended. Only the ``Supervisor`` mutates nodes; everyone else sees ``NodeSnapshot``\ s.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import msgspec
+
+from ._budget import Budget, Usage
+from ._exceptions import BudgetExceeded
+
+if TYPE_CHECKING:
+    from ._admission import Wait
+
+__all__ = [
+    "Cancellable",
+    "EndStatus",
+    "Node",
+    "NodeSnapshot",
+    "NodeStatus",
+    "TreeSnapshot",
+]
+
+EndStatus = Literal["completed", "budget_exceeded", "timed_out", "cancelled", "failed"]
+NodeStatus = Literal["running"] | EndStatus
+
+
+class Cancellable(Protocol):
+    """A cancel scope, or a reference to an actor whose task can be cancelled."""
+
+    def cancel(self) -> None: ...
+
+
+class NodeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """One node of the tree, as it was when the snapshot was taken."""
+
+    id: str
+    parent_id: str | None
+    depth: int
+    name: str
+    actor_id: str
+    status: NodeStatus
+    stop_reason: str
+    usage: Usage
+    own_usage: Usage
+    steps: int
+    agents: int
+    limits: Budget | None
+    started: float
+    seconds: float
+    #: Why its model request waits for budget ("" when it does not wait).
+    waiting: str = ""
+
+
+class TreeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """The whole tree: live nodes and recently finished ones, parents before children."""
+
+    nodes: tuple[NodeSnapshot, ...]
+
+    def node(self, node_id: str) -> NodeSnapshot:
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise KeyError(f"no node {node_id!r} in this snapshot")
+
+    def children(self, node_id: str) -> tuple[NodeSnapshot, ...]:
+        return tuple(node for node in self.nodes if node.parent_id == node_id)
+
+
+class Node:
+    """One execution in the tree. Mutated only by the ``Supervisor``."""
+
+    __slots__ = (
+        "actor_id",
+        "agents",
+        "cached_tokens",
+        "children",
+        "cost",
+        "deadline",
+        "deadline_owner",
+        "depth",
+        "ended",
+        "id",
+        "in_flight",
+        "input_tokens",
+        "leaves",
+        "limited",
+        "limits",
+        "name",
+        "output_tokens",
+        "own_cached",
+        "own_cost",
+        "own_input",
+        "own_output",
+        "own_requests",
+        "own_tool_calls",
+        "parent",
+        "requests",
+        "reserved_cost",
+        "reserved_input",
+        "reserved_output",
+        "scope",
+        "started",
+        "status",
+        "steps",
+        "stop_error",
+        "stop_reason",
+        "stop_status",
+        "tool_calls",
+        "waiters",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        name: str,
+        parent: Node | None,
+        limits: Budget | None,
+        deadline: float,
+        deadline_owner: Node | None,
+        started: float,
+    ) -> None:
+        self.id = id
+        self.name = name
+        self.parent = parent
+        self.depth: int = 0 if parent is None else parent.depth + 1
+        self.limits = limits
+        #: Whether this node or an ancestor has a budget.
+        self.limited: bool = limits is not None or (parent is not None and parent.limited)
+        self.deadline = deadline
+        self.deadline_owner = deadline_owner
+        self.started = started
+        self.ended: float | None = None
+        self.actor_id = ""
+        self.children: set[Node] = set()
+        #: What the supervisor cancels to stop this node's execution: its cancel
+        #: scope, or the task of its actor (anything with ``cancel()``).
+        self.scope: Cancellable | None = None
+        self.status: NodeStatus = "running"
+        #: Set when the supervisor stops this node (limit, cancellation): how it ends.
+        self.stop_status: EndStatus | None = None
+        self.stop_reason = ""
+        #: The refusal that stopped it, when a limit did.
+        self.stop_error: BudgetExceeded | None = None
+        # Totals: this node and its whole subtree.
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cached_tokens = 0
+        self.requests = 0
+        self.tool_calls = 0
+        self.steps = 0
+        self.agents = 0
+        self.cost = 0.0
+        self.reserved_input = 0
+        self.reserved_output = 0
+        self.reserved_cost = 0.0
+        #: Requests under this node holding a reservation now.
+        self.in_flight = 0
+        #: Running executions in this subtree with no running children (this one
+        #: included): the ones that may send a model request next.
+        self.leaves = 0
+        # What this node itself consumed, without its descendants.
+        self.own_input = 0
+        self.own_output = 0
+        self.own_cached = 0
+        self.own_requests = 0
+        self.own_tool_calls = 0
+        self.own_cost = 0.0
+        #: Requests waiting for this node's headroom, first come first served.
+        self.waiters: deque[Wait] | None = None
+        #: Why this node's own request waits for budget ("" when it does not).
+        self.waiting = ""
+
+    def chain(self) -> Iterator[Node]:
+        """This node, then each ancestor up to the root."""
+        node: Node | None = self
+        while node is not None:
+            yield node
+            node = node.parent
+
+    def usage(self) -> Usage:
+        """Totals of this node and its subtree."""
+        return Usage(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cached_tokens=self.cached_tokens,
+            requests=self.requests,
+            tool_calls=self.tool_calls,
+            cost=self.cost,
+        )
+
+    def own_usage(self) -> Usage:
+        """What this node itself consumed, without its descendants."""
+        return Usage(
+            input_tokens=self.own_input,
+            output_tokens=self.own_output,
+            cached_tokens=self.own_cached,
+            requests=self.own_requests,
+            tool_calls=self.own_tool_calls,
+            cost=self.own_cost,
+        )
+
+    def __repr__(self) -> str:
+        return f"<Node {self.id!r} depth={self.depth} {self.status}>"
