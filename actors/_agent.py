@@ -50,7 +50,7 @@ from ._traces import trace_record
 
 __all__ = ["Agent", "AgentActor", "AgentRef", "GetConversation", "GetTrace", "Task"]
 
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 #: How long saving an execution to the store may take (shielded from cancellation).
 SAVE_TIMEOUT = 10.0
 
@@ -102,7 +102,7 @@ class Agent:
     subagents_by_name: dict[str, Agent] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
             raise ValueError(
                 f"Agent name must be 1 to 64 letters, digits, '_' or '-', got {self.name!r}"
             )
@@ -435,6 +435,9 @@ def _subagent_spec(agent: Agent) -> ToolSpec:
 
 
 def _task(text: str, budget: Budget | None) -> Task:
+    """The task to send, checked before anything reaches the agent."""
     if not isinstance(text, str):
         raise TypeError(f"a task is text (str), got {type(text).__qualname__}")
+    if budget is not None and not isinstance(budget, Budget):
+        raise TypeError(f"budget must be a runtime.Budget or None, got {type(budget).__qualname__}")
     return Task(text=text, budget=budget)

@@ -148,6 +148,7 @@ class Execution:
         "agent",
         "agent_id",
         "buffer",
+        "call_ids",
         "charged",
         "context",
         "escalation",
@@ -195,6 +196,8 @@ class Execution:
         self.last_text = ""
         self.escalation = ""
         self.started = time.perf_counter()
+        #: The tool call ids of this execution so far (see ``_unique``).
+        self.call_ids: set[str] = set()
         #: Whether it runs in a cancel scope of its own (see ``run``).
         self.own_scope = not delegated or node.limits is not None or node.deadline_owner is node
         #: What the current step's model requests were charged, all attempts included.
@@ -315,6 +318,9 @@ class Execution:
             if response.text:
                 self.last_text = response.text
             calls = response.tool_calls
+            if calls and not self._ids_unique(calls):
+                response = msgspec.structs.replace(response, tool_calls=self._unique(calls))
+                calls = response.tool_calls
             if not calls:
                 self._record(len(context), response, usage, (), model_seconds, 0.0)
                 if response.text:
@@ -354,6 +360,38 @@ class Execution:
                 self._stop("completed", "the agent's stop condition was met")
                 return
             context = context + (asked, *results)  # noqa: RUF005 (one copy, not two)
+
+    def _ids_unique(self, calls: tuple[ToolCall, ...]) -> bool:
+        """Whether every call has an id not used before in this execution (and
+        remember them): each tool result must name the one call it answers."""
+        seen = self.call_ids
+        if len(calls) == 1:  # the usual step: one look-up, no set built
+            call_id = calls[0].id
+            if call_id and call_id not in seen:
+                seen.add(call_id)
+                return True
+            return False
+        ids = {tool_call.id for tool_call in calls}
+        if len(ids) == len(calls) and "" not in ids and seen.isdisjoint(ids):
+            seen.update(ids)
+            return True
+        return False
+
+    def _unique(self, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+        """``calls`` with a missing or repeated id replaced by a new one (a model's
+        slip: providers need every result to follow its own call)."""
+        seen = self.call_ids
+        fixed: list[ToolCall] = []
+        for tool_call in calls:
+            call_id = tool_call.id
+            if not call_id or call_id in seen:
+                number = len(seen)
+                while (new := f"{call_id or 'call'}~{number}") in seen:
+                    number += 1
+                tool_call = msgspec.structs.replace(tool_call, id=new)
+            seen.add(tool_call.id)
+            fixed.append(tool_call)
+        return tuple(fixed)
 
     def _send_inner(self, request: ModelRequest) -> Awaitable[ModelResponse]:
         """How a model built on another (ReAct) sends each of its own requests: every

@@ -7,12 +7,12 @@ that agent including all of its descendants.
 
 from __future__ import annotations
 
-import math
-
 import msgspec
 
 __all__ = ["Budget", "Price", "Usage"]
 
+#: The largest value a limit may take: what msgspec (and a store) can encode.
+_LARGEST = 2**63 - 1
 _COUNTERS = ("depth", "tokens", "input_tokens", "output_tokens", "requests", "tool_calls")
 _MORE_COUNTERS = ("steps", "agents")
 
@@ -27,14 +27,15 @@ def _check(owner: msgspec.Struct, names: tuple[str, ...], *, whole: bool, positi
         if (
             isinstance(value, bool)
             or not isinstance(value, kinds)
-            or not math.isfinite(value)
-            or value < 0
+            or not 0 <= value <= _LARGEST  # NaN and infinities fail this too
             or (positive and value == 0)
         ):
             kind = "a whole number" if whole else "a finite number"
             bound = "> 0" if positive else ">= 0"
+            shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
             raise ValueError(
-                f"{type(owner).__name__}.{name} must be {kind} {bound} or None, got {value!r}"
+                f"{type(owner).__name__}.{name} must be {kind} {bound} and at most "
+                f"2**63 - 1, or None for no limit; got {shown}"
             )
 
 

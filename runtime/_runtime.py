@@ -15,6 +15,7 @@ once. No task started by the runtime outlives the ``async with`` block.
 from __future__ import annotations
 
 import itertools
+import math
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Literal, TypeVar
@@ -73,8 +74,13 @@ class Runtime:
         min_output_tokens: int = MIN_OUTPUT_TOKENS,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
     ) -> None:
-        if grace < 0:
-            raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
+        if (
+            isinstance(grace, bool)
+            or not isinstance(grace, int | float)
+            or not math.isfinite(grace)
+            or grace < 0
+        ):
+            raise ValueError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
         if mailbox_size is not None and (not isinstance(mailbox_size, int) or mailbox_size < 1):
             raise ValueError(f"mailbox_size must be a whole number >= 1, got {mailbox_size!r}")
         if budget is not None and not isinstance(budget, Budget):

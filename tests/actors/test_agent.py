@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from actors import (
@@ -12,7 +13,9 @@ from actors import (
     ModelRequest,
     ModelResponse,
     ScriptedModel,
+    ToolCall,
     ToolResultMessage,
+    Usage,
     UserMessage,
     call,
     calls,
@@ -298,6 +301,8 @@ def test_agent_definition_errors_are_clear() -> None:
     model = ScriptedModel([])
     with pytest.raises(ValueError, match="Agent name must be"):
         Agent("has space", model)
+    with pytest.raises(ValueError, match="Agent name must be"):
+        Agent("name\n", model)  # a trailing newline is no letter either
     with pytest.raises(TypeError, match="Model protocol"):
         Agent("a", object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tool_concurrency must be >= 1"):
@@ -352,3 +357,69 @@ async def test_react_driver_under_the_same_conversation_and_buffer_rules() -> No
     assert result.usage.requests == 4  # every inner request, corrections included
     # The inner model never received native tools, only text.
     assert all(request.tools == () for request in text_only.requests)
+
+
+@pytest.mark.parametrize("budget", [{"tokens": 10}, 10, "tokens=10"])
+async def test_a_budget_that_is_not_a_budget_is_refused_before_the_agent_sees_it(
+    budget: object,
+) -> None:
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", ScriptedModel([reply("fine")])))
+        with pytest.raises(TypeError, match=r"budget must be a runtime\.Budget or None, got"):
+            await ref.ask("hi", budget=budget)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"budget must be a runtime\.Budget"):
+            await ref.tell("hi", budget=budget)  # type: ignore[arg-type]
+        conversation = await ref.conversation()
+        result = await ref.ask("hi")
+    assert conversation.messages == ()  # nothing half-written: no lone user turn
+    assert result.text == "fine"
+
+
+class Sloppy:
+    """A model that repeats and leaves out tool call ids (no fake fills them in)."""
+
+    name = "sloppy"
+
+    def __init__(self) -> None:
+        self.requests: list[ModelRequest] = []
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        await anyio.lowlevel.checkpoint()
+        self.requests.append(request)
+        step = len(self.requests)
+        ids: tuple[str, ...]
+        if step == 1:  # a repeated id and a missing one
+            ids = ("x", "x", "")
+        elif step == 2:  # the id of an earlier step again
+            ids = ("x",)
+        else:
+            return ModelResponse(text="done", usage=Usage(input_tokens=1, output_tokens=1))
+        tool_calls = tuple(
+            ToolCall(id=i, name="add", arguments=f'{{"a": {n}, "b": {n}}}')
+            for n, i in enumerate(ids)
+        )
+        usage = Usage(input_tokens=1, output_tokens=1, requests=1)
+        return ModelResponse(tool_calls=tool_calls, usage=usage, finish_reason="tool_calls")
+
+    def estimate_tokens(self, request: ModelRequest) -> int:
+        return 1
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_repeated_or_missing_call_ids_from_a_model_are_made_unique() -> None:
+    model = Sloppy()
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, tools=[add]))
+        result = await ref.ask("add")
+        (trace,) = await ref.trace()
+    assert result.status == "completed"
+    context = model.requests[-1].messages
+    asked = [c.id for m in context if isinstance(m, AssistantMessage) for c in m.tool_calls]
+    answered = [m.call_id for m in context if isinstance(m, ToolResultMessage)]
+    assert len(set(asked)) == len(asked) == 4
+    assert all(asked)
+    assert answered == asked  # each result follows its own call, in order
+    assert asked[0] == "x"  # the first use of an id is kept
+    assert [c.id for step in trace.steps for c in step.tool_calls] == asked

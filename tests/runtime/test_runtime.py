@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import anyio
@@ -390,3 +391,9 @@ async def test_spawn_soon_refuses_a_closed_runtime_and_duplicate_ids() -> None:
     async with anyio.create_task_group() as tg:
         with pytest.raises(RuntimeClosed):
             grabbed.context.spawn_soon(Doubler(), task_group=tg)
+
+
+@pytest.mark.parametrize("grace", [math.nan, math.inf, -1.0, "5", True])
+def test_grace_must_be_a_finite_number_of_seconds(grace: object) -> None:
+    with pytest.raises(ValueError, match="grace must be a finite number of seconds >= 0, got"):
+        Runtime(grace=grace)  # type: ignore[arg-type]
