@@ -16,7 +16,7 @@ import collections
 import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -112,25 +112,38 @@ def _bind_log_context(
     return tuple(bound.values())
 
 
-def synthesize(status: Status, reason: str, steps: Sequence[StepRecord], last_text: str) -> str:
-    """The final response of an execution that stopped without one."""
-    if not steps:  # stopped in its first step (a cancelled child, say): nothing done
+def synthesize(
+    status: Status,
+    reason: str,
+    steps: Sequence[StepRecord],
+    last_text: str,
+    subagents: Collection[str] = (),
+) -> str:
+    """The final response of an execution that ended without one from the model: how
+    it ended, what it did (its tool calls and subagent calls apart, as ``subagents``
+    names them) and the last useful text."""
+    if status == "completed":  # a stop condition, or a model that stopped silently
+        head = f"[completed] The task ended without a final answer: {reason}."
+    else:
         head = f"[{status}] The task stopped before a final answer: {reason}."
-        tail = f" Last text from the model: {last_text}" if last_text else ""
-        return f"{head} Done so far: 0 step(s), 0 tool call(s).{tail}"
-    calls = [outcome for step in steps for outcome in step.outcomes]
-    failed = sum(outcome.is_error for outcome in calls)
-    used = sorted({outcome.call.name for outcome in calls})
-    parts = [f"[{status}] The task stopped before a final answer: {reason}."]
-    done = f"Done so far: {len(steps)} step(s), {len(calls)} tool call(s)"
-    if used:
-        done += f" ({', '.join(used)})"
+    outcomes = [outcome for step in steps for outcome in step.outcomes]
+    done = f"Done so far: {len(steps)} step(s), " + _counted(
+        [o for o in outcomes if o.call.name not in subagents], "tool call(s)"
+    )
+    delegated = [o for o in outcomes if o.call.name in subagents]
+    if delegated:
+        done += ", " + _counted(delegated, "subagent call(s)")
+    failed = sum(outcome.is_error for outcome in outcomes)
     if failed:
         done += f", {failed} of them failed"
-    parts.append(done + ".")
-    if last_text:
-        parts.append(f"Last text from the model: {last_text}")
-    return " ".join(parts)
+    tail = f" Last text from the model: {last_text}" if last_text else ""
+    return f"{head} {done}.{tail}"
+
+
+def _counted(outcomes: Sequence[ToolOutcome], what: str) -> str:
+    """``3 tool call(s) (add, lookup)``: how many, and the names used."""
+    names = sorted({outcome.call.name for outcome in outcomes})
+    return f"{len(outcomes)} {what}" + (f" ({', '.join(names)})" if names else "")
 
 
 class Execution:
@@ -634,7 +647,9 @@ class Execution:
         """The final response: the model's, or a synthesized one."""
         if self.final_text and self.status == "completed":
             return self.final_text
-        return synthesize(self.status, self.reason, self.steps, self.last_text)
+        return synthesize(
+            self.status, self.reason, self.steps, self.last_text, self.agent.subagents_by_name
+        )
 
     def result(self, text: str) -> Result:
         return Result(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import re
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, cast
@@ -258,14 +259,23 @@ class ScriptExhausted(FractorError):
 
 # -- the fakes ------------------------------------------------------------------------
 
+#: How many of the requests they served the fakes keep by default (``record=``).
+RECORDED = 1_000
+
 
 class _ServingModel:
     """What both fakes share: recording requests and turning a turn into a response."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, record: int | None) -> None:
+        if record is not None and (
+            isinstance(record, bool) or not isinstance(record, int) or record < 0
+        ):
+            raise ValueError(f"record must be a whole number >= 0 or None, got {record!r}")
         self.name = name
-        #: Every request received, in order, for assertions.
-        self.requests: list[ModelRequest] = []
+        #: The requests received, in order, for assertions: the last ``record`` of
+        #: them (each holds its whole context: a long-lived fake would otherwise
+        #: keep every context it ever served).
+        self.requests: deque[ModelRequest] = deque(maxlen=record)
         self._ids = itertools.count(1)
         #: Explicit ids of the generated form, never to be generated again.
         self._taken_ids: set[str] = set()
@@ -346,11 +356,14 @@ class ScriptedModel(_ServingModel):
     turn, exactly once. Missing call ids are assigned (``call_1``, ``call_2``, ...,
     unique per model), usage is estimated unless the turn gives it (``requests`` is
     always 1), and ``request.max_tokens`` is honoured. After the last turn, a request
-    raises ``ScriptExhausted``.
+    raises ``ScriptExhausted``. ``requests`` keeps the last ``record`` requests
+    served (1,000 by default; None keeps them all, 0 none).
     """
 
-    def __init__(self, turns: Iterable[Turn], *, name: str = "scripted") -> None:
-        super().__init__(name)
+    def __init__(
+        self, turns: Iterable[Turn], *, name: str = "scripted", record: int | None = RECORDED
+    ) -> None:
+        super().__init__(name, record)
         self._turns: tuple[Turn, ...] = tuple(turns)
         self._next = 0
         for index, turn in enumerate(self._turns):
@@ -393,10 +406,13 @@ class FunctionModel(_ServingModel):
     block) or async. The response may depend on the request, for instance on its last
     message, which makes concurrent and nested scripts deterministic. The response is
     completed like a ``ScriptedModel`` turn: call ids, usage, ``max_tokens``.
+    ``requests`` keeps the last ``record`` requests, as for ``ScriptedModel``.
     """
 
-    def __init__(self, function: ModelFunction, *, name: str = "function") -> None:
-        super().__init__(name)
+    def __init__(
+        self, function: ModelFunction, *, name: str = "function", record: int | None = RECORDED
+    ) -> None:
+        super().__init__(name, record)
         self._function = function
         # A function, or an object whose __call__ is a coroutine function.
         self._is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(

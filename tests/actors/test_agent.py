@@ -120,8 +120,26 @@ async def test_stop_condition_ends_with_an_empty_buffer() -> None:
     assert model.remaining == 1
     assert conversation.execution == ()
     assert conversation.messages[-1] == AssistantMessage(content=result.text)
-    assert "[completed]" in result.text
+    assert result.text.startswith(
+        "[completed] The task ended without a final answer: the agent's stop condition was met."
+    )
+    assert "stopped before" not in result.text  # it completed: it did not stop short
     assert "2 tool call(s) (add)" in result.text
+
+
+async def test_a_synthesized_answer_counts_tool_calls_and_subagent_calls_apart() -> None:
+    helper = Agent("helper", ScriptedModel([reply("helped")] * 2))
+    model = ScriptedModel(
+        [calls(call("add", a=1, b=1), call("helper", task="x"), call("helper", task="y"))]
+    )
+    agent = Agent("a", model, tools=[add], subagents=[helper], stop_when=lambda step: True)
+    async with Runtime() as rt:
+        result = await (await rt.spawn(agent)).ask("go")
+    assert result.status == "completed"
+    assert "Done so far: 1 step(s), 1 tool call(s) (add), 2 subagent call(s) (helper)." in (
+        result.text
+    )
+    assert result.usage.tool_calls == 1  # subagent calls are not tool calls: the text agrees
 
 
 async def test_model_error_mid_execution_then_next_ask_starts_clean() -> None:

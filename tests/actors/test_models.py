@@ -113,7 +113,7 @@ async def test_turns_are_served_in_order_and_requests_recorded() -> None:
     assert [r.text for r in responses] == ["", "one", "two"]
     assert responses[0].tool_calls[0].name == "search"
     assert all(r.model == "scripted" for r in responses)
-    assert model.requests == requests
+    assert list(model.requests) == requests
     assert model.remaining == 0
 
 
@@ -242,7 +242,7 @@ async def test_sync_function_receives_the_request() -> None:
     assert turn.usage.requests == 1
     assert turn.model == "echo"
     assert seen[0] is first
-    assert model.requests == seen
+    assert list(model.requests) == seen
 
 
 async def test_async_function_is_awaited_and_can_fail() -> None:
@@ -398,3 +398,24 @@ def test_estimate_is_monotonic_in_content_length(texts: list[str], which: int, m
     assert estimate_tokens(build(texts)) == smaller  # deterministic
     # One more message always costs more.
     assert estimate_tokens(build([*texts, ""])) > smaller
+
+
+async def test_the_fakes_keep_only_the_last_requests_they_served() -> None:
+    model = ScriptedModel([reply(str(i)) for i in range(5)], record=2)
+    for i in range(5):
+        await model.request(ModelRequest(messages=(UserMessage(content=f"q{i}"),)))
+    assert [r.messages[0].content for r in model.requests] == ["q3", "q4"]
+    function = FunctionModel(lambda request: reply("ok"), record=0)
+    await function.request(ModelRequest(messages=(UserMessage(content="q"),)))
+    assert len(function.requests) == 0
+    unbounded = FunctionModel(lambda request: reply("ok"), record=None)
+    for _ in range(1_500):
+        await unbounded.request(ModelRequest(messages=()))
+    assert len(unbounded.requests) == 1_500
+    assert ScriptedModel([]).requests.maxlen == 1_000  # the default
+
+
+@pytest.mark.parametrize("record", [-1, 1.5, True, "10"])
+def test_record_must_be_a_whole_number_or_none(record: object) -> None:
+    with pytest.raises(ValueError, match="record must be a whole number >= 0 or None"):
+        ScriptedModel([], record=record)  # type: ignore[arg-type]
