@@ -36,7 +36,11 @@ def _fractor(rt: Runtime, steps: int, executions: int) -> Runner:
         for _ in range(executions):
             # A fresh agent per execution: the figure is the steps, not a long chat.
             ref = await rt.spawn(Agent("steps", CycleModel(turns), tools=[echo]))
-            await ref.ask("go")
+            result = await ref.ask("go")
+            if result.steps != steps + 1:  # S tool steps and the answer; a stop: less
+                raise RuntimeError(
+                    f"W2 ran {result.steps} of {steps + 1} steps: {result.stop_reason}"
+                )
             await ref.stop()
 
     return run
@@ -54,7 +58,8 @@ def _raw(steps: int, executions: int) -> Runner:
 
 
 async def _steps(steps: int, executions: int, repeats: int) -> Row:
-    async with Runtime() as rt:
+    # Up to 1,000 steps per execution: past the default cap of 200, removed here.
+    async with Runtime(caps=None) as rt:
         return await compare(
             f"W2 steps S={steps} (time per step)",
             fractor=_fractor(rt, steps, executions),
@@ -71,7 +76,7 @@ async def _flatness(budget: int, repeats: int) -> Row:
     comparison here), so a machine whose speed drifts does not decide the verdict.
     The baseline column is the raw loop's own figure, measured the same way."""
     long, short = 1000, 50
-    async with Runtime() as rt:
+    async with Runtime(caps=None) as rt:
         ours = await compare(
             "ours",
             fractor=_fractor(rt, long, max(1, budget // long)),

@@ -9,6 +9,7 @@ from ._actor import FailurePolicy as FailurePolicy
 from ._actor import Spawnable as Spawnable
 from ._admission import Reservation as Reservation
 from ._budget import Budget as Budget
+from ._budget import Caps as Caps
 from ._budget import Price as Price
 from ._budget import Usage as Usage
 from ._codec import decode_json as decode_json
@@ -55,6 +56,7 @@ __all__ = [
     "AskTimeout",
     "Budget",
     "BudgetExceeded",
+    "Caps",
     "DuplicateActor",
     "Envelope",
     "Event",

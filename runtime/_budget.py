@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["Budget", "Price", "Usage"]
+__all__ = ["Budget", "Caps", "Price", "Usage"]
 
 #: The largest value a limit may take: what msgspec (and a store) can encode.
 _LARGEST = 2**63 - 1
@@ -66,6 +66,25 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             mine, theirs = getattr(self, name), getattr(other, name)
             fields[name] = theirs if mine is None else mine if theirs is None else min(mine, theirs)
         return Budget(**fields)
+
+
+class Caps(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Default bounds that hold even with no budget anywhere: a model that never stops
+    calling subagents or tools still ends, with a stop reason naming the cap.
+
+    ``depth``: how deep a tree of executions may grow below the runtime (a top-level
+    execution is at depth 1). ``agents``: how many executions one top-level execution
+    may open below it, in all. ``steps``: how many steps one execution may take
+    itself (its subagents' steps are theirs). ``Runtime(caps=Caps(steps=1_000))``
+    raises one, ``Caps(depth=None)`` removes one, ``Runtime(caps=None)`` all of them.
+    """
+
+    depth: int | None = 8
+    agents: int | None = 10_000
+    steps: int | None = 200
+
+    def __post_init__(self) -> None:
+        _check(self, ("depth", "agents", "steps"), whole=True, positive=True)
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):

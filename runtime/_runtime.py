@@ -24,7 +24,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ._actor import Spawnable
-from ._budget import Budget, Price
+from ._budget import Budget, Caps, Price
 from ._cell import TASK_HANDLES, ActorGroup, Cell
 from ._events import EventBus, Subscription
 from ._exceptions import DuplicateActor, RuntimeClosed
@@ -38,6 +38,10 @@ __all__ = ["Runtime"]
 
 R = TypeVar("R")
 State = Literal["not started", "running", "closing", "closed"]
+
+
+#: The default caps of every runtime (see ``Caps``).
+DEFAULT_CAPS = Caps()
 
 
 class _NotRunning(BaseException):
@@ -59,7 +63,9 @@ class Runtime:
     output a model request is sent with under a budget (capped by the request's own
     ``max_tokens``): a budget whose settled usage leaves less than that plus the
     input estimate is spent; ``default_max_tokens`` is what a request that names no
-    ``max_tokens`` reserves at most (see ``Supervisor``).
+    ``max_tokens`` reserves at most (see ``Supervisor``). ``caps`` bound any tree,
+    budget or not (depth 8, 10,000 executions per top-level execution, 200 steps per
+    execution by default; see ``Caps``): ``caps=None`` removes them.
     """
 
     def __init__(
@@ -73,6 +79,7 @@ class Runtime:
         log_events: bool = False,
         min_output_tokens: int = MIN_OUTPUT_TOKENS,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        caps: Caps | None = DEFAULT_CAPS,
     ) -> None:
         if (
             isinstance(grace, bool)
@@ -93,6 +100,7 @@ class Runtime:
             prices,
             min_output_tokens=min_output_tokens,
             default_max_tokens=default_max_tokens,
+            caps=caps,
         )
         self.grace = grace
         self.mailbox_size = mailbox_size

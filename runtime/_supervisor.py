@@ -58,7 +58,7 @@ from ._admission import (
     refusal,
     why_waiting,
 )
-from ._budget import Budget, Price, Usage
+from ._budget import Budget, Caps, Price, Usage
 from ._exceptions import BudgetExceeded, InvalidUsage
 from ._tree import Cancellable, EndStatus, Node, NodeSnapshot, TreeSnapshot
 from ._waiter import clock, new_waiter, park, wake
@@ -92,6 +92,7 @@ class Supervisor:
         *,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         min_output_tokens: int = MIN_OUTPUT_TOKENS,
+        caps: Caps | None = None,
     ) -> None:
         for name, value in (
             ("default_max_tokens", default_max_tokens),
@@ -99,7 +100,11 @@ class Supervisor:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if caps is not None and not isinstance(caps, Caps):
+            raise TypeError(f"caps must be a runtime.Caps or None, got {type(caps).__qualname__}")
         self.budget = budget
+        #: Bounds on any tree, budget or not (None: none).
+        self.caps = caps
         #: The output cap reserved for a request that names none, when a limit applies:
         #: reserving a whole budget's headroom for one request would starve its siblings.
         self.default_max_tokens = default_max_tokens
@@ -147,6 +152,15 @@ class Supervisor:
                 raise BudgetExceeded("depth", budget.depth, node.id, node.name)
             if budget.agents is not None and node.agents + 1 > budget.agents:
                 raise BudgetExceeded("agents", budget.agents, node.id, node.name)
+        caps = self.caps
+        if caps is not None and parent is not self.root:
+            if caps.depth is not None and depth > caps.depth:
+                raise _over_cap("depth", caps.depth, parent)
+            top = parent
+            while top.parent is not self.root and top.parent is not None:
+                top = top.parent
+            if caps.agents is not None and top.agents + 1 > caps.agents:
+                raise _over_cap("agents", caps.agents, top)
         for node in parent.chain():
             node.agents += 1
         now = self.now()
@@ -284,6 +298,16 @@ class Supervisor:
         """Check-and-increment counters on the whole chain, atomically."""
         if node.stop_status is not None:
             raise self._stopped(node)
+        caps = self.caps
+        if (
+            steps
+            and caps is not None
+            and caps.steps is not None
+            and node.own_steps + steps > caps.steps
+        ):
+            error = _over_cap("steps", caps.steps, node)
+            self.stop_subtree(node, "budget_exceeded", str(error), error)
+            raise error
         current: Node | None = node
         while current is not None:
             budget = current.limits
@@ -303,6 +327,7 @@ class Supervisor:
             current.tool_calls += tool_calls
             current = current.parent
         node.own_tool_calls += tool_calls
+        node.own_steps += steps
 
     def need(
         self,
@@ -691,6 +716,25 @@ class Supervisor:
 def _parents_first(node: Node) -> tuple[float, int]:
     """A parent starts before its children (and is shallower when started together)."""
     return node.started, node.depth
+
+
+def _over_cap(limit: str, allowed: int, node: Node) -> BudgetExceeded:
+    """A default cap of the runtime refused: it says which and how to change it."""
+    return BudgetExceeded(
+        limit,
+        allowed,
+        node.id,
+        node.name,
+        why=f"the runtime's default cap on {_CAPPED[limit]}; raise it or remove it with "
+        f"Runtime(caps=Caps({limit}=...))",
+    )
+
+
+_CAPPED = {
+    "depth": "the depth of a tree",
+    "agents": "the agents under one top-level execution",
+    "steps": "the steps of one execution",
+}
 
 
 def _amount(value: float) -> str:

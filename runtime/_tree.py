@@ -101,6 +101,7 @@ class Node:
         "own_input",
         "own_output",
         "own_requests",
+        "own_steps",
         "own_tool_calls",
         "parent",
         "requests",
@@ -174,6 +175,7 @@ class Node:
         self.own_cached = 0
         self.own_requests = 0
         self.own_tool_calls = 0
+        self.own_steps = 0
         self.own_cost = 0.0
         #: Requests waiting for this node's headroom, first come first served.
         self.waiters: deque[Wait] | None = None

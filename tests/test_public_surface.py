@@ -37,7 +37,7 @@ def test_runtime_surface_names() -> None:
 
     expected = {
         "Actor", "ActorContext", "ActorError", "ActorRef", "ActorStopped", "AskTimeout", "Budget",
-        "BudgetExceeded", "DuplicateActor", "Envelope", "Event", "EventBus", "EventKind",
+        "BudgetExceeded", "Caps", "DuplicateActor", "Envelope", "Event", "EventBus", "EventKind",
         "FailurePolicy", "FractorError", "InvalidUsage",
         "MailboxFull", "MailboxStatistics", "MemoryStore", "Node", "NodeSnapshot", "NodeStatus",
         "PendingReply", "Price", "Record", "Reservation", "Runtime", "RuntimeClosed",

@@ -22,6 +22,7 @@ from actors import (
     ReActModel,
     Result,
     ScriptedModel,
+    ToolResultMessage,
     Usage,
     call,
     calls,
@@ -29,7 +30,7 @@ from actors import (
     tool,
 )
 from actors._models import Turn
-from runtime import Budget, Event, Price, Runtime
+from runtime import Budget, Caps, Event, Price, Runtime
 
 PRICES = {"worker-model": Price(input_per_million=1.0, output_per_million=4.0)}
 
@@ -368,3 +369,83 @@ async def test_a_thousand_waiting_children_do_not_deadlock() -> None:
     assert stats.budget_waits > 0
     assert stats.budget_waiting == 0
     assert result.usage.total_tokens <= 160_000
+
+
+# -- default caps: a runaway tree ends even with no budget anywhere ---------------------
+
+
+def _relentless(request: ModelRequest) -> Turn:
+    """Always asks for more work, unless a refusal just came back: then it reports it."""
+    last = request.messages[-1]
+    if isinstance(last, ToolResultMessage) and last.is_error:
+        return reply(f"stopped: {last.content}")
+    if isinstance(last, ToolResultMessage) and last.name == "child":
+        return reply(last.content)
+    names = {spec.name for spec in request.tools}
+    return call("child", task="go deeper") if "child" in names else call("lookup", topic="x")
+
+
+async def test_a_runaway_chain_of_subagents_is_bounded_by_the_default_depth_cap() -> None:
+    agent = Agent("child", FunctionModel(_relentless))
+    for _ in range(12):  # twelve levels, each delegating to the next
+        agent = Agent("child", FunctionModel(_relentless), subagents=[agent])
+    async with Runtime() as rt:  # no budget: the default caps hold
+        result = await (await rt.spawn(agent)).ask("go")
+        depths = {n.depth for n in rt.tree().nodes if n.name == "child"}
+    assert result.status == "completed"
+    assert max(depths) == 8
+    cap = "depth limit of 8 reached: the runtime's default cap on the depth of a tree"
+    assert cap in result.text
+    assert "Runtime(caps=Caps(depth=...))" in result.text
+
+
+async def test_a_runaway_loop_of_tool_calls_is_bounded_by_the_default_step_cap() -> None:
+    model = FunctionModel(lambda request: call("lookup", topic="again"), record=0)
+    async with Runtime() as rt:
+        result = await (await rt.spawn(Agent("loop", model, tools=[lookup]))).ask("go")
+    assert result.status == "budget_exceeded"
+    assert result.stop_reason.startswith(
+        "steps limit of 200 reached: the runtime's default cap on the steps of one execution; "
+        "raise it or remove it with Runtime(caps=Caps(steps=...))"
+    )
+    assert result.steps == 200
+    assert result.usage.tool_calls == 200
+
+
+async def test_caps_are_raised_or_removed_explicitly() -> None:
+    turns = [call("lookup", topic=str(i)) for i in range(300)] + [reply("done")]
+    async with Runtime(caps=Caps(steps=400)) as rt:
+        raised = await (await rt.spawn(Agent("a", ScriptedModel(turns), tools=[lookup]))).ask("go")
+    async with Runtime(caps=None) as rt:
+        removed = await (await rt.spawn(Agent("a", ScriptedModel(turns), tools=[lookup]))).ask("go")
+    assert (raised.status, raised.steps) == ("completed", 301)
+    assert (removed.status, removed.steps) == ("completed", 301)
+
+
+async def test_the_agents_cap_counts_the_executions_under_one_top_level_execution() -> None:
+    def fan_out(request: ModelRequest) -> Turn:
+        last = request.messages[-1]
+        if isinstance(last, ToolResultMessage) and last.is_error:
+            return reply("enough")
+        return calls(*(call("child", task=str(i)) for i in range(8)))
+
+    model = FunctionModel(fan_out)
+    child = Agent("child", ScriptedModel([reply("ok")] * 100))
+    async with Runtime(caps=Caps(agents=20)) as rt:
+        ref = await rt.spawn(Agent("lead", model, subagents=[child]))
+        first = await ref.ask("fan out")
+        second = await ref.ask("again")  # a new top-level execution: 20 of its own
+        children = [n for n in rt.tree().nodes if n.name == "child"]
+    assert (first.text, second.text) == ("enough", "enough")
+    assert len(children) == 40  # 8 + 8 + 4 per top-level execution
+    refused = [
+        m.content
+        for m in model.requests[-1].messages
+        if isinstance(m, ToolResultMessage) and m.is_error
+    ]
+    assert len(refused) == 4
+    assert all(
+        "agents limit of 20 reached: the runtime's default cap on the agents under one "
+        "top-level execution; raise it or remove it with Runtime(caps=Caps(agents=...))" in text
+        for text in refused
+    )
