@@ -41,6 +41,7 @@ from ._messages import (
     SystemMessage,
     ToolSpec,
     UserMessage,
+    safe_text,
 )
 from ._models import Model
 from ._persistence import AgentState, decode_state, encode_state, is_automatic_id
@@ -231,12 +232,6 @@ class AgentActor(Actor):
         supervisor = context.runtime.supervisor
         # An earlier execution may have died mid-way: never carry its buffer over.
         self.execution.clear()
-        self.messages.append(UserMessage(content=task.text))
-        head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
-        if head or self.summary or self.buffer:
-            history = (*head, *self.summary, *self.buffer, *self.messages)
-        else:
-            history = tuple(self.messages)  # one copy, not a list and then a tuple
         if task.node:
             node = supervisor.get(task.node)  # opened by the parent that delegated
         else:
@@ -244,7 +239,14 @@ class AgentActor(Actor):
             try:
                 node = supervisor.open(supervisor.root, name=agent.name, limits=budget)
             except BudgetExceeded as exc:
-                return self._refused(task, str(exc))
+                # Nothing ran: the turn joins neither the live nor the stored conversation.
+                return self._refused(str(exc))
+        self.messages.append(UserMessage(content=task.text))
+        head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
+        if head or self.summary or self.buffer:
+            history = (*head, *self.summary, *self.buffer, *self.messages)
+        else:
+            history = tuple(self.messages)  # one copy, not a list and then a tuple
         node.actor_id = context.id
         execution = self._new_execution(node, task, history)
         try:
@@ -355,10 +357,10 @@ class AgentActor(Actor):
         self.restarts = [at for at in self.restarts if now - at <= policy.window]
         return len(self.restarts) < policy.max_restarts
 
-    def _refused(self, task: Task, reason: str) -> Result:
-        """A task the supervisor would not start (depth or agents limit)."""
+    def _refused(self, reason: str) -> Result:
+        """A task the supervisor would not start (depth or agents limit): its answer,
+        kept out of the conversation (live and stored alike)."""
         text = f"[budget_exceeded] The task was not started: {reason}."
-        self.messages.append(AssistantMessage(content=text))
         return Result(
             text=text,
             status="budget_exceeded",
@@ -440,4 +442,4 @@ def _task(text: str, budget: Budget | None) -> Task:
         raise TypeError(f"a task is text (str), got {type(text).__qualname__}")
     if budget is not None and not isinstance(budget, Budget):
         raise TypeError(f"budget must be a runtime.Budget or None, got {type(budget).__qualname__}")
-    return Task(text=text, budget=budget)
+    return Task(text=safe_text(text), budget=budget)

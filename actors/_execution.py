@@ -49,6 +49,7 @@ from ._messages import (
     ToolCall,
     ToolOutcome,
     ToolResultMessage,
+    safe_text,
 )
 from ._policy import is_retryable
 
@@ -328,6 +329,10 @@ class Execution:
                 return
             usage = self.charged
             model_seconds = time.perf_counter() - began
+            if not response.text.isascii() or any(
+                not c.arguments.isascii() for c in response.tool_calls
+            ):
+                response = _safe_response(response)
             if response.text:
                 self.last_text = response.text
             calls = response.tool_calls
@@ -852,6 +857,15 @@ class _TaskArguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 
 _decode_task = msgspec.json.Decoder(_TaskArguments).decode
+
+
+def _safe_response(response: ModelResponse) -> ModelResponse:
+    """A model's reply with its text made safe for every store and provider."""
+    calls = tuple(
+        c if c.arguments.isascii() else msgspec.structs.replace(c, arguments=safe_text(c.arguments))
+        for c in response.tool_calls
+    )
+    return msgspec.structs.replace(response, text=safe_text(response.text), tool_calls=calls)
 
 
 def _reported(error: Exception) -> Usage | None:

@@ -41,6 +41,7 @@ __all__ = [
     "ToolResultMessage",
     "ToolSpec",
     "UserMessage",
+    "safe_text",
 ]
 
 
@@ -182,3 +183,17 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         """The inference context these sections compile to."""
         head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
         return head + self.summary + self.buffer + self.messages + self.execution
+
+
+def safe_text(text: str) -> str:
+    """``text`` as every store and provider can take it: a lone surrogate (half of a
+    UTF-16 pair, which no UTF-8 encoder accepts) becomes U+FFFD; a pair written as
+    two halves becomes its character. Made safe once, where text comes in (a task,
+    a tool's result, a model's reply), so nothing raises later inside an actor."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text

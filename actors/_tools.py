@@ -36,7 +36,7 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from ._messages import ToolCall, ToolOutcome, ToolSpec
+from ._messages import ToolCall, ToolOutcome, ToolSpec, safe_text
 from ._schema import (
     ToolDefinitionError,
     build_arguments,
@@ -288,7 +288,7 @@ class Tool(Generic[P, R]):
 def _exception_text(exc: BaseException) -> str:
     kind = type(exc).__qualname__
     try:
-        message = str(exc)
+        message = safe_text(str(exc))
     except Exception:
         message = ""
     return f"{kind}: {message}" if message else kind
@@ -297,7 +297,7 @@ def _exception_text(exc: BaseException) -> str:
 def _to_text(value: object) -> str:
     """A tool's return value as the text the model reads."""
     if isinstance(value, str):
-        return value
+        return safe_text(value)
     if value is None:
         return ""
     try:

@@ -311,3 +311,43 @@ async def test_200_agents_finishing_at_once_lose_nothing(tmp_path: Path) -> None
     assert {t.agent_id for t in traces} == {f"user{i}" for i in range(count)}
     assert all(t.status == "completed" and len(t.steps) == 2 for t in traces)
     assert encode_json(traces[0])  # every trace decodes and re-encodes
+
+
+async def test_a_refused_turn_joins_neither_the_live_nor_the_stored_conversation() -> None:
+    store = MemoryStore()
+    model = ScriptedModel([reply("First.")])
+    async with Runtime(budget=Budget(agents=1), store=store) as rt:
+        ref = await rt.spawn(Agent("support", model), id="support")
+        first = await ref.ask("One?")
+        refused = await ref.ask("Two?")  # a second execution: over the runtime's agents
+        live = await ref.conversation()
+    assert first.status == "completed"
+    assert refused.status == "budget_exceeded"
+    assert refused.text.startswith("[budget_exceeded] The task was not started: agents limit")
+    state = await stored_state(store, "support")
+    assert live.messages == state.messages == turn("One?", "First.")
+
+
+async def test_lone_surrogates_are_made_safe_where_text_comes_in(tmp_path: Path) -> None:
+    @tool
+    async def odd(topic: str) -> str:
+        """Returns half of a UTF-16 pair."""
+        return f"half \udc80 of {topic}"
+
+    model = ScriptedModel([call("odd", topic="x"), reply("seen \ud800 here"), reply("still fine")])
+    async with SQLiteStore(tmp_path / "agents.db") as store:
+        async with Runtime(store=store) as rt:
+            ref = await rt.spawn(Agent("support", model, tools=[odd]), id="support")
+            result = await ref.ask("task \ud800 text")
+            later = await ref.ask("still usable?")  # the agent is not poisoned
+        state = await stored_state(store, "support")
+        records = await store.records()
+    assert (result.status, later.status) == ("completed", "completed")
+    assert result.text == "seen \ufffd here"
+    assert state.messages == (
+        *turn("task \ufffd text", "seen \ufffd here"),
+        *turn("still usable?", "still fine"),
+    )
+    assert len(records) == 2  # both traces stored
+    assert "half \ufffd of x" in records[0].data.decode()
+    assert model.requests[0].messages[0].content == "task \ufffd text"  # what the model saw
