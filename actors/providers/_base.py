@@ -24,7 +24,8 @@ import importlib
 import itertools
 import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any, ClassVar, Self
 
@@ -85,6 +86,38 @@ class ProviderError(FractorError):
         self.retry_after = retry_after
         self.what = what
         self.advice = advice
+
+    def redacted(self, secrets: Iterable[str]) -> ProviderError:
+        """The same error with ``secrets`` and URL credentials taken out of its text
+        (a server may echo the key in its error body)."""
+        return ProviderError(
+            self.provider,
+            redact(self.what, secrets),
+            advice=redact(self.advice, secrets),
+            model=self.model,
+            status=self.status,
+            retryable=self.retryable,
+            retry_after=self.retry_after,
+        )
+
+
+# -- secrets: never in what fractor records or prints --------------------------------
+
+#: What stands where a secret was.
+REDACTED = "[redacted]"
+#: Credentials in a URL: ``scheme://user:password@host`` (or ``scheme://token@host``).
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret (an API key, say) and any credentials of a URL
+    replaced by ``[redacted]``: what an error, a stop reason, a trace or a log keeps."""
+    for secret in secrets:
+        if secret and len(secret) >= 4 and secret in text:
+            text = text.replace(secret, REDACTED)
+    if "@" in text:
+        text = _URL_CREDENTIALS.sub(f"{REDACTED}@", text)
+    return text
 
 
 # -- configuration shared by the providers ------------------------------------------
@@ -429,7 +462,12 @@ class ProviderModel:
     default_base_url: ClassVar[str] = ""
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._model!r}, base_url={self.base_url!r})"
+        base_url = redact(self.base_url, self._secrets())
+        return f"{type(self).__name__}({self._model!r}, base_url={base_url!r})"
+
+    def _secrets(self) -> tuple[str, ...]:
+        """What must never be recorded: the key (given or from the environment)."""
+        return (self._api_key,)
 
     async def __aenter__(self) -> Self:
         return self
@@ -470,8 +508,12 @@ class ProviderModel:
             )
             if error is None:
                 raise
-            raise error from exc
-        return self.parse(status, body, request)
+            # Not chained: the SDK's exception holds the raw body, which may echo the key.
+            raise error.redacted(self._secrets()) from None
+        try:
+            return self.parse(status, body, request)
+        except ProviderError as error:
+            raise error.redacted(self._secrets()) from None
 
     def malformed(self, status: int, detail: str) -> ProviderError:
         return malformed(self.provider, self._model, status, detail)

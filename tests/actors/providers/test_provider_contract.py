@@ -23,22 +23,9 @@ from runtime import Budget, Runtime
 
 from ..loopback import LoopbackServer, json_reply, text_reply
 from ..tools import ask_once
-from .wires import ANTHROPIC, ANTHROPIC_TRIO_UNSUPPORTED, OPENAI, Wire
+from .wires import Wire
 
 REQUEST = ModelRequest(messages=(UserMessage(content="x"),))
-
-
-@pytest.fixture(params=[OPENAI, ANTHROPIC], ids=lambda wire: wire.provider)
-def wire(request: pytest.FixtureRequest) -> Wire:
-    chosen: Wire = request.param
-    if (
-        chosen is ANTHROPIC
-        and ANTHROPIC_TRIO_UNSUPPORTED
-        and "anyio_backend" in request.fixturenames
-        and request.getfixturevalue("anyio_backend") == "trio"
-    ):
-        pytest.skip("the installed anthropic SDK is older than 0.46: asyncio only")
-    return chosen
 
 
 # -- one request ----------------------------------------------------------------------
