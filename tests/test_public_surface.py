@@ -73,7 +73,7 @@ def test_subpackage_surface_names() -> None:
     assert set(runtime.lowlevel.__all__) == {"Waiter", "clock", "new_waiter", "park", "wake"}
     assert set(actors.providers.__all__) == {
         "PROVIDERS", "AnthropicModel", "OpenAIModel", "ProviderError", "ProviderModel",
-        "model_from_string",
+        "model_from_string", "redact",
     }  # fmt: skip
     assert set(actors.cli.__all__) == {"main"}
     # One definition, two homes: what actors re-exports from its subpackages.

@@ -28,7 +28,7 @@ from runtime import Budget, Runtime
 from .._agent import Agent
 from .._messages import Result
 from .._policy import RetryPolicy
-from ..providers import ProviderError, model_from_string
+from ..providers import ProviderError, model_from_string, redact
 from ._live import watch
 
 __all__ = ["Event", "add_run_parser", "run_command", "show"]
@@ -207,7 +207,7 @@ async def run_command(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             retry=RetryPolicy(retries=args.retries),
         )
-        base_url = getattr(model, "base_url", "")
+        base_url = redact(getattr(model, "base_url", ""), ())  # no credentials shown
         show(
             Started(
                 agent=agent.name, model=model.name, base_url=base_url, task=args.task, budget=budget

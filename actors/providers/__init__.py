@@ -20,6 +20,7 @@ from .. import _models
 from ._anthropic import AnthropicModel as AnthropicModel
 from ._base import ProviderError as ProviderError
 from ._base import ProviderModel as ProviderModel
+from ._base import redact as redact
 from ._openai import OpenAIModel as OpenAIModel
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "ProviderError",
     "ProviderModel",
     "model_from_string",
+    "redact",
 ]
 
 #: The providers a model string may name.

@@ -141,3 +141,21 @@ def test_fractor_run_with_anthropic(
     assert received.json()["messages"] == [
         {"role": "user", "content": [text("What is the answer?")]}
     ]
+
+
+def test_fractor_run_prints_no_key_a_server_echoes(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    canary, password = "sk-canary-cli-9d1e4f2a", "cli-canary-pw"
+    monkeypatch.setenv("OPENAI_API_KEY", canary)
+    said = f"Incorrect API key provided: {canary}"
+    server.queue(json_reply(error_body(said, "invalid_api_key"), status=401))
+    root = server.url.replace("http://", f"http://user:{password}@")
+    code = main(["run", "--model", "openai:test", "--base-url", f"{root}/v1", "Hello"])
+    captured = capsys.readouterr()
+    printed = captured.out + captured.err
+    assert code != 0
+    assert "the API key was rejected" in printed
+    assert "[redacted]" in printed
+    assert canary not in printed
+    assert password not in printed
