@@ -11,7 +11,7 @@ mailbox like everything else: nobody reaches into the actor's state.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from runtime import (
     BudgetExceeded,
     MailboxStatistics,
     Node,
+    Price,
     Record,
     Store,
     Usage,
@@ -187,9 +188,12 @@ class AgentActor(Actor):
 
         Only a top-level agent with an id of its own keeps a state (see
         ``actors._persistence``). A stored state that cannot be read fails the spawn
-        with ``StoreError``: starting over would overwrite it at the next save.
+        with ``StoreError``: starting over would overwrite it at the next save. A cost
+        limit over models with no price fails it too, before any request.
         """
         context = self.context
+        budget = context.runtime.budget
+        _check_prices(self.agent, context.runtime.supervisor.prices, budget)
         store = context.runtime.store
         self.persistent = (
             store is not None
@@ -230,6 +234,8 @@ class AgentActor(Actor):
         agent = self.agent
         context = self.context
         supervisor = context.runtime.supervisor
+        if task.budget is not None and task.budget.cost is not None:
+            _check_prices(agent, supervisor.prices, task.budget)
         # An earlier execution may have died mid-way: never carry its buffer over.
         self.execution.clear()
         if task.node:
@@ -418,6 +424,37 @@ class AgentRef:
 
     def statistics(self) -> MailboxStatistics:
         return self._ref.statistics()
+
+
+def _check_prices(agent: Agent, prices: Mapping[str, Price], budget: Budget | None) -> None:
+    """Refuse a cost limit (``budget``'s or one in ``agent``'s tree) over a model with
+    no price, naming the models: a cost cannot be counted, so it cannot be limited."""
+    if not (budget is not None and budget.cost is not None) and not _limits_cost(agent):
+        return
+    missing = sorted({name for name in _priced_names(agent) if name not in prices})
+    if missing:
+        names = ", ".join(map(repr, missing))
+        raise ValueError(
+            f"a cost limit applies to agent {agent.name!r} but no price is known for model "
+            f"{names}: pass Runtime(prices={{{missing[0]!r}: Price(...)}})"
+        )
+
+
+def _limits_cost(agent: Agent) -> bool:
+    budget = agent.budget
+    if budget is not None and budget.cost is not None:
+        return True
+    return any(_limits_cost(subagent) for subagent in agent.subagents)
+
+
+def _priced_names(agent: Agent) -> Iterator[str]:
+    """The names prices are looked up by, for every model in ``agent``'s tree (an
+    adapter's requests are its inner model's)."""
+    model = agent.model
+    inner = getattr(model, "inner", None)
+    yield inner.name if inner is not None else model.name
+    for subagent in agent.subagents:
+        yield from _priced_names(subagent)
 
 
 def _subagent_spec(agent: Agent) -> ToolSpec:

@@ -99,6 +99,7 @@ class Cell:
         "accepts",
         "actor",
         "children",
+        "depth",
         "group",
         "handle",
         "id",
@@ -123,11 +124,14 @@ class Cell:
         runtime: Runtime,
         group: ActorGroup | None,
         own_scope: bool = True,
+        depth: int = 1,
     ) -> None:
         self.actor = actor
         self.id = id
         self.name = name
         self.parent_id = parent_id
+        #: 1 for an actor of the runtime's own, its parent's depth + 1 for a child.
+        self.depth = depth
         self.runtime = runtime
         self.group = group
         self.mailbox = Mailbox(id, mailbox_size)
@@ -253,7 +257,14 @@ class Cell:
         self.runtime.cell_finished(self)
         bus = self.runtime.event_bus
         if bus.active:
-            bus.emit("stop", agent=self.name, agent_id=self.id, reason=reason)
+            bus.emit(
+                "stop",
+                agent=self.name,
+                agent_id=self.id,
+                parent_id=self.parent_id or "",
+                depth=self.depth,
+                reason=reason,
+            )
         if self._finished is not None:
             self._finished.set()
 

@@ -255,6 +255,7 @@ class Runtime:
             raise ValueError(f"actor id must be a non-empty string, got {id!r}")
         if id in self._cells:
             raise DuplicateActor(id)
+        parent = self._cells.get(parent_id) if parent_id is not None else None
         cell = Cell(
             actor,
             id=id,
@@ -264,6 +265,7 @@ class Runtime:
             runtime=self,
             group=group,
             own_scope=own_scope,
+            depth=parent.depth + 1 if parent is not None else 1,
         )
         self._cells[id] = cell
         self._spawned += 1

@@ -336,12 +336,29 @@ async def test_cost_is_computed_from_prices_and_limited() -> None:
     assert result.usage.input_tokens + cap * 2 <= 600
 
 
-async def test_cost_limit_without_a_price_is_a_clear_failure() -> None:
+async def test_a_cost_limit_without_a_price_is_refused_at_the_ask() -> None:
+    model = ScriptedModel([reply("x")], name="unpriced")
     async with Runtime() as rt:
-        ref = await rt.spawn(Agent("a", ScriptedModel([reply("x")], name="unpriced")))
-        result = await ref.ask("hi", budget=Budget(cost=1.0))
-    assert result.status == "failed"
-    assert "no price is known for model 'unpriced'" in result.stop_reason
+        ref = await rt.spawn(Agent("a", model))
+        with pytest.raises(ValueError, match="no price is known for model 'unpriced'") as caught:
+            await ref.ask("hi", budget=Budget(cost=1.0))
+        conversation = await ref.conversation()
+    assert "Runtime(prices={'unpriced': Price(...)})" in str(caught.value)
+    assert model.requests == type(model.requests)()  # no request was sent
+    assert conversation.messages == ()  # nothing half-written
+
+
+async def test_a_cost_limit_without_a_price_fails_the_spawn() -> None:
+    helper = Agent("helper", ScriptedModel([], name="helper-model"), budget=Budget(cost=1.0))
+    lead = Agent("lead", ScriptedModel([], name="lead-model"), subagents=[helper])
+    async with Runtime(
+        prices={"lead-model": Price(input_per_million=1, output_per_million=1)}
+    ) as rt:
+        with pytest.raises(ValueError, match="no price is known for model 'helper-model'"):
+            await rt.spawn(lead)
+    async with Runtime(budget=Budget(cost=1.0)) as rt:
+        with pytest.raises(ValueError, match="'lead-model'"):
+            await rt.spawn(Agent("lead", ScriptedModel([], name="lead-model")))
 
 
 async def test_model_requests_are_retried_with_backoff() -> None:

@@ -79,7 +79,9 @@ async def test_an_execution_emits_its_events_in_order() -> None:
     assert child_events[3].detail["result"] == "notes on x"
     assert lead_events[-1].detail["status"] == "completed"
     assert all(a.at <= b.at for a, b in itertools.pairwise(seen))
-    assert any(e.kind == "stop" and e.agent_id == child_events[0].agent_id for e in seen)
+    (stop,) = [e for e in seen if e.kind == "stop" and e.agent_id == child_events[0].agent_id]
+    # An actor's stop names its parent actor and its depth among actors.
+    assert (stop.parent_id, stop.depth) == (lead_events[0].agent_id, 2)
 
 
 async def test_budget_deadline_and_retry_events() -> None:
