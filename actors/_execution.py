@@ -329,8 +329,8 @@ class Execution:
                 return
             usage = self.charged
             model_seconds = time.perf_counter() - began
-            if not response.text.isascii() or any(
-                not c.arguments.isascii() for c in response.tool_calls
+            if not response.text.isascii() or (
+                response.tool_calls and not _ascii_arguments(response.tool_calls)
             ):
                 response = _safe_response(response)
             if response.text:
@@ -857,6 +857,12 @@ class _TaskArguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
 
 _decode_task = msgspec.json.Decoder(_TaskArguments).decode
+
+
+def _ascii_arguments(calls: tuple[ToolCall, ...]) -> bool:
+    if len(calls) == 1:  # the usual step: no generator
+        return calls[0].arguments.isascii()
+    return all(tool_call.arguments.isascii() for tool_call in calls)
 
 
 def _safe_response(response: ModelResponse) -> ModelResponse:
