@@ -11,7 +11,7 @@ mailbox like everything else: nobody reaches into the actor's state.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,11 +120,14 @@ class Agent:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Agent {self.name!r}: {option} must be >= 1, got {value!r}")
         if self.max_tokens is not None and (
-            not isinstance(self.max_tokens, int) or self.max_tokens < 1
+            not isinstance(self.max_tokens, int)
+            or isinstance(self.max_tokens, bool)
+            or self.max_tokens < 1
         ):
             raise ValueError(
                 f"Agent {self.name!r}: max_tokens must be >= 1, got {self.max_tokens!r}"
             )
+        self._check_types()
         tools = tuple(t if isinstance(t, Tool) else tool(t) for t in self.tools)
         toolbox = Toolbox(tools)
         subagents = tuple(self.subagents)
@@ -148,6 +151,35 @@ class Agent:
         object.__setattr__(
             self, "specs", toolbox.specs + tuple(_subagent_spec(s) for s in subagents)
         )
+
+    def _check_types(self) -> None:
+        """The options whose type alone can be wrong, each named with what it takes."""
+        prefix = f"Agent {self.name!r}:"
+        for option in ("instructions", "description"):
+            value = getattr(self, option)
+            if not isinstance(value, str):
+                raise TypeError(f"{prefix} {option} must be a str, got {type(value).__qualname__}")
+        if self.stop_when is not None and not callable(self.stop_when):
+            raise TypeError(
+                f"{prefix} stop_when must be a function of a step's record or None, "
+                f"got {type(self.stop_when).__qualname__}"
+            )
+        for option, kind in (("retry", RetryPolicy), ("restart", RestartPolicy)):
+            value = getattr(self, option)
+            if not isinstance(value, kind):
+                raise TypeError(
+                    f"{prefix} {option} must be an actors.{kind.__name__}, "
+                    f"got {type(value).__qualname__}"
+                )
+        if not isinstance(self.escalate, bool):
+            raise TypeError(f"{prefix} escalate must be a bool, got {self.escalate!r}")
+        for option in ("tools", "subagents"):
+            value = getattr(self, option)
+            if isinstance(value, str | Agent) or callable(value) or not isinstance(value, Iterable):
+                raise TypeError(
+                    f"{prefix} {option} must be a sequence (a list or a tuple), "
+                    f"got {type(value).__qualname__}; write {option}=[...]"
+                )
 
     # Spawnable
     def new_actor(self) -> AgentActor:

@@ -260,6 +260,15 @@ class ReActModel:
             raise TypeError(f"max_corrections must be an int, got {max_corrections!r}")
         if max_corrections < 0:
             raise ValueError(f"max_corrections must be 0 or more, got {max_corrections}")
+        if not callable(getattr(inner, "request", None)) or not isinstance(
+            getattr(inner, "name", None), str
+        ):
+            raise TypeError(
+                "ReActModel wraps a model (the Model protocol: a name and an async "
+                f"request() method), got {type(inner).__qualname__}"
+            )
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"ReActModel name must be a non-empty str or None, got {name!r}")
         self._inner = inner
         self.max_corrections = max_corrections
         self.name = name or f"react:{inner.name}"

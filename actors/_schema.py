@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 import typing
 from collections.abc import Callable
@@ -125,11 +126,11 @@ def check_options(
             f"retries={retries!r} is not allowed",
             "retries is a whole number of extra attempts, 0 or more",
         )
-    if not is_number(retry_delay) or not retry_delay >= 0:  # type: ignore[operator]
+    if not is_number(retry_delay) or not 0 <= retry_delay < math.inf:  # type: ignore[operator]
         raise ToolDefinitionError(
             subject,
             f"retry_delay={retry_delay!r} is not allowed",
-            "retry_delay is a number of seconds, 0 or more",
+            "retry_delay is a finite number of seconds, 0 or more",
         )
     if (
         not isinstance(max_result_chars, int)

@@ -10,6 +10,7 @@ one outcome: the handler's return value, the handler's exception, ``AskTimeout``
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -219,6 +220,8 @@ class ActorRef:
         The timeout covers both the wait for room in the mailbox and the wait for
         the answer; it raises ``AskTimeout``. A handler's exception is raised here.
         """
+        if timeout is not None:
+            _check_timeout(timeout)
         cell = self._cell
         cell.check_accepts(message)
         reply = PendingReply(cell, message)
@@ -274,3 +277,11 @@ class ActorRef:
     def statistics(self) -> MailboxStatistics:
         """A snapshot of the actor's mailbox."""
         return self._cell.mailbox.statistics()
+
+
+def _check_timeout(timeout: object) -> None:
+    """``timeout`` is a number of seconds (0 or less times out at once), never NaN."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    if math.isnan(timeout):
+        raise ValueError("timeout must be a number of seconds or None, got nan")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Literal, TypeVar
@@ -88,10 +89,19 @@ class Runtime:
             or grace < 0
         ):
             raise ValueError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
-        if mailbox_size is not None and (not isinstance(mailbox_size, int) or mailbox_size < 1):
-            raise ValueError(f"mailbox_size must be a whole number >= 1, got {mailbox_size!r}")
+        _check_mailbox_size(mailbox_size)
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a runtime.Budget, got {type(budget).__qualname__}")
+        _check_prices(prices)
+        if store is not None and not all(
+            callable(getattr(store, method, None)) for method in ("load", "save")
+        ):
+            raise TypeError(
+                "store must implement runtime.Store (async load() and save(), like "
+                f"MemoryStore or SQLiteStore) or be None, got {type(store).__qualname__}"
+            )
+        if not isinstance(log_events, bool):
+            raise TypeError(f"log_events must be a bool, got {log_events!r}")
         #: Limits over everything this runtime runs.
         self.budget = budget
         #: The tree of executions and their budgets.
@@ -176,6 +186,7 @@ class Runtime:
         definition such as ``actors.Agent`` (giving its own kind of reference).
         ``id`` must be unique among live actors; by default it is ``name-N``.
         """
+        _check_spawn(spawnable, name, mailbox_size)
         if self._state != "running":
             raise RuntimeClosed(self._state)
         return await self._spawn_in(self._root, None, spawnable, id, name, mailbox_size)
@@ -190,6 +201,7 @@ class Runtime:
         mailbox_size: int | None = None,
     ) -> R:
         """Start an actor in ``parent``'s own task group (used by ``ActorContext.spawn``)."""
+        _check_spawn(spawnable, name, mailbox_size)
         if parent.children.task_group is None:
             if not parent.actor.spawns_children:
                 raise RuntimeError(
@@ -312,3 +324,44 @@ class Runtime:
     def tree(self) -> TreeSnapshot:
         """A live snapshot of the supervisor's tree; never waits, stops nothing."""
         return self.supervisor.snapshot()
+
+
+def _check_mailbox_size(mailbox_size: object) -> None:
+    if mailbox_size is not None and (
+        isinstance(mailbox_size, bool) or not isinstance(mailbox_size, int) or mailbox_size < 1
+    ):
+        raise ValueError(f"mailbox_size must be a whole number >= 1 or None, got {mailbox_size!r}")
+
+
+def _check_prices(prices: object) -> None:
+    """``prices`` is None or a mapping of model names to ``Price``."""
+    if prices is None:
+        return
+    if not isinstance(prices, Mapping):
+        raise TypeError(
+            "prices must be a mapping of model names to runtime.Price, "
+            f"got {type(prices).__qualname__}"
+        )
+    for model, price in prices.items():
+        if not isinstance(model, str) or not isinstance(price, Price):
+            raise TypeError(
+                "prices must map model names (str) to runtime.Price, "
+                f"got {model!r}: {type(price).__qualname__}"
+            )
+
+
+def _check_spawn(spawnable: object, name: object, mailbox_size: object) -> None:
+    """What ``spawn`` takes, checked before any actor is made (``id`` is checked as
+    the cell is made: its default depends on the name)."""
+    if isinstance(spawnable, type) or not callable(getattr(spawnable, "new_actor", None)):
+        shown = (
+            f"the class {spawnable.__qualname__}"
+            if isinstance(spawnable, type)
+            else (type(spawnable).__qualname__)
+        )
+        raise TypeError(
+            f"spawn takes an Actor instance or a definition such as actors.Agent, got {shown}"
+        )
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"actor name must be a non-empty string or None, got {name!r}")
+    _check_mailbox_size(mailbox_size)

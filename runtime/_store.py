@@ -22,6 +22,7 @@ whoever creates a store closes it, best with ``async with``.
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import time
@@ -293,8 +294,14 @@ class SQLiteStore:
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
-        if not timeout >= 0:
-            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        if not isinstance(path, str | bytes | os.PathLike):
+            raise TypeError(f"path must be a str or os.PathLike, got {path!r}")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 <= timeout < math.inf  # NaN fails this too
+        ):
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
         self.path = os.fspath(path)
         self.timeout = timeout
         self.synchronous = synchronous

@@ -418,6 +418,11 @@ class ProviderModel:
         provider = self.provider
         if not isinstance(model, str) or not model.strip():
             raise ValueError(f"{provider}: the model name must be a non-empty str, got {model!r}")
+        for option, text in (("base_url", base_url), ("api_key", api_key)):
+            if text is not None and not isinstance(text, str):
+                raise TypeError(
+                    f"{provider}: {option} must be a str or None, got {type(text).__qualname__}"
+                )
         check_positive(provider, "timeout", timeout)
         if max_output_tokens is not None and (
             not isinstance(max_output_tokens, int)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import anyio.lowlevel
 import pytest
@@ -441,3 +443,31 @@ async def test_repeated_or_missing_call_ids_from_a_model_are_made_unique() -> No
     assert answered == asked  # each result follows its own call, in order
     assert asked[0] == "x"  # the first use of an id is kept
     assert [c.id for step in trace.steps for c in step.tool_calls] == asked
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "fragment"),
+    [
+        ({"instructions": 5}, TypeError, "instructions must be a str, got int"),
+        ({"description": None}, TypeError, "description must be a str, got NoneType"),
+        ({"stop_when": "done"}, TypeError, "stop_when must be a function"),
+        ({"retry": 3}, TypeError, "retry must be an actors.RetryPolicy, got int"),
+        ({"restart": {}}, TypeError, "restart must be an actors.RestartPolicy, got dict"),
+        ({"escalate": "no"}, TypeError, "escalate must be a bool, got 'no'"),
+        ({"max_tokens": True}, ValueError, "max_tokens must be >= 1, got True"),
+        ({"tools": add}, TypeError, "tools must be a sequence (a list or a tuple), got Tool"),
+        ({"tools": 3}, TypeError, "tools must be a sequence (a list or a tuple), got int"),
+        (
+            {"subagents": Agent("b", ScriptedModel([]))},
+            TypeError,
+            "subagents must be a sequence (a list or a tuple), got Agent",
+        ),
+    ],
+)
+def test_agent_options_of_the_wrong_kind_are_refused_at_definition(
+    options: dict[str, Any], error: type[Exception], fragment: str
+) -> None:
+    with pytest.raises(error) as caught:
+        Agent("a", ScriptedModel([]), **options)
+    assert str(caught.value).startswith("Agent 'a': ")
+    assert fragment in str(caught.value)

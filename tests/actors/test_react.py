@@ -415,3 +415,10 @@ async def test_scripted_actions_round_trip(
         ids.extend(c.id for c in response.tool_calls)
     assert len(ids) == len(set(ids))
     assert len(inner.requests) == len(steps)
+
+
+def test_react_model_refuses_what_is_no_model() -> None:
+    with pytest.raises(TypeError, match=r"ReActModel wraps a model .* got str"):
+        ReActModel("openai:gpt-4.1-mini")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ReActModel name must be a non-empty str or None"):
+        ReActModel(ScriptedModel([]), name="")

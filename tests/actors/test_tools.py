@@ -379,6 +379,7 @@ def test_definition_errors_name_the_function_and_the_problem(
         ({"retries": 1.5}, "retries=1.5 is not allowed"),
         ({"retries": True}, "retries=True is not allowed"),
         ({"retry_delay": -0.1}, "retry_delay=-0.1 is not allowed"),
+        ({"retry_delay": math.inf}, "retry_delay=inf is not allowed"),
         ({"max_result_chars": 99}, "max_result_chars=99 is not allowed"),
         ({"name": ""}, "the name is empty"),
         ({"name": "get weather"}, "the name 'get weather' is not valid"),

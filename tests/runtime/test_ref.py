@@ -199,3 +199,14 @@ async def test_done_callback_runs_once_on_answer_error_or_at_once() -> None:
         with pytest.raises(RuntimeError, match="already has a done callback"):
             late.add_done_callback(record)
     assert seen == [("value", "hi"), ("error", "ValueError"), ("value", "again")]
+
+
+async def test_ask_refuses_a_timeout_that_is_no_number_before_sending() -> None:
+    async with Runtime() as rt:
+        ref = await rt.spawn(Counter())
+        with pytest.raises(ValueError, match="timeout must be a number of seconds or None"):
+            await ref.ask(Add(amount=1), timeout=float("nan"))
+        with pytest.raises(TypeError, match="timeout must be a number of seconds or None, got '1'"):
+            await ref.ask(Add(amount=1), timeout="1")  # type: ignore[arg-type]
+        assert await ref.ask(Get()) == 0  # neither was delivered
+        assert rt.statistics().pending_asks == 0

@@ -397,3 +397,42 @@ async def test_spawn_soon_refuses_a_closed_runtime_and_duplicate_ids() -> None:
 def test_grace_must_be_a_finite_number_of_seconds(grace: object) -> None:
     with pytest.raises(ValueError, match="grace must be a finite number of seconds >= 0, got"):
         Runtime(grace=grace)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "fragment"),
+    [
+        ({"mailbox_size": True}, ValueError, "mailbox_size must be a whole number >= 1"),
+        ({"prices": 5}, TypeError, "prices must be a mapping of model names to runtime.Price"),
+        ({"prices": {"m": 1.0}}, TypeError, "prices must map model names (str) to runtime.Price"),
+        ({"store": "db.sqlite"}, TypeError, "store must implement runtime.Store"),
+        ({"log_events": "yes"}, TypeError, "log_events must be a bool, got 'yes'"),
+    ],
+)
+def test_runtime_refuses_options_of_the_wrong_kind(
+    options: dict[str, Any], error: type[Exception], fragment: str
+) -> None:
+    with pytest.raises(error) as caught:
+        Runtime(**options)
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("spawnable", "options", "error", "fragment"),
+    [
+        (5, {}, TypeError, "spawn takes an Actor instance or a definition"),
+        (Recorder, {}, TypeError, "got the class Recorder"),
+        (None, {"name": 5}, ValueError, "actor name must be a non-empty string or None, got 5"),
+        (None, {"name": ""}, ValueError, "actor name must be a non-empty string or None"),
+        (None, {"mailbox_size": 0}, ValueError, "mailbox_size must be a whole number >= 1"),
+        (None, {"mailbox_size": 1.5}, ValueError, "mailbox_size must be a whole number >= 1"),
+    ],
+)
+async def test_spawn_refuses_bad_values_before_making_an_actor(
+    spawnable: object, options: dict[str, Any], error: type[Exception], fragment: str
+) -> None:
+    async with Runtime() as rt:
+        with pytest.raises(error) as caught:
+            await rt.spawn(spawnable if spawnable is not None else Recorder(), **options)  # type: ignore[arg-type]
+        assert fragment in str(caught.value)
+        assert rt.statistics().spawned == 0

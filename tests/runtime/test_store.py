@@ -201,4 +201,9 @@ def test_sqlite_options_are_checked(tmp_path: Path) -> None:
         SQLiteStore(tmp_path / "x.db", synchronous="OFF")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timeout"):
         SQLiteStore(tmp_path / "x.db", timeout=-1)
+    for timeout in (float("nan"), float("inf"), "1", True):
+        with pytest.raises(ValueError, match="timeout must be a finite number of seconds"):
+            SQLiteStore(tmp_path / "x.db", timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"path must be a str or os\.PathLike, got None"):
+        SQLiteStore(None)  # type: ignore[arg-type]
     assert repr(SQLiteStore(tmp_path / "x.db")).startswith("SQLiteStore(")

@@ -196,3 +196,12 @@ def test_a_missing_sdk_says_which_extra_to_install(
     monkeypatch.setitem(sys.modules, wire.sdk, None)
     with pytest.raises(ProviderError, match=rf"pip install 'fractor\[{wire.sdk}\]'"):
         wire.model_class("some-model", api_key=wire.key)
+
+
+def test_a_base_url_or_key_that_is_no_text_is_refused(wire: Wire) -> None:
+    with pytest.raises(
+        TypeError, match=f"{wire.provider}: base_url must be a str or None, got int"
+    ):
+        wire.model_class("some-model", api_key=wire.key, base_url=8080)
+    with pytest.raises(TypeError, match=f"{wire.provider}: api_key must be a str or None, got int"):
+        wire.model_class("some-model", api_key=12345678)
