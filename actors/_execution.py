@@ -17,7 +17,7 @@ import contextlib
 import contextvars
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import msgspec
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from ._agent import Agent, AgentRef
-    from ._models import Model, Send
+    from ._models import Model, ModelAdapter, Send
 
 __all__ = ["Execution", "StopCondition", "Task", "synthesize"]
 
@@ -414,8 +414,8 @@ class Execution:
     def _send_inner(self, request: ModelRequest) -> Awaitable[ModelResponse]:
         """How a model built on another (ReAct) sends each of its own requests: every
         one, corrections included, is checked and charged like any other."""
-        inner: Model = self.agent.model.inner  # type: ignore[attr-defined]
-        return self._send(inner, request)
+        adapter = cast("ModelAdapter", self.agent.model)  # it has request_via: see run
+        return self._send(adapter.inner, request)
 
     async def _send(self, model: Model, request: ModelRequest) -> ModelResponse:
         """One model request under the budget: reserve (waiting for headroom if others

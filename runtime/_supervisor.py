@@ -363,18 +363,7 @@ class Supervisor:
         if not node.limited and node.stop_status is None:
             # No budget on the chain, no one waits: count it and hold what it asks.
             price = self.prices.get(model) if self.prices else None
-            output = max_tokens or 0
-            cost = price.cost(input_estimate, output) if price is not None else 0.0
-            current: Node | None = node
-            while current is not None:
-                current.requests += 1
-                current.in_flight += 1
-                current.reserved_input += input_estimate
-                current.reserved_output += output
-                current.reserved_cost += cost
-                current = current.parent
-            node.own_requests += 1
-            return Reservation(input_estimate, output, cost, max_tokens, price)
+            return self._hold(node, input_estimate, price, 0, max_tokens, max_tokens or 0)
         _, got = self._first_try(node, input_estimate, max_tokens, model, at_least)
         if type(got) is Reservation:
             return got
@@ -458,7 +447,9 @@ class Supervisor:
         if node.stop_status is not None:
             raise self._stopped(node)
         if not node.limited:  # no budget on the chain: nothing to check, no one waits
-            return self._hold(node, need, max_tokens, max_tokens or 0, None, "")
+            return self._hold(
+                node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0
+            )
         current: Node | None = node
         while current is not None:  # spent? (settled usage only)
             budget = current.limits
@@ -499,34 +490,37 @@ class Supervisor:
                         share, limited_by, limit = mine, current, field
             current = current.parent
         if share == math.inf:  # no output limit on the chain
-            return self._hold(node, need, max_tokens, max_tokens or 0, None, "")
+            return self._hold(
+                node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0
+            )
         cap = int(min(need.wanted, share))
         if cap >= need.wanted:
             limited_by, limit = None, ""
-        return self._hold(node, need, cap, cap, limited_by, limit)
+        return self._hold(node, need.input, need.price, need.wanted, cap, cap, limited_by, limit)
 
     @staticmethod
     def _hold(
         node: Node,
-        need: Need,
+        input_tokens: int,
+        price: Price | None,
+        wanted: int,
         cap: int | None,
         output: int,
-        limited_by: Node | None,
-        limit: str,
+        limited_by: Node | None = None,
+        limit: str = "",
     ) -> Reservation:
         """Count the request and hold its headroom on the whole chain."""
-        price = need.price
-        cost = price.cost(need.input, output) if price is not None else 0.0
+        cost = price.cost(input_tokens, output) if price is not None else 0.0
         current: Node | None = node
         while current is not None:
             current.requests += 1
             current.in_flight += 1
-            current.reserved_input += need.input
+            current.reserved_input += input_tokens
             current.reserved_output += output
             current.reserved_cost += cost
             current = current.parent
         node.own_requests += 1
-        return Reservation(need.input, output, cost, cap, price, limited_by, limit, need.wanted)
+        return Reservation(input_tokens, output, cost, cap, price, limited_by, limit, wanted)
 
     def _enqueue(self, wait: Wait, at: Node) -> None:
         """Queue ``wait`` on ``at`` in its place in line, and say why it waits."""
