@@ -212,8 +212,9 @@ class AgentActor(Actor):
         self.persistent = False
         #: Saves to the store that failed (each one logged as a warning).
         self.store_failures = 0
-        # Trace records whose save failed: retried with the next save.
-        self._unsaved: list[Record] = []
+        # Trace records whose save failed, a group per execution (with its subtree's):
+        # retried with the next save.
+        self._unsaved: list[list[Record]] = []
 
     async def on_start(self) -> None:
         """Resume the persistent sections from the runtime's store, if it has them.
@@ -286,7 +287,11 @@ class AgentActor(Actor):
         else:
             history = tuple(self.messages)  # one copy, not a list and then a tuple
         node.actor_id = context.id
+        store = context.runtime.store
+        if store is not None and not task.node:
+            node.traces = []  # the subtree's executions leave themselves here
         execution = self._new_execution(node, task, history)
+        earlier: list[Execution] = []  # attempts before a restart
         try:
             await execution.run()
             while execution.status == "failed" and self._may_restart():
@@ -300,46 +305,68 @@ class AgentActor(Actor):
                         reason=execution.reason,
                         restarts=len(self.restarts),
                     )
-                self._keep(execution.trace(execution.answer()))
+                self._keep(execution.final_trace())
+                earlier.append(execution)
                 self.execution.clear()  # fresh buffer, same conversation
                 execution = self._new_execution(node, task, history)
                 await execution.run()
         except BaseException:
             # Cancelled: the buffer is emptied all the same. A delegated child's actor
             # ends with this cancellation (it has no other task) and nothing reads its
-            # conversation or traces again, so only its node is closed: a cancelled
-            # tree of a thousand children does no more per child than it must.
+            # conversation or traces again: its execution is handed to the top-level
+            # one, whose save builds its trace (a cancelled tree of a thousand
+            # children does no more per child than it must).
             self.execution.clear()
-            if not task.node:
-                self._conclude(execution)
+            if task.node:
+                supervisor.close(node, execution.status, execution.reason)
+                if node.traces is not None:
+                    node.traces += (*earlier, execution)
+                raise
+            # Invariant 2 holds on this path too: the turn and its synthesized answer
+            # join the conversation, the live one and the stored one alike.
+            self._conclude(execution)
             supervisor.close(node, execution.status, execution.reason)
+            if store is not None:
+                await self._save(store, [*earlier, execution], node)
             raise
         # Every other path: empty buffer, one final response.
         self.execution.clear()
         text = self._conclude(execution)
         supervisor.close(node, execution.status, execution.reason)
-        # Returned normally: the turn is complete, store it (a cancelled one never is).
-        store = context.runtime.store
-        if store is not None:
-            await self._save(store, self.traces[-1])
+        if task.node:
+            if node.traces is not None:
+                node.traces += (*earlier, execution)
+        elif store is not None:
+            await self._save(store, [*earlier, execution], node)
         return execution.result(text)
 
     def _conclude(self, execution: Execution) -> str:
         """The final response joins the conversation and the trace is kept."""
-        text = execution.answer()
-        self.messages.append(AssistantMessage(content=text))
-        self._keep(execution.trace(text))
-        return text
+        trace = execution.final_trace()
+        self.messages.append(AssistantMessage(content=trace.final_text))
+        self._keep(trace)
+        return trace.final_text
 
-    async def _save(self, store: Store, trace: ExecutionTrace) -> None:
-        """Save the persistent sections and ``trace`` in one transaction.
+    async def _save(self, store: Store, executions: list[Execution], node: Node) -> None:
+        """Save the persistent sections and the traces of ``executions`` (an ask's
+        attempts) and of every execution of their subtree, in one transaction: no
+        trace is stored without its parent's.
 
-        Shielded: once an execution has returned, its turn is stored even if the
-        actor is cancelled meanwhile. A failure never loses the ``Result``: it is
-        logged as a warning and counted in ``store_failures``; the next save
-        writes the whole state again and retries the traces that were not saved.
+        Shielded: once an execution has ended, its turn is stored even if the actor
+        is cancelled meanwhile, and a cancelled execution's turn and traces are
+        stored as the actor ends. A failure never loses the ``Result``: it is logged
+        as a warning and counted in ``store_failures``; the next save writes the
+        whole state again and retries the traces that were not saved.
         """
-        records = [*self._unsaved, trace_record(trace)]
+        group = [trace_record(execution.final_trace()) for execution in executions]
+        below = node.traces
+        if below:
+            group += [trace_record(execution.final_trace()) for execution in below]
+            below.clear()  # the subtree's nodes may outlive this: let go of its executions
+        node.traces = None
+        trace = executions[-1].final_trace()
+        groups = [*self._unsaved, group]
+        records = [record for each in groups for record in each]
         state = None
         if self.persistent:
             state = encode_state(
@@ -354,14 +381,14 @@ class AgentActor(Actor):
                 await store.save(self.context.id, state, records=records)
         except Exception as exc:
             self.store_failures += 1
-            self._unsaved = records[-self.agent.trace_limit :]
+            self._unsaved = groups[-self.agent.trace_limit :]
             log.warning(
                 "agent state not saved",
                 agent_id=self.context.id,
                 execution_id=trace.execution_id,
                 store=repr(store),
                 error=f"{type(exc).__name__}: {exc}",
-                unsaved_traces=len(self._unsaved),
+                unsaved_traces=sum(len(each) for each in self._unsaved),
                 failures=self.store_failures,
             )
         else:

@@ -127,16 +127,21 @@ def synthesize(
         head = f"[completed] The task ended without a final answer: {reason}."
     else:
         head = f"[{status}] The task stopped before a final answer: {reason}."
-    outcomes = [outcome for step in steps for outcome in step.outcomes]
-    done = f"Done so far: {len(steps)} step(s), " + _counted(
-        [o for o in outcomes if o.call.name not in subagents], "tool call(s)"
-    )
+    ran = [step for step in steps if step.usage.requests]  # not refused by the budget
+    outcomes = [outcome for step in ran for outcome in step.outcomes]
+    done = f"Done so far: {len(ran)} step(s)"
+    if any(step.interrupted for step in ran):
+        done += " (the last one interrupted)"
+    done += ", " + _counted([o for o in outcomes if o.call.name not in subagents], "tool call(s)")
     delegated = [o for o in outcomes if o.call.name in subagents]
     if delegated:
         done += ", " + _counted(delegated, "subagent call(s)")
-    failed = sum(outcome.is_error for outcome in outcomes)
+    interrupted = sum(outcome.interrupted for outcome in outcomes)
+    failed = sum(outcome.is_error for outcome in outcomes) - interrupted
     if failed:
         done += f", {failed} of them failed"
+    if interrupted:
+        done += f", {interrupted} interrupted"
     tail = f" Last text from the model: {last_text}" if last_text else ""
     return f"{head} {done}.{tail}"
 
@@ -162,9 +167,11 @@ class Execution:
         "agent",
         "agent_id",
         "buffer",
+        "built",
         "call_ids",
         "charged",
         "context",
+        "ended",
         "escalation",
         "execution_id",
         "final_text",
@@ -175,6 +182,10 @@ class Execution:
         "reason",
         "started",
         "status",
+        "step_asked",
+        "step_began",
+        "step_input",
+        "step_outcomes",
         "steps",
         "supervisor",
         "task",
@@ -210,6 +221,17 @@ class Execution:
         self.last_text = ""
         self.escalation = ""
         self.started = time.perf_counter()
+        self.ended = 0.0
+        #: The step in flight, kept so that an interrupted execution's trace shows it
+        #: (see ``all_steps``): when its request began (0.0 once the step is
+        #: recorded), its input, then the model's answer, its usage, the model's
+        #: seconds and when the tools began, and the tool outcomes so far.
+        self.step_began = 0.0
+        self.step_input = 0
+        self.step_asked: tuple[ModelResponse, Usage, float, float] | None = None
+        self.step_outcomes: list[ToolOutcome] | None = None
+        #: The trace, once built (see ``final_trace``).
+        self.built: ExecutionTrace | None = None
         #: The tool call ids of this execution so far (see ``_unique``).
         self.call_ids: set[str] = set()
         #: Whether it runs in a cancel scope of its own (see ``run``).
@@ -266,6 +288,7 @@ class Execution:
             raise
         finally:
             node.scope = None
+            self.ended = time.perf_counter()
             for token in tokens:
                 token.var.reset(token)
         if node.stop_status is not None or (scope is not None and scope.cancelled_caught):
@@ -313,7 +336,9 @@ class Execution:
             if bus.active:
                 self._emit("step_start", step=len(self.steps))
             request = ModelRequest(messages=context, tools=specs, max_tokens=max_tokens)
-            began = time.perf_counter()
+            began = self.step_began = time.perf_counter()
+            self.step_input = len(context)
+            self.step_asked = None
             self.charged = _EMPTY_USAGE
             try:
                 if self.via is None:
@@ -352,10 +377,13 @@ class Execution:
             asked = AssistantMessage(content=response.text, tool_calls=calls)
             buffer.append(asked)
             began = time.perf_counter()
+            self.step_asked = (response, usage, model_seconds, began)
             if len(calls) == 1 and calls[0].name not in agent.subagents_by_name:
+                self.step_outcomes = None
                 outcomes = [await self._run_call(calls[0])]  # one frame less to unwind
             else:
-                outcomes = await self._run_tools(calls)
+                outcomes = self.step_outcomes = [_NOT_RUN] * len(calls)
+                await self._run_tools(calls, outcomes)
             tools_seconds = time.perf_counter() - began
             results = [
                 ToolResultMessage(
@@ -515,8 +543,8 @@ class Execution:
             if bus.active:
                 self._emit("budget_resume", seconds=time.perf_counter() - began)
 
-    async def _run_tools(self, calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
-        """Run every call of one step concurrently; outcomes keep the calls' order.
+    async def _run_tools(self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]) -> None:
+        """Run every call of one step concurrently, each outcome at its call's index.
 
         Tool calls run on at most ``tool_concurrency`` workers that share one
         iterator over them (taking the next call never awaits), so the bound costs no
@@ -526,11 +554,10 @@ class Execution:
         """
         subagents = self.agent.subagents_by_name
         if subagents and any(call.name in subagents for call in calls):
-            return await self._run_with_subagents(calls)
-        outcomes: list[ToolOutcome] = [_NOT_RUN] * len(calls)
+            await self._run_with_subagents(calls, outcomes)
+            return
         async with anyio.create_task_group() as tg:
             self._start_workers(tg, list(enumerate(calls)), outcomes)
-        return outcomes
 
     def _start_workers(
         self, tg: TaskGroup, calls: list[tuple[int, ToolCall]], outcomes: list[ToolOutcome]
@@ -545,9 +572,10 @@ class Execution:
         for _ in range(min(len(calls), self.agent.tool_concurrency)):
             tg.start_soon(worker)
 
-    async def _run_with_subagents(self, calls: tuple[ToolCall, ...]) -> list[ToolOutcome]:
+    async def _run_with_subagents(
+        self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
+    ) -> None:
         subagents = self.agent.subagents_by_name
-        outcomes: list[ToolOutcome] = [_NOT_RUN] * len(calls)
         tools = [(i, call) for i, call in enumerate(calls) if call.name not in subagents]
         delegated = [(i, call) for i, call in enumerate(calls) if call.name in subagents]
         # The children live in this block: whatever interrupts the step (a stop of
@@ -571,7 +599,6 @@ class Execution:
                 delegation.close_abandoned()
         if tg.cancel_scope.cancelled_caught:
             raise _Interrupted  # the supervisor stopped this node: the step ends here
-        return outcomes
 
     def _run_call(self, call: ToolCall) -> Awaitable[ToolOutcome]:
         """Charge and run one tool call. Not a coroutine of its own when nothing
@@ -618,6 +645,7 @@ class Execution:
             finish_reason=response.finish_reason,
         )
         self.steps.append(record)
+        self.step_began = 0.0
         if self.context.runtime.event_bus.active:
             self._emit(
                 "step_end",
@@ -643,17 +671,69 @@ class Execution:
                 error=f"{type(exc).__name__}: {exc}",
             )
         )
+        self.step_began = 0.0
 
     def _stop(self, status: Status, reason: str) -> None:
         self.status = status
         self.reason = reason
+
+    def all_steps(self) -> list[StepRecord]:
+        """The steps recorded, then the step that was in flight when the execution
+        stopped, if one was, marked as interrupted."""
+        if not self.step_began:
+            return self.steps
+        return [*self.steps, self._interrupted_step()]
+
+    def _interrupted_step(self) -> StepRecord:
+        ended = self.ended or time.perf_counter()
+        asked = self.step_asked
+        if asked is None:  # the model had not answered (or the budget was awaited)
+            return StepRecord(
+                index=len(self.steps),
+                input_messages=self.step_input,
+                response_text="",
+                tool_calls=(),
+                outcomes=(),
+                usage=self.charged,
+                model_seconds=ended - self.step_began,
+                tools_seconds=0.0,
+                finish_reason="error",
+                error=f"interrupted before the model answered: {self.reason}",
+                interrupted=True,
+            )
+        response, usage, model_seconds, tools_began = asked
+        seconds = ended - tools_began
+        done = self.step_outcomes
+        outcomes = tuple(
+            _interrupted_call(call, seconds)
+            if done is None or done[index] is _NOT_RUN
+            else done[index]
+            for index, call in enumerate(response.tool_calls)
+        )
+        return StepRecord(
+            index=len(self.steps),
+            input_messages=self.step_input,
+            response_text=response.text,
+            tool_calls=response.tool_calls,
+            outcomes=outcomes,
+            usage=usage,
+            model_seconds=model_seconds,
+            tools_seconds=seconds,
+            finish_reason=response.finish_reason,
+            error=f"interrupted while its tool calls ran: {self.reason}",
+            interrupted=True,
+        )
 
     def answer(self) -> str:
         """The final response: the model's, or a synthesized one."""
         if self.final_text and self.status == "completed":
             return self.final_text
         return synthesize(
-            self.status, self.reason, self.steps, self.last_text, self.agent.subagents_by_name
+            self.status,
+            self.reason,
+            self.all_steps(),
+            self.last_text,
+            self.agent.subagents_by_name,
         )
 
     def result(self, text: str) -> Result:
@@ -664,20 +744,27 @@ class Execution:
             usage=self.usage,
             agent_id=self.agent_id,
             execution_id=self.execution_id,
-            steps=len(self.steps),
+            steps=len(self.steps) + (1 if self.step_began else 0),
         )
+
+    def final_trace(self) -> ExecutionTrace:
+        """The trace of this ended execution, with its final response (built once)."""
+        built = self.built
+        if built is None:
+            built = self.built = self.trace(self.answer())
+        return built
 
     def trace(self, text: str) -> ExecutionTrace:
         return ExecutionTrace(
             execution_id=self.execution_id,
             agent_id=self.agent_id,
             task=self.task,
-            steps=tuple(self.steps),
+            steps=tuple(self.all_steps()),
             status=self.status,
             stop_reason=self.reason,
             final_text=text,
             usage=self.usage,
-            seconds=time.perf_counter() - self.started,
+            seconds=(self.ended or time.perf_counter()) - self.started,
             parent_id=parent.id if (parent := self.node.parent) and parent.parent else "",
             agent_name=self.agent.name,
         )
@@ -787,6 +874,7 @@ class _Delegation:
             self.outcomes[index] = _refused(call, f"subagent {call.name!r} not started: {exc}")
             return
         node.actor_id = node.id  # the child actor takes its node's id
+        node.traces = execution.node.traces  # where its execution leaves itself
         began = time.perf_counter()
         try:
             child: AgentRef = execution.context.spawn_soon(
@@ -823,11 +911,14 @@ class _Delegation:
         error = reply.error
         if error is not None and node.status != "running":
             # Its execution ended and its actor's task was cancelled (a stop of its
-            # node alone): the node says how it ended.
-            outcome = _refused(
-                call,
-                f"[{node.status}] subagent {call.name!r} stopped before a final answer: "
-                f"{node.stop_reason}",
+            # node alone, or of the tree): the node says how it ended.
+            outcome = ToolOutcome(
+                call=call,
+                content=f"[{node.status}] subagent {call.name!r} stopped before a final "
+                f"answer: {node.stop_reason}",
+                is_error=True,
+                seconds=time.perf_counter() - began,
+                interrupted=True,
             )
         elif error is not None:
             # The child stopped before answering (it failed to start, say).
@@ -886,6 +977,16 @@ async def _ready(outcome: ToolOutcome) -> ToolOutcome:
 
 def _refused(call: ToolCall, content: str) -> ToolOutcome:
     return ToolOutcome(call=call, content=content, is_error=True, seconds=0.0, attempts=0)
+
+
+def _interrupted_call(call: ToolCall, seconds: float) -> ToolOutcome:
+    return ToolOutcome(
+        call=call,
+        content="[interrupted] still running when the execution stopped",
+        is_error=True,
+        seconds=seconds,
+        interrupted=True,
+    )
 
 
 _NOT_RUN = ToolOutcome(

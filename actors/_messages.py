@@ -132,6 +132,8 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     is_error: bool
     seconds: float
     attempts: int = 1
+    #: Still running when its execution stopped: ``content`` says so.
+    interrupted: bool = False
 
 
 class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -147,6 +149,10 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     tools_seconds: float
     finish_reason: FinishReason
     error: str = ""
+    #: The step in flight when its execution stopped (a deadline, a stop, a
+    #: cancellation): ``error`` says what it was doing, ``outcomes`` mark the tool
+    #: calls still running as interrupted.
+    interrupted: bool = False
 
 
 class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True, gc=False):

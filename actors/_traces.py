@@ -83,7 +83,11 @@ def load_traces(data: bytes | str) -> tuple[ExecutionTrace, ...]:
 def trace_record(trace: ExecutionTrace) -> Record:
     """The store record of one trace: JSON, under its execution id and parent."""
     return Record(
-        id=trace.execution_id, kind=TRACE_KIND, parent_id=trace.parent_id, data=_encode(trace)
+        id=trace.execution_id,
+        kind=TRACE_KIND,
+        parent_id=trace.parent_id,
+        actor_id=trace.agent_id,
+        data=_encode(trace),
     )
 
 
@@ -200,7 +204,7 @@ def _draw_step(
     usage = step.usage
     parts = [
         f"step {step.index + 1}",
-        step.finish_reason,
+        "interrupted" if step.interrupted else step.finish_reason,
         f"model {_seconds(step.model_seconds)}",
         f"tools {_seconds(step.tools_seconds)}" if step.outcomes else "",
         f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens",

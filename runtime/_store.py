@@ -49,9 +49,11 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     """One record: opaque ``data`` under a unique ``id``.
 
     ``kind`` says what the data is (how to decode it); ``parent_id`` links it to
-    another record (empty: no parent). ``actor_id`` and ``saved_at`` (Unix time) are
-    set by the store when it saves the record: the values given to ``save`` are
-    ignored.
+    another record (empty: no parent). ``actor_id`` is the actor the record is about:
+    the one it names, or by default (empty) the actor whose ``save`` stored it (one
+    save may store records of several actors, e.g. an execution and its subagents').
+    ``saved_at`` (Unix time) is set by the store when it saves the record: the value
+    given to ``save`` is ignored.
     """
 
     id: str
@@ -100,7 +102,7 @@ class Store(Protocol):
         kind: str | None = None,
         limit: int | None = 100,
     ) -> list[Record]:
-        """Records that match every filter given: saved by ``actor_id``, under
+        """Records that match every filter given: of ``actor_id``, under
         ``parent_id`` (``""``: records without a parent), of ``kind``; None: any.
 
         At most the ``limit`` most recently saved ones are returned (None: all),
@@ -187,7 +189,9 @@ class MemoryStore:
             self.states[actor_id] = state
         for record in records:
             self._seq += 1
-            stored = msgspec.structs.replace(record, actor_id=actor_id, saved_at=now)
+            stored = msgspec.structs.replace(
+                record, actor_id=record.actor_id or actor_id, saved_at=now
+            )
             self._records.pop(record.id, None)  # a replaced record moves to the end
             self._records[record.id] = (self._seq, stored)
 
@@ -350,7 +354,10 @@ class SQLiteStore:
                 if records:
                     connection.executemany(
                         _INSERT_RECORD,
-                        [(r.id, actor_id, r.kind, r.parent_id, r.data, now) for r in records],
+                        [
+                            (r.id, r.actor_id or actor_id, r.kind, r.parent_id, r.data, now)
+                            for r in records
+                        ],
                     )
 
         operation = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
@@ -76,7 +76,11 @@ class TreeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Node:
-    """One execution in the tree. Mutated only by the ``Supervisor``."""
+    """One execution in the tree.
+
+    Its usage, limits and status are mutated only by the ``Supervisor``; the agents
+    layer sets what it runs with: ``actor_id``, ``scope`` and ``traces``.
+    """
 
     __slots__ = (
         "actor_id",
@@ -116,6 +120,7 @@ class Node:
         "stop_reason",
         "stop_status",
         "tool_calls",
+        "traces",
         "waiters",
         "waiting",
     )
@@ -181,6 +186,11 @@ class Node:
         self.waiters: deque[Wait] | None = None
         #: Why this node's own request waits for budget ("" when it does not).
         self.waiting = ""
+        #: Where the executions of this subtree leave themselves when they end, for
+        #: the top-level execution to store with its own trace (one transaction: no
+        #: trace is ever stored without its parent's). Set by the agents layer, never
+        #: read by the supervisor; ``None`` when nothing is stored.
+        self.traces: list[Any] | None = None
 
     def chain(self) -> Iterator[Node]:
         """This node, then each ancestor up to the root."""

@@ -141,7 +141,7 @@ async def test_unnamed_agents_and_subagents_keep_no_state_but_save_their_traces(
     assert len(await store.records(actor_id="x-7")) == 1
 
 
-async def test_nothing_is_saved_for_a_cancelled_execution() -> None:
+async def test_a_cancelled_execution_stores_its_turn_and_trace_as_the_live_one() -> None:
     started = anyio.Event()
 
     @tool
@@ -167,8 +167,22 @@ async def test_nothing_is_saved_for_a_cancelled_execution() -> None:
                 await started.wait()
                 ref.cancel()
     state = await stored_state(store, "support")
-    assert state.messages == turn("One?", "First.")
-    assert [r.id for r in await store.records()] == [first.execution_id]
+    # Invariant 2 on every path: the turn and its synthesized answer, as live.
+    assert state.messages[:2] == turn("One?", "First.")
+    assert state.messages[2] == UserMessage(content="Two?")
+    answer = state.messages[3]
+    assert isinstance(answer, AssistantMessage)
+    assert answer.content.startswith("[cancelled]")
+    assert "1 step(s) (the last one interrupted), 1 tool call(s) (slow)" in answer.content
+    assert len(state.messages) == 4
+    assert no_tool_traces(state.messages)
+    records = await store.records()
+    assert next(r.id for r in records) == first.execution_id
+    (cancelled,) = [trace_from_record(r) for r in records[1:]]
+    assert (cancelled.task, cancelled.status) == ("Two?", "cancelled")
+    (step,) = cancelled.steps  # the step in flight, with its call named
+    assert step.interrupted
+    assert [(o.call.name, o.interrupted) for o in step.outcomes] == [("slow", True)]
 
 
 async def test_an_execution_stopped_by_its_budget_is_saved_without_tool_traces() -> None:

@@ -264,3 +264,119 @@ def test_the_cli_fails_clearly_with_exit_code_2(
     assert capsys.readouterr().out.startswith("lead [")
     assert main(["trace", "x", "--db", str(garbage)]) == 2
     assert "not a database" in capsys.readouterr().err
+
+
+# -- traces on every path ---------------------------------------------------------------
+
+
+@tool
+async def block(topic: str) -> str:
+    """Blocks until the execution is stopped."""
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def stored_tree(store: Store, execution_id: str) -> dict[str, ExecutionTrace]:
+    traces = await collect_trace_tree(store, execution_id)
+    return {trace.execution_id: trace for trace in traces}
+
+
+@pytest.mark.parametrize("limit", ["deadline", "requests"])
+async def test_an_interrupted_tree_stores_every_trace_with_its_step_in_flight(
+    limit: str,
+) -> None:
+    """A lead delegates to three researchers at once. Under a deadline all three
+    block in a tool; under the lead's ``requests`` limit, "t0" keeps searching until
+    its request is refused, which stops the whole tree while the others block."""
+    blocked = 0
+    both_blocked = anyio.Event()
+
+    @tool
+    async def wait(topic: str) -> str:
+        """Blocks until the execution is stopped."""
+        nonlocal blocked
+        blocked += 1
+        if blocked == 2:
+            both_blocked.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def researcher_answer(request: ModelRequest) -> ModelResponse:
+        task = next(m for m in request.messages if isinstance(m, UserMessage)).content
+        if task == "t0" and limit == "requests":
+            await both_blocked.wait()
+            return call("search", query="more")  # until the lead's limit refuses it
+        return call("wait", topic=task)
+
+    researcher = Agent("researcher", FunctionModel(researcher_answer), tools=[search, wait])
+    lead_model = ScriptedModel([calls(*(call("researcher", task=f"t{i}") for i in range(3)))])
+    lead = Agent("lead", lead_model, subagents=[researcher])
+    budget = Budget(seconds=0.3) if limit == "deadline" else Budget(requests=6)
+    store = MemoryStore()
+    async with Runtime(store=store) as rt:
+        ref = await rt.spawn(lead, id="lead")
+        with anyio.fail_after(10):
+            result = await ref.ask("Go", budget=budget)
+    status = "timed_out" if limit == "deadline" else "budget_exceeded"
+    assert result.status == status
+    tree = await stored_tree(store, result.execution_id)
+    top = tree.pop(result.execution_id)
+    assert len(tree) == 3  # every child's trace, none lost
+    (step,) = top.steps  # the delegating step, marked as interrupted
+    assert step.interrupted
+    assert step.error.startswith("interrupted while its tool calls ran")
+    # Under the limit, "t0" answered (budget_exceeded): only the others were cut.
+    cut = [limit == "deadline", True, True]
+    assert [(o.call.name, o.interrupted) for o in step.outcomes] == [
+        ("researcher", interrupted) for interrupted in cut
+    ]
+    assert "Done so far: 1 step(s) (the last one interrupted), 0 tool call(s), 3 subagent" in (
+        top.final_text
+    )
+    assert f"{sum(cut)} interrupted" in top.final_text
+    by_task = {child.task: child for child in tree.values()}
+    for task, child in by_task.items():
+        assert child.parent_id == result.execution_id
+        assert child.status == status
+        if task == "t0" and limit == "requests":
+            *searched, refused = child.steps  # 3 of the 6 requests, then a refused one
+            assert [s.usage.requests for s in searched] == [1, 1, 1]
+            assert not refused.usage.requests
+            assert not refused.interrupted
+            assert "Done so far: 3 step(s), 3 tool call(s) (search)" in child.final_text
+            continue
+        (child_step,) = child.steps
+        assert child_step.interrupted
+        assert [(o.call.name, o.interrupted) for o in child_step.outcomes] == [("wait", True)]
+    rendered = render_trace_tree([top, *tree.values()])
+    assert "step 1 · interrupted" in rendered
+    assert rendered.count('wait(topic="t') == (3 if limit == "deadline" else 2)
+
+
+async def test_an_agent_stopped_during_a_tool_call_names_the_call_and_counts_it() -> None:
+    model = ScriptedModel([call("search", query="q"), call("block", topic="t")])
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, tools=[search, block]))
+        result = await ref.ask("Go", budget=Budget(seconds=0.2))
+        (trace,) = await ref.trace()
+    assert result.status == "timed_out"
+    assert result.steps == 2
+    first, second = trace.steps
+    assert not first.interrupted
+    assert second.interrupted
+    assert [(o.call.name, o.interrupted) for o in second.outcomes] == [("block", True)]
+    assert "Done so far: 2 step(s) (the last one interrupted), 2 tool call(s) (block, search)" in (
+        result.text
+    )
+    assert "1 interrupted" in result.text
+
+
+async def test_a_request_refused_by_the_budget_is_traced_but_not_counted_as_run() -> None:
+    model = ScriptedModel([call("search", query="q"), reply("never")])
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, tools=[search]))
+        result = await ref.ask("Go", budget=Budget(requests=1))
+        (trace,) = await ref.trace()
+    assert result.status == "budget_exceeded"
+    assert [step.usage.requests for step in trace.steps] == [1, 0]  # the second: refused
+    assert "Done so far: 1 step(s), 1 tool call(s) (search)" in result.text

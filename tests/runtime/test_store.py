@@ -78,6 +78,22 @@ async def test_records_are_saved_with_the_state_and_found_by_id_actor_parent_kin
     assert len(await store.records(limit=None)) == 4
 
 
+async def test_one_save_stores_records_of_other_actors_under_their_own_id(
+    store: Store,
+) -> None:
+    # An execution's save carries its subagents' traces: each names its own actor.
+    await store.save(
+        "lead",
+        b"s",
+        records=[rec("lead#1"), Record(id="r#2", data=b"x", parent_id="lead#1", actor_id="r#2")],
+    )
+    assert [r.id for r in await store.records(actor_id="lead")] == ["lead#1"]
+    assert [r.id for r in await store.records(actor_id="r#2")] == ["r#2"]
+    child = await store.record("r#2")
+    assert child is not None
+    assert (child.actor_id, child.parent_id) == ("r#2", "lead#1")
+
+
 async def test_a_record_saved_again_replaces_the_old_one(store: Store) -> None:
     await store.save("a", b"s", records=[rec("t", b"old"), rec("u")])
     await store.save("b", b"s", records=[rec("t", b"new", parent_id="p")])
