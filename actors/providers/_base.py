@@ -499,6 +499,7 @@ class ProviderModel:
             )
         if self._client is None:
             self._client = self.create_client(self._sdk)
+        failure: ProviderError
         try:
             status, body = await self.send(self._client, request)
         except Exception as exc:
@@ -511,14 +512,24 @@ class ProviderModel:
                 base_url=self.base_url,
                 timeout=self._timeout,
             )
-            if error is None:
-                raise
-            # Not chained: the SDK's exception holds the raw body, which may echo the key.
-            raise error.redacted(self._secrets()) from None
-        try:
-            return self.parse(status, body, request)
-        except ProviderError as error:
-            raise error.redacted(self._secrets()) from None
+            if error is None:  # not the SDK's: a library below it, or a bug
+                error = ProviderError(
+                    self.provider,
+                    f"the request failed: {type(exc).__name__}: {exc}",
+                    model=self._model,
+                )
+            failure = error.redacted(self._secrets())
+        else:
+            try:
+                return self.parse(status, body, request)
+            except ProviderError as error:
+                failure = error.redacted(self._secrets())
+            except Exception as exc:
+                detail = f"the reply could not be read: {type(exc).__name__}: {exc}"
+                failure = self.malformed(status, detail).redacted(self._secrets())
+        # Raised out here, neither chained nor as the context of another: the
+        # original exception holds the raw body, which may echo the key.
+        raise failure
 
     def malformed(self, status: int, detail: str) -> ProviderError:
         return malformed(self.provider, self._model, status, detail)

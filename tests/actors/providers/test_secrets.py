@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from actors import Agent, ModelRequest, ProviderError, RetryPolicy, UserMessage
+from actors import Agent, ModelRequest, ModelResponse, ProviderError, RetryPolicy, UserMessage
 from runtime import Event, Runtime, SQLiteStore
 
 from ..loopback import LoopbackServer, json_reply, text_reply
@@ -93,3 +93,44 @@ def _bytes_of(folder: Path) -> bytes:
 
 def _request() -> ModelRequest:
     return ModelRequest(messages=(UserMessage(content="x"),))
+
+
+async def test_a_failure_of_any_kind_carries_no_secret_nor_the_exception_behind_it(
+    wire: Wire, server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error the SDK raises (here a 401 echoing the key), one from below it (a
+    library that puts the key in its message) and a reply the parser chokes on: each
+    is a ProviderError without the key, with no ``__cause__`` or ``__context__``
+    that would keep the original text (a logger or an error tracker reads those)."""
+    server.queue(json_reply({"error": {"message": f"bad key {CANARY}"}}, status=401))
+    model = wire.model_class(wire.model_name, api_key=CANARY, base_url=wire.base_url(server.url))
+    failures: list[ProviderError] = []
+    async with model:
+        with pytest.raises(ProviderError) as caught:
+            await model.request(_request())
+        failures.append(caught.value)
+
+        async def below(client: object, request: ModelRequest) -> tuple[int, bytes]:
+            raise ValueError(f"Illegal header value b'Bearer {CANARY}'")
+
+        monkeypatch.setattr(model, "send", below)
+        with pytest.raises(ProviderError, match="the request failed: ValueError") as caught:
+            await model.request(_request())
+        failures.append(caught.value)
+
+        async def answered(client: object, request: ModelRequest) -> tuple[int, bytes]:
+            return 200, b"{}"
+
+        def choke(status: int, body: bytes, request: ModelRequest) -> ModelResponse:
+            raise KeyError(f"choices (key {CANARY})")
+
+        monkeypatch.setattr(model, "send", answered)
+        monkeypatch.setattr(model, "parse", choke)
+        with pytest.raises(ProviderError, match="could not be read: KeyError") as caught:
+            await model.request(_request())
+        failures.append(caught.value)
+    for failure in failures:
+        assert CANARY not in f"{failure} {failure!r}"
+        assert "[redacted]" in str(failure)
+        assert failure.__cause__ is None
+        assert failure.__context__ is None
