@@ -284,13 +284,15 @@ class Execution:
         except self.context.runtime.cancelled_exc:
             # Cancelled from outside (the actor, its parent actor, the runtime): a stop
             # or deadline of the tree may still be the reason, which the answer names.
+            # The actor's task ends with this cancellation, and the log context with
+            # it: nothing to reset (a cancelled tree does no more per child than it must).
             self._stop(*self.supervisor.why_stopped(node))
             raise
         finally:
             node.scope = None
             self.ended = time.perf_counter()
-            for token in tokens:
-                token.var.reset(token)
+        for token in tokens:
+            token.var.reset(token)
         if node.stop_status is not None or (scope is not None and scope.cancelled_caught):
             self._stop(*self.supervisor.why_stopped(node))
         if bus.active:
@@ -724,14 +726,15 @@ class Execution:
             interrupted=True,
         )
 
-    def answer(self) -> str:
-        """The final response: the model's, or a synthesized one."""
+    def answer(self, steps: Sequence[StepRecord] | None = None) -> str:
+        """The final response: the model's, or one synthesized from ``steps`` (by
+        default ``all_steps()``)."""
         if self.final_text and self.status == "completed":
             return self.final_text
         return synthesize(
             self.status,
             self.reason,
-            self.all_steps(),
+            self.all_steps() if steps is None else steps,
             self.last_text,
             self.agent.subagents_by_name,
         )
@@ -751,15 +754,16 @@ class Execution:
         """The trace of this ended execution, with its final response (built once)."""
         built = self.built
         if built is None:
-            built = self.built = self.trace(self.answer())
+            steps = self.all_steps()
+            built = self.built = self.trace(self.answer(steps), steps)
         return built
 
-    def trace(self, text: str) -> ExecutionTrace:
+    def trace(self, text: str, steps: Sequence[StepRecord] | None = None) -> ExecutionTrace:
         return ExecutionTrace(
             execution_id=self.execution_id,
             agent_id=self.agent_id,
             task=self.task,
-            steps=tuple(self.all_steps()),
+            steps=tuple(self.all_steps() if steps is None else steps),
             status=self.status,
             stop_reason=self.reason,
             final_text=text,
