@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench stress clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ pytest: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+stress: $(STAMP)
+	$(BIN)/python -m tests.stress.crash --kills 100 --backend both
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis
