@@ -112,8 +112,10 @@ class Supervisor:
         self.min_output_tokens = min_output_tokens
         self.prices = dict(prices or {})
         self._ids = itertools.count(1)
-        #: Makes node (execution) ids unique across runtimes sharing one store.
-        self.token = secrets.token_hex(3)
+        #: Makes node (execution) ids unique across runtimes sharing one store: 64
+        #: random bits, so that even a million runtimes writing to one store are
+        #: unlikely to meet (a stored record with the same id would be replaced).
+        self.token = secrets.token_hex(8)
         self._origin = 0.0
         self.root = Node("root", "runtime", None, budget, math.inf, None, 0.0)
         self.nodes: dict[str, Node] = {"root": self.root}

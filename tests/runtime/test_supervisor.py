@@ -1177,3 +1177,19 @@ async def test_a_request_never_waits_when_nothing_is_in_flight() -> None:
     sup.release(top, first)  # given back: nothing in flight, nothing spent
     assert (top.in_flight, top.requests) == (0, 0)
     assert sup.reserve_nowait(top, input_estimate=100, max_tokens=None).input == 100
+
+
+def opened(name: str) -> str:
+    """The id of a first node ``name`` in a new supervisor's tree."""
+    supervisor = Supervisor()
+    return supervisor.open(supervisor.root, name=name).id
+
+
+def test_execution_ids_carry_64_random_bits_so_runtimes_sharing_a_store_never_meet() -> None:
+    # A stored record with the same id would replace another runtime's trace.
+    ids = {opened("lead") for _ in range(1_000)}
+    assert len(ids) == 1_000
+    name, rest = next(iter(ids)).split("#")
+    number, token = rest.split(".")
+    assert (name, number, len(token)) == ("lead", "1", 16)
+    assert int(token, 16) >= 0  # hex
