@@ -1181,8 +1181,8 @@ async def test_a_request_never_waits_when_nothing_is_in_flight() -> None:
 
 def opened(name: str) -> str:
     """The id of a first node ``name`` in a new supervisor's tree."""
-    supervisor = Supervisor()
-    return supervisor.open(supervisor.root, name=name).id
+    supervisor = Supervisor(None)
+    return supervisor.open(supervisor.root, name=name, limits=None).id
 
 
 def test_execution_ids_carry_64_random_bits_so_runtimes_sharing_a_store_never_meet() -> None:
