@@ -1185,7 +1185,7 @@ def opened(name: str) -> str:
     return supervisor.open(supervisor.root, name=name, limits=None).id
 
 
-def test_execution_ids_carry_64_random_bits_so_runtimes_sharing_a_store_never_meet() -> None:
+async def test_execution_ids_carry_64_random_bits_so_runtimes_sharing_a_store_never_meet() -> None:
     # A stored record with the same id would replace another runtime's trace.
     ids = {opened("lead") for _ in range(1_000)}
     assert len(ids) == 1_000
