@@ -246,6 +246,8 @@ class AgentActor(Actor):
         """Handle one message. Not a coroutine of its own: a task hands back
         ``execute``'s, one frame less for every agent a cancellation unwinds."""
         if isinstance(message, Task):
+            if message.node and not self.agent.restart.max_restarts:
+                return self._delegated(message).run()
             return self.execute(message)
         return self._look(message)
 
@@ -262,6 +264,23 @@ class AgentActor(Actor):
             messages=tuple(self.messages),
             execution=tuple(self.execution),
         )
+
+    def _delegated(self, task: Task) -> Execution:
+        """The execution of a subagent call (its node opened by the parent): one that
+        ends itself (``Execution.run``), this actor's only task."""
+        self.execution.clear()
+        node = self.context.runtime.supervisor.get(task.node)
+        node.actor_id = self.context.id
+        return self._new_execution(node, task, self._history(task), conversation=self.messages)
+
+    def _history(self, task: Task) -> tuple[Message, ...]:
+        """The conversation with ``task`` as its new user turn, and everything the model
+        sees before it: the context of the execution that answers it."""
+        self.messages.append(UserMessage(content=task.text))
+        head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
+        if head or self.summary or self.buffer:
+            return (*head, *self.summary, *self.buffer, *self.messages)
+        return tuple(self.messages)  # one copy, not a list and then a tuple
 
     async def execute(self, task: Task) -> Result:
         agent = self.agent
@@ -280,12 +299,7 @@ class AgentActor(Actor):
             except BudgetExceeded as exc:
                 # Nothing ran: the turn joins neither the live nor the stored conversation.
                 return self._refused(str(exc))
-        self.messages.append(UserMessage(content=task.text))
-        head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
-        if head or self.summary or self.buffer:
-            history = (*head, *self.summary, *self.buffer, *self.messages)
-        else:
-            history = tuple(self.messages)  # one copy, not a list and then a tuple
+        history = self._history(task)
         node.actor_id = context.id
         store = context.runtime.store
         if store is not None and not task.node:
@@ -394,7 +408,13 @@ class AgentActor(Actor):
         else:
             self._unsaved.clear()
 
-    def _new_execution(self, node: Node, task: Task, history: tuple[Message, ...]) -> Execution:
+    def _new_execution(
+        self,
+        node: Node,
+        task: Task,
+        history: tuple[Message, ...],
+        conversation: list[Message] | None = None,
+    ) -> Execution:
         context = self.context
         return Execution(
             agent=self.agent,
@@ -406,6 +426,7 @@ class AgentActor(Actor):
             buffer=self.execution,
             context=context,
             delegated=bool(task.node),
+            conversation=conversation,
         )
 
     def _keep(self, trace: ExecutionTrace) -> None:

@@ -171,6 +171,7 @@ class Execution:
         "call_ids",
         "charged",
         "context",
+        "conversation",
         "ended",
         "escalation",
         "execution_id",
@@ -204,6 +205,7 @@ class Execution:
         buffer: list[Message],
         context: ActorContext,
         delegated: bool = False,
+        conversation: list[Message] | None = None,
     ) -> None:
         self.agent = agent
         self.agent_id = agent_id
@@ -214,6 +216,9 @@ class Execution:
         self.history = history
         self.buffer = buffer
         self.context = context
+        #: The conversation of an execution that ends itself (see ``run``): a
+        #: delegated child's, whose actor ends with this one task.
+        self.conversation = conversation
         self.steps: list[StepRecord] = []
         self.status: Status = "cancelled"
         self.reason = "cancelled before it finished"
@@ -248,7 +253,7 @@ class Execution:
         """This execution's usage, all descendants included."""
         return self.node.usage()
 
-    async def run(self) -> None:
+    async def run(self) -> Result | None:
         """Run steps until a final answer or a stop; never raises an ``Exception``.
 
         Cancellation from outside (the actor, the runtime) propagates, and ``status``
@@ -256,6 +261,10 @@ class Execution:
         ancestor, the deadline) ends the steps and becomes this execution's status.
         (One frame for all of it: a cancellation unwinds every frame of every agent
         in the tree.)
+
+        With a ``conversation``, the execution also ends itself, on every path (see
+        ``_end``), and returns its ``Result``: a delegated child's actor hands this
+        coroutine to its mailbox loop, one frame less per child in the tree.
         """
         node = self.node
         parent = node.parent
@@ -287,6 +296,8 @@ class Execution:
             # The actor's task ends with this cancellation, and the log context with
             # it: nothing to reset (a cancelled tree does no more per child than it must).
             self._stop(*self.supervisor.why_stopped(node))
+            if self.conversation is not None:
+                self._end(cancelled=True)
             raise
         finally:
             node.scope = None
@@ -308,6 +319,26 @@ class Execution:
                 steps=len(self.steps),
                 tokens=node.input_tokens + node.output_tokens,
             )
+        if self.conversation is not None:
+            return self.result(self._end(cancelled=False))
+        return None
+
+    def _end(self, *, cancelled: bool) -> str:
+        """End a delegated child's execution: empty buffer; on an answered path the
+        final response joins its conversation; its node closes; its execution goes to
+        the top-level one's save (``Node.traces``), which builds its trace then. The
+        actor ends with this task: nobody reads its conversation or traces again, so
+        a cancelled one builds no answer at all."""
+        node = self.node
+        self.buffer.clear()
+        text = ""
+        if not cancelled and self.conversation is not None:
+            text = self.answer()
+            self.conversation.append(AssistantMessage(content=text))
+        self.supervisor.close(node, self.status, self.reason)
+        if node.traces is not None:
+            node.traces.append(self)
+        return text
 
     def _emit(self, kind: EventKind, **detail: object) -> None:
         node = self.node
