@@ -13,8 +13,8 @@ useful text, so a caller always gets an answer.
 from __future__ import annotations
 
 import collections
-import contextlib
 import contextvars
+import functools
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -78,8 +78,6 @@ class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 _EMPTY_USAGE = Usage()
-#: What an execution without a cancel scope of its own enters instead.
-_NO_SCOPE = contextlib.nullcontext()
 
 
 class _Interrupted(Exception):
@@ -130,14 +128,14 @@ def synthesize(
     ran = [step for step in steps if step.usage.requests]  # not refused by the budget
     outcomes = [outcome for step in ran for outcome in step.outcomes]
     done = f"Done so far: {len(ran)} step(s)"
-    if any(step.interrupted for step in ran):
+    if ran and ran[-1].interrupted:  # only the last step can be
         done += " (the last one interrupted)"
     done += ", " + _counted([o for o in outcomes if o.call.name not in subagents], "tool call(s)")
     delegated = [o for o in outcomes if o.call.name in subagents]
     if delegated:
         done += ", " + _counted(delegated, "subagent call(s)")
-    interrupted = sum(outcome.interrupted for outcome in outcomes)
-    failed = sum(outcome.is_error for outcome in outcomes) - interrupted
+    interrupted = len([outcome for outcome in outcomes if outcome.interrupted])
+    failed = len([outcome for outcome in outcomes if outcome.is_error]) - interrupted
     if failed:
         done += f", {failed} of them failed"
     if interrupted:
@@ -278,18 +276,15 @@ class Execution:
         # its own: its parent's deadline and stops reach it through the parent's
         # step, and a stop of its node alone cancels its actor's task (its parent
         # then reads the node's status). One scope less per child to cancel.
-        own = self.own_scope
+        scope = None
         try:
-            with anyio.CancelScope(deadline=node.deadline) if own else _NO_SCOPE as scope:
-                node.scope = scope if scope is not None else self.context.ref
-                try:
-                    if node.stop_status is not None:
-                        raise _Interrupted
+            if self.own_scope:
+                with anyio.CancelScope(deadline=node.deadline) as scope:
+                    node.scope = scope
                     await self._steps()
-                except (BudgetExceeded, _Interrupted):
-                    pass  # the supervisor has stopped this subtree and says why, below
-                except Exception as exc:
-                    self._stop("failed", f"{type(exc).__name__}: {exc}")
+            else:  # no context manager to leave: nothing to do per child when cancelled
+                node.scope = self.context.ref
+                await self._steps()
         except self.context.runtime.cancelled_exc:
             # Cancelled from outside (the actor, its parent actor, the runtime): a stop
             # or deadline of the tree may still be the reason, which the answer names.
@@ -354,91 +349,101 @@ class Execution:
         )
 
     async def _steps(self) -> None:
-        agent = self.agent
-        supervisor = self.supervisor
-        node = self.node
-        specs = agent.specs
-        max_tokens = agent.max_tokens
-        bus = self.context.runtime.event_bus
-        buffer = self.buffer
-        # What the model sees: the history, then this execution's buffer. Grown by
-        # one concatenation per step (the buffer list is kept for snapshots).
-        context = self.history + tuple(buffer)
-        while True:
-            supervisor.charge(node, steps=1)
-            if bus.active:
-                self._emit("step_start", step=len(self.steps))
-            request = ModelRequest(messages=context, tools=specs, max_tokens=max_tokens)
-            began = self.step_began = time.perf_counter()
-            self.step_input = len(context)
-            self.step_asked = None
-            self.charged = _EMPTY_USAGE
-            try:
-                if self.via is None:
-                    response = await self._send(agent.model, request)
-                else:
-                    response = await self.via(request, self._send_inner)
-            except BudgetExceeded as exc:
-                self._record_failed_request(len(context), began, exc)
-                raise
-            except Exception as exc:
-                self._record_failed_request(len(context), began, exc)
-                self._stop("failed", f"model request failed: {type(exc).__name__}: {exc}")
+        """The steps, until an answer or a stop; never raises an ``Exception``: a
+        refusal or an interrupted step means the supervisor stopped this subtree
+        (``run`` reads why), anything else fails the execution."""
+        try:
+            if self.node.stop_status is not None:
                 return
-            usage = self.charged
-            model_seconds = time.perf_counter() - began
-            if not response.text.isascii() or (
-                response.tool_calls and not _ascii_arguments(response.tool_calls)
-            ):
-                response = _safe_response(response)
-            if response.text:
-                self.last_text = response.text
-            calls = response.tool_calls
-            if calls and not self._ids_unique(calls):
-                response = msgspec.structs.replace(response, tool_calls=self._unique(calls))
-                calls = response.tool_calls
-            if not calls:
-                self._record(len(context), response, usage, (), model_seconds, 0.0)
+            agent = self.agent
+            supervisor = self.supervisor
+            node = self.node
+            specs = agent.specs
+            max_tokens = agent.max_tokens
+            bus = self.context.runtime.event_bus
+            buffer = self.buffer
+            # What the model sees: the history, then this execution's buffer. Grown by
+            # one concatenation per step (the buffer list is kept for snapshots).
+            context = self.history + tuple(buffer)
+            while True:
+                supervisor.charge(node, steps=1)
+                if bus.active:
+                    self._emit("step_start", step=len(self.steps))
+                request = ModelRequest(messages=context, tools=specs, max_tokens=max_tokens)
+                began = self.step_began = time.perf_counter()
+                self.step_input = len(context)
+                self.step_asked = None
+                self.charged = _EMPTY_USAGE
+                try:
+                    if self.via is None:
+                        response = await self._send(agent.model, request)
+                    else:
+                        response = await self.via(request, self._send_inner)
+                except BudgetExceeded as exc:
+                    self._record_failed_request(len(context), began, exc)
+                    raise
+                except Exception as exc:
+                    self._record_failed_request(len(context), began, exc)
+                    self._stop("failed", f"model request failed: {type(exc).__name__}: {exc}")
+                    return
+                usage = self.charged
+                model_seconds = time.perf_counter() - began
+                if not response.text.isascii() or (
+                    response.tool_calls and not _ascii_arguments(response.tool_calls)
+                ):
+                    response = _safe_response(response)
                 if response.text:
-                    self.final_text = response.text
-                    self._stop("completed", "final answer")
+                    self.last_text = response.text
+                calls = response.tool_calls
+                if calls and not self._ids_unique(calls):
+                    response = msgspec.structs.replace(response, tool_calls=self._unique(calls))
+                    calls = response.tool_calls
+                if not calls:
+                    self._record(len(context), response, usage, (), model_seconds, 0.0)
+                    if response.text:
+                        self.final_text = response.text
+                        self._stop("completed", "final answer")
+                    else:
+                        reason = f"the model stopped ({response.finish_reason}) without text"
+                        self._stop("completed", reason)
+                    return
+                # Text that comes with tool calls is trace, never the answer.
+                asked = AssistantMessage(content=response.text, tool_calls=calls)
+                buffer.append(asked)
+                began = time.perf_counter()
+                self.step_asked = (response, usage, model_seconds, began)
+                if len(calls) == 1 and calls[0].name not in agent.subagents_by_name:
+                    self.step_outcomes = None
+                    outcomes = [await self._run_call(calls[0])]  # one frame less to unwind
                 else:
-                    reason = f"the model stopped ({response.finish_reason}) without text"
-                    self._stop("completed", reason)
-                return
-            # Text that comes with tool calls is trace, never the answer.
-            asked = AssistantMessage(content=response.text, tool_calls=calls)
-            buffer.append(asked)
-            began = time.perf_counter()
-            self.step_asked = (response, usage, model_seconds, began)
-            if len(calls) == 1 and calls[0].name not in agent.subagents_by_name:
-                self.step_outcomes = None
-                outcomes = [await self._run_call(calls[0])]  # one frame less to unwind
-            else:
-                outcomes = self.step_outcomes = [_NOT_RUN] * len(calls)
-                await self._run_tools(calls, outcomes)
-            tools_seconds = time.perf_counter() - began
-            results = [
-                ToolResultMessage(
-                    call_id=outcome.call.id,
-                    name=outcome.call.name,
-                    content=outcome.content,
-                    is_error=outcome.is_error,
+                    outcomes = self.step_outcomes = [_NOT_RUN] * len(calls)
+                    await self._run_tools(calls, outcomes)
+                tools_seconds = time.perf_counter() - began
+                results = [
+                    ToolResultMessage(
+                        call_id=outcome.call.id,
+                        name=outcome.call.name,
+                        content=outcome.content,
+                        is_error=outcome.is_error,
+                    )
+                    for outcome in outcomes
+                ]
+                buffer.extend(results)
+                record = self._record(
+                    len(context), response, usage, outcomes, model_seconds, tools_seconds
                 )
-                for outcome in outcomes
-            ]
-            buffer.extend(results)
-            record = self._record(
-                len(context), response, usage, outcomes, model_seconds, tools_seconds
-            )
-            if self.escalation:
-                self._stop("failed", self.escalation)
-                return
-            stop_when = agent.stop_when
-            if stop_when is not None and stop_when(record):
-                self._stop("completed", "the agent's stop condition was met")
-                return
-            context = context + (asked, *results)  # noqa: RUF005 (one copy, not two)
+                if self.escalation:
+                    self._stop("failed", self.escalation)
+                    return
+                stop_when = agent.stop_when
+                if stop_when is not None and stop_when(record):
+                    self._stop("completed", "the agent's stop condition was met")
+                    return
+                context = context + (asked, *results)  # noqa: RUF005 (one copy, not two)
+        except (BudgetExceeded, _Interrupted):
+            pass  # the supervisor has stopped this subtree and says why (see run)
+        except Exception as exc:
+            self._stop("failed", f"{type(exc).__name__}: {exc}")
 
     def _ids_unique(self, calls: tuple[ToolCall, ...]) -> bool:
         """Whether every call has an id not used before in this execution (and
@@ -737,12 +742,17 @@ class Execution:
         response, usage, model_seconds, tools_began = asked
         seconds = ended - tools_began
         done = self.step_outcomes
-        outcomes = tuple(
-            _interrupted_call(call, seconds)
-            if done is None or done[index] is _NOT_RUN
-            else done[index]
-            for index, call in enumerate(response.tool_calls)
-        )
+        calls = response.tool_calls
+        outcomes: tuple[ToolOutcome, ...]
+        if done is None:  # the step's one tool call
+            outcomes = (_interrupted_call(calls[0], seconds),)
+        else:
+            outcomes = tuple(
+                [
+                    _interrupted_call(call, seconds) if outcome is _NOT_RUN else outcome
+                    for call, outcome in zip(calls, done, strict=True)
+                ]
+            )
         return StepRecord(
             index=len(self.steps),
             input_messages=self.step_input,
@@ -927,7 +937,7 @@ class _Delegation:
             execution._emit("spawn", child=subagent.name, child_id=node.id, task=task[:200])
         self.running[index] = node
         reply.add_done_callback(
-            lambda reply: self._answered(index, call, subagent, node, began, reply)
+            functools.partial(self._answered, index, call, subagent, node, began)
         )
 
     def _answered(
