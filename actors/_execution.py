@@ -290,7 +290,7 @@ class Execution:
             # or deadline of the tree may still be the reason, which the answer names.
             # The actor's task ends with this cancellation, and the log context with
             # it: nothing to reset (a cancelled tree does no more per child than it must).
-            self._stop(*self.supervisor.why_stopped(node))
+            self.status, self.reason = self.supervisor.why_stopped(node)
             if self.conversation is not None:
                 self._end(cancelled=True)
             raise
