@@ -234,6 +234,6 @@ async def _overshoot(children: int, limit: int) -> Row:
 async def run(*, quick: bool = False) -> list[Row]:
     return [
         await _idle_memory(1_000 if quick else 10_000),
-        *await _cancel_tree(100 if quick else 1_000, 3 if quick else 5),
+        *await _cancel_tree(100 if quick else 1_000, 3 if quick else 9),
         await _overshoot(100 if quick else 1_000, 10 if quick else 100),
     ]
