@@ -16,7 +16,7 @@ import collections
 import contextvars
 import functools
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -257,21 +257,14 @@ class Execution:
         Cancellation from outside (the actor, the runtime) propagates, and ``status``
         stays "cancelled". A stop from the supervisor (a limit of this node or an
         ancestor, the deadline) ends the steps and becomes this execution's status.
-        (One frame for all of it: a cancellation unwinds every frame of every agent
-        in the tree.)
 
         With a ``conversation``, the execution also ends itself, on every path (see
-        ``_end``), and returns its ``Result``: a delegated child's actor hands this
-        coroutine to its mailbox loop, one frame less per child in the tree.
+        ``_end``), and returns its ``Result``. A delegated child with no cancel scope
+        of its own runs ``_steps(alone=True)`` instead, which does all of this in one
+        frame: a cancellation unwinds every frame of every agent in the tree.
         """
+        tokens = self._begin()
         node = self.node
-        parent = node.parent
-        tokens = _bind_log_context(
-            self.agent_id, parent.id if parent is not None else None, node.depth, node.id
-        )
-        bus = self.context.runtime.event_bus
-        if bus.active:
-            self._emit("execution_start", task=self.task[:200])
         # A subagent with no budget or deadline of its own needs no cancel scope of
         # its own: its parent's deadline and stops reach it through the parent's
         # step, and a stop of its node alone cancels its actor's task (its parent
@@ -282,26 +275,56 @@ class Execution:
                 with anyio.CancelScope(deadline=node.deadline) as scope:
                     node.scope = scope
                     await self._steps()
-            else:  # no context manager to leave: nothing to do per child when cancelled
+            else:
                 node.scope = self.context.ref
                 await self._steps()
         except self.context.runtime.cancelled_exc:
-            # Cancelled from outside (the actor, its parent actor, the runtime): a stop
-            # or deadline of the tree may still be the reason, which the answer names.
-            # The actor's task ends with this cancellation, and the log context with
-            # it: nothing to reset (a cancelled tree does no more per child than it must).
-            self.status, self.reason = self.supervisor.why_stopped(node)
-            if self.conversation is not None:
-                self._end(cancelled=True)
+            self._cancelled()
             raise
-        finally:
-            node.scope = None
-            self.ended = time.perf_counter()
+        return self._finish(tokens, scope is not None and scope.cancelled_caught)
+
+    def start(self) -> Coroutine[Any, Any, Result | None]:
+        """``run()``, or for an execution that ends itself with no cancel scope of its
+        own (a delegated child's), the same in one frame (``_steps(alone=True)``)."""
+        if self.own_scope or self.conversation is None:
+            return self.run()
+        return self._steps(alone=True)
+
+    def _begin(self) -> tuple[contextvars.Token[Any], ...]:
+        """Bind the log context and say the execution starts."""
+        node = self.node
+        parent = node.parent
+        tokens = _bind_log_context(
+            self.agent_id, parent.id if parent is not None else None, node.depth, node.id
+        )
+        if self.context.runtime.event_bus.active:
+            self._emit("execution_start", task=self.task[:200])
+        return tokens
+
+    def _cancelled(self) -> None:
+        """Cancelled from outside (the actor, its parent actor, the runtime): a stop or
+        deadline of the tree may still be the reason, which the answer names. The
+        actor's task ends with this cancellation, and the log context with it: nothing
+        to reset (a cancelled tree does no more per child than it must)."""
+        node = self.node
+        node.scope = None
+        self.ended = time.perf_counter()
+        self.status, self.reason = self.supervisor.why_stopped(node)
+        if self.conversation is not None:
+            self._end(cancelled=True)
+
+    def _finish(self, tokens: tuple[contextvars.Token[Any], ...], stopped: bool) -> Result | None:
+        """The steps ended (an answer, a failure, a stop: ``stopped`` if its own scope
+        caught the supervisor's cancellation): the status, the events, and for an
+        execution that ends itself, its end and its ``Result``."""
+        node = self.node
+        node.scope = None
+        self.ended = time.perf_counter()
         for token in tokens:
             token.var.reset(token)
-        if node.stop_status is not None or (scope is not None and scope.cancelled_caught):
+        if stopped or node.stop_status is not None:
             self._stop(*self.supervisor.why_stopped(node))
-        if bus.active:
+        if self.context.runtime.event_bus.active:
             if self.status in ("budget_exceeded", "timed_out"):
                 kind: EventKind = (
                     "budget_exceeded" if self.status == "budget_exceeded" else "deadline"
@@ -348,13 +371,20 @@ class Execution:
             **detail,
         )
 
-    async def _steps(self) -> None:
+    async def _steps(self, *, alone: bool = False) -> Result | None:
         """The steps, until an answer or a stop; never raises an ``Exception``: a
         refusal or an interrupted step means the supervisor stopped this subtree
-        (``run`` reads why), anything else fails the execution."""
+        (``run`` reads why), anything else fails the execution.
+
+        ``alone``: all of ``run`` in this one frame, for an execution that ends itself
+        and has no cancel scope of its own (a delegated child's: see ``run``).
+        """
+        if alone:
+            tokens = self._begin()
+            self.node.scope = self.context.ref
         try:
             if self.node.stop_status is not None:
-                return
+                raise _Interrupted
             agent = self.agent
             supervisor = self.supervisor
             node = self.node
@@ -385,7 +415,7 @@ class Execution:
                 except Exception as exc:
                     self._record_failed_request(len(context), began, exc)
                     self._stop("failed", f"model request failed: {type(exc).__name__}: {exc}")
-                    return
+                    break
                 usage = self.charged
                 model_seconds = time.perf_counter() - began
                 if not response.text.isascii() or (
@@ -406,7 +436,7 @@ class Execution:
                     else:
                         reason = f"the model stopped ({response.finish_reason}) without text"
                         self._stop("completed", reason)
-                    return
+                    break
                 # Text that comes with tool calls is trace, never the answer.
                 asked = AssistantMessage(content=response.text, tool_calls=calls)
                 buffer.append(asked)
@@ -434,16 +464,21 @@ class Execution:
                 )
                 if self.escalation:
                     self._stop("failed", self.escalation)
-                    return
+                    break
                 stop_when = agent.stop_when
                 if stop_when is not None and stop_when(record):
                     self._stop("completed", "the agent's stop condition was met")
-                    return
+                    break
                 context = context + (asked, *results)  # noqa: RUF005 (one copy, not two)
         except (BudgetExceeded, _Interrupted):
             pass  # the supervisor has stopped this subtree and says why (see run)
         except Exception as exc:
             self._stop("failed", f"{type(exc).__name__}: {exc}")
+        except self.context.runtime.cancelled_exc:
+            if alone:
+                self._cancelled()
+            raise
+        return self._finish(tokens, False) if alone else None
 
     def _ids_unique(self, calls: tuple[ToolCall, ...]) -> bool:
         """Whether every call has an id not used before in this execution (and
