@@ -309,9 +309,13 @@ class Execution:
         node = self.node
         node.scope = None
         self.ended = time.perf_counter()
-        self.status, self.reason = self.supervisor.why_stopped(node)
-        if self.conversation is not None:
-            self._end(cancelled=True)
+        supervisor = self.supervisor
+        self.status, self.reason = supervisor.why_stopped(node)
+        if self.conversation is not None:  # ends itself: see _end (no answer to build)
+            self.buffer.clear()
+            supervisor.close(node, self.status, self.reason)
+            if node.traces is not None:
+                node.traces.append(self)
 
     def _finish(self, tokens: tuple[contextvars.Token[Any], ...], stopped: bool) -> Result | None:
         """The steps ended (an answer, a failure, a stop: ``stopped`` if its own scope
@@ -338,20 +342,19 @@ class Execution:
                 tokens=node.input_tokens + node.output_tokens,
             )
         if self.conversation is not None:
-            return self.result(self._end(cancelled=False))
+            return self.result(self._end())
         return None
 
-    def _end(self, *, cancelled: bool) -> str:
-        """End a delegated child's execution: empty buffer; on an answered path the
-        final response joins its conversation; its node closes; its execution goes to
-        the top-level one's save (``Node.traces``), which builds its trace then. The
-        actor ends with this task: nobody reads its conversation or traces again, so
-        a cancelled one builds no answer at all."""
+    def _end(self) -> str:
+        """End a delegated child's execution: empty buffer; the final response joins
+        its conversation; its node closes; its execution goes to the top-level one's
+        save (``Node.traces``), which builds its trace then. The actor ends with this
+        task: nobody reads its conversation or traces again, so a cancelled one
+        (``_cancelled``) builds no answer at all."""
         node = self.node
         self.buffer.clear()
-        text = ""
-        if not cancelled and self.conversation is not None:
-            text = self.answer()
+        text = self.answer()
+        if self.conversation is not None:
             self.conversation.append(AssistantMessage(content=text))
         self.supervisor.close(node, self.status, self.reason)
         if node.traces is not None:

@@ -78,11 +78,15 @@ class PendingReply:
             self._settled_now()
 
     def set_stopped(self, reason: str) -> None:
-        """Settle with ``ActorStopped``: the actor stopped (for ``reason``) first."""
+        """Settle with ``ActorStopped``: the actor stopped (for ``reason``) first.
+        (``_settled_now`` inlined: a cancelled tree settles one of these per actor.)"""
         if not self._settled:
             self._settled = True
             self._stopped = reason
-            self._settled_now()
+            if self._waiter is not None:
+                wake(self._waiter)
+            if self._callback is not None:
+                self._callback(self)
 
     @property
     def error(self) -> BaseException | None:
