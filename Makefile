@@ -33,6 +33,7 @@ bench: $(STAMP)
 
 stress: $(STAMP)
 	$(BIN)/python -m tests.stress.crash --kills 100 --backend both
+	$(BIN)/python -m tests.stress.fuzz --trees 2000 --backend both
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis

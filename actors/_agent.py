@@ -42,6 +42,7 @@ from ._messages import (
     SystemMessage,
     ToolSpec,
     UserMessage,
+    exception_text,
     safe_text,
 )
 from ._models import Model
@@ -401,7 +402,7 @@ class AgentActor(Actor):
                 agent_id=self.context.id,
                 execution_id=trace.execution_id,
                 store=repr(store),
-                error=f"{type(exc).__name__}: {exc}",
+                error=exception_text(exc),
                 unsaved_traces=sum(len(each) for each in self._unsaved),
                 failures=self.store_failures,
             )

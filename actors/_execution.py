@@ -49,6 +49,7 @@ from ._messages import (
     ToolCall,
     ToolOutcome,
     ToolResultMessage,
+    exception_text,
     safe_text,
 )
 from ._policy import is_retryable
@@ -417,7 +418,7 @@ class Execution:
                     raise
                 except Exception as exc:
                     self._record_failed_request(len(context), began, exc)
-                    self._stop("failed", f"model request failed: {type(exc).__name__}: {exc}")
+                    self._stop("failed", f"model request failed: {exception_text(exc)}")
                     break
                 usage = self.charged
                 model_seconds = time.perf_counter() - began
@@ -476,7 +477,7 @@ class Execution:
         except (BudgetExceeded, _Interrupted):
             pass  # the supervisor has stopped this subtree and says why (see run)
         except Exception as exc:
-            self._stop("failed", f"{type(exc).__name__}: {exc}")
+            self._stop("failed", exception_text(exc))
         except self.context.runtime.cancelled_exc:
             if alone:
                 self._cancelled()
@@ -744,7 +745,7 @@ class Execution:
                 model_seconds=time.perf_counter() - began,
                 tools_seconds=0.0,
                 finish_reason="error",
-                error=f"{type(exc).__name__}: {exc}",
+                error=exception_text(exc),
             )
         )
         self.step_began = 0.0
@@ -966,9 +967,9 @@ class _Delegation:
             reply = child.actor.ask_nowait(Task(text=task, node=node.id))
             child.actor.stop_nowait()  # the task is its only message
         except Exception as exc:
-            supervisor.close(node, "failed", f"{type(exc).__name__}: {exc}")
+            supervisor.close(node, "failed", exception_text(exc))
             self.outcomes[index] = _refused(
-                call, f"subagent {call.name!r} failed: {type(exc).__name__}: {exc}"
+                call, f"subagent {call.name!r} failed: {exception_text(exc)}"
             )
             return
         if execution.context.runtime.event_bus.active:
@@ -1005,10 +1006,8 @@ class _Delegation:
             )
         elif error is not None:
             # The child stopped before answering (it failed to start, say).
-            self.stopped.append((node, f"{type(error).__name__}: {error}"))
-            outcome = _refused(
-                call, f"subagent {call.name!r} failed: {type(error).__name__}: {error}"
-            )
+            self.stopped.append((node, exception_text(error)))
+            outcome = _refused(call, f"subagent {call.name!r} failed: {exception_text(error)}")
         else:
             result: Result = reply.result()
             if result.status == "failed" and subagent.escalate:

@@ -41,6 +41,7 @@ __all__ = [
     "ToolResultMessage",
     "ToolSpec",
     "UserMessage",
+    "exception_text",
     "safe_text",
 ]
 
@@ -203,3 +204,15 @@ def safe_text(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
+
+
+def exception_text(exc: BaseException) -> str:
+    """``Kind: message`` of an exception, made safe as ``safe_text`` does (an error
+    from a model, a provider or a tool may carry half a character) and never raising
+    (a ``__str__`` that fails leaves the kind alone)."""
+    kind = type(exc).__qualname__
+    try:
+        message = safe_text(str(exc))
+    except Exception:
+        message = ""
+    return f"{kind}: {message}" if message else kind

@@ -36,7 +36,7 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from ._messages import ToolCall, ToolOutcome, ToolSpec, safe_text
+from ._messages import ToolCall, ToolOutcome, ToolSpec, exception_text, safe_text
 from ._schema import (
     ToolDefinitionError,
     build_arguments,
@@ -220,7 +220,7 @@ class Tool(Generic[P, R]):
         except Exception as exc:  # e.g. a __post_init__ of a nested type raising
             return self._finish(
                 call,
-                f"{self._invalid_prefix}{_exception_text(exc)}. {self._expected}",
+                f"{self._invalid_prefix}{exception_text(exc)}. {self._expected}",
                 0,
                 start,
             )
@@ -260,7 +260,7 @@ class Tool(Generic[P, R]):
         if failure is None:
             text = self._timed_out
         else:
-            text = f"tool {self.name!r} failed: {_exception_text(failure)}"
+            text = f"tool {self.name!r} failed: {exception_text(failure)}"
         if attempts > 1:
             text = f"{text} (gave up after {attempts} attempts)"
         return self._finish(call, text, attempts, start)
@@ -283,15 +283,6 @@ class Tool(Generic[P, R]):
             seconds=perf_counter() - start,
             attempts=attempts,
         )
-
-
-def _exception_text(exc: BaseException) -> str:
-    kind = type(exc).__qualname__
-    try:
-        message = safe_text(str(exc))
-    except Exception:
-        message = ""
-    return f"{kind}: {message}" if message else kind
 
 
 def _to_text(value: object) -> str:

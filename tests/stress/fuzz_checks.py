@@ -1,0 +1,410 @@
+"""The checks of the fault-injection fuzz (``tests.stress.fuzz``): DESIGN.md section 5.
+
+Every check returns the violations it found as strings, each prefixed with the number
+of the invariant it breaks; none asserts, so one tree reports everything wrong with
+it. The fuzz calls them on every request every model received, on tree snapshots
+taken while the tree runs and after it, on every ``Result``, on the conversations of
+the top-level agents between rounds of asks, and on every value that crossed an
+actor boundary.
+
+Every text an agent writes carries its marker ``<name>`` (see ``marker``), so a
+child's text found where it does not belong shows.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from actors import (
+    AssistantMessage,
+    Conversation,
+    ExecutionTrace,
+    Message,
+    ModelRequest,
+    Result,
+    SystemMessage,
+    ToolResultMessage,
+    UserMessage,
+)
+from runtime import (
+    Budget,
+    Caps,
+    TreeSnapshot,
+    Usage,
+    decode_json,
+    decode_msgpack,
+    encode_json,
+    encode_msgpack,
+)
+
+__all__ = [
+    "NOT_STARTED",
+    "STATUSES",
+    "check_conversation",
+    "check_pairs",
+    "check_request",
+    "check_result",
+    "check_tree",
+    "marker",
+    "markers_in",
+    "round_trip",
+]
+
+STATUSES = frozenset({"completed", "budget_exceeded", "timed_out", "cancelled", "failed"})
+USAGE_FIELDS = ("input_tokens", "output_tokens", "cached_tokens", "requests", "tool_calls")
+#: How the answer to an ask the supervisor refused to start begins.
+NOT_STARTED = "[budget_exceeded] The task was not started"
+#: Agent names are ``t<i>`` for top-level agents, ``<parent>s<i>`` for subagents.
+_MARKER = re.compile(r"<(t\d+(?:s\d+)*)>")
+
+
+def marker(name: str) -> str:
+    """The marker every text written by the agent ``name`` carries."""
+    return f"<{name}>"
+
+
+def markers_in(message: Message) -> set[str]:
+    """The names of the agents whose markers ``message`` holds."""
+    text = message.content
+    if isinstance(message, AssistantMessage) and message.tool_calls:
+        text += " ".join(f" {c.name} {c.arguments}" for c in message.tool_calls)
+    return set(_MARKER.findall(text))
+
+
+# -- invariant 6 -----------------------------------------------------------------------
+
+
+def round_trip(value: Any, kind: Any, what: str) -> list[str]:
+    """6: ``value`` comes back equal through msgspec JSON and through MessagePack."""
+    found = []
+    for codec, encode, decode in (
+        ("JSON", encode_json, decode_json),
+        ("MessagePack", encode_msgpack, decode_msgpack),
+    ):
+        try:
+            back = decode(encode(value), kind)
+        except Exception as exc:
+            found.append(f"6: {what} does not round-trip through {codec}: {_error(exc)}")
+            continue
+        if back != value:
+            found.append(f"6: {what} comes back different through {codec}: {value!r:.300}")
+    return found
+
+
+def _error(exc: BaseException) -> str:
+    return f"{exc!r:.300}"
+
+
+# -- invariants 1, 2 and 3 in one inference context ------------------------------------------
+
+
+def check_request(
+    name: str,
+    request: ModelRequest,
+    *,
+    system: str,
+    allowed: frozenset[str],
+    children: frozenset[str],
+    fresh: bool,
+) -> list[str]:
+    """One request the model of agent ``name`` received.
+
+    2: the context is the system prompt, user/final pairs, the task, then the
+    execution buffer (``fresh``: a subagent's actor starts with no pairs). 3: in the
+    buffer each tool result follows its call, with its id, and no call lacks one;
+    ids are unique. 1: the only markers are the agent's own and ``allowed``'s (its
+    ancestors wrote its task), save a child's in the result of the call that
+    delegated to that child.
+    """
+    where = f"a request of {name}"
+    found: list[str] = []
+    messages = request.messages
+    start = 0
+    if system:
+        if not messages or messages[0] != SystemMessage(content=system):
+            found.append(f"2: {where} does not open with its system prompt")
+        start = 1
+    users = [i for i, m in enumerate(messages) if isinstance(m, UserMessage)]
+    if not users:
+        return [*found, f"2: {where} holds no task"]
+    task = users[-1]
+    history = messages[start:task]
+    if len(history) % 2 or (fresh and history):
+        found.append(f"2: {where} has {len(history)} messages of history before its task")
+    for index, message in enumerate(history):
+        kind = UserMessage if index % 2 == 0 else AssistantMessage
+        if not isinstance(message, kind) or (
+            isinstance(message, AssistantMessage) and message.tool_calls
+        ):
+            found.append(f"2: {where} has {type(message).__name__} at {start + index} of history")
+            break
+    found.extend(_check_buffer(where, messages, task + 1))
+    found.extend(_check_isolation(where, messages, allowed | {name}, children))
+    return found
+
+
+def _check_buffer(where: str, messages: Sequence[Message], start: int) -> list[str]:
+    """3: call groups only, each call answered once, right after it."""
+    found: list[str] = []
+    ids: set[str] = set()
+    index = start
+    while index < len(messages):
+        message = messages[index]
+        if not isinstance(message, AssistantMessage) or not message.tool_calls:
+            found.append(f"3: {where} has {type(message).__name__} unanswered at {index}")
+            index += 1
+            continue
+        calls = {c.id: c.name for c in message.tool_calls}
+        if len(calls) != len(message.tool_calls) or "" in calls or not ids.isdisjoint(calls):
+            found.append(f"3: {where} has a missing or repeated call id at {index}: {calls}")
+        ids.update(calls)
+        results = messages[index + 1 : index + 1 + len(message.tool_calls)]
+        answered = {r.call_id: r.name for r in results if isinstance(r, ToolResultMessage)}
+        if len(results) != len(calls) or answered != calls:
+            found.append(f"3: {where}: the calls at {index} ({calls}) are answered by {answered}")
+        index += 1 + len(message.tool_calls)
+    return found
+
+
+def _check_isolation(
+    where: str, messages: Sequence[Message], allowed: frozenset[str], children: frozenset[str]
+) -> list[str]:
+    found: list[str] = []
+    called: dict[str, str] = {}
+    for index, message in enumerate(messages):
+        foreign = markers_in(message) - allowed
+        if isinstance(message, AssistantMessage):
+            called.update((c.id, c.name) for c in message.tool_calls)
+        elif (
+            isinstance(message, ToolResultMessage)
+            and message.name in children
+            and called.get(message.call_id) == message.name
+        ):
+            foreign.discard(message.name)  # the delegated child's answer, where it belongs
+        if foreign:
+            found.append(
+                f"1: {where} holds text of {sorted(foreign)} in its "
+                f"{type(message).__name__} at {index}: {message.content!r:.200}"
+            )
+    return found
+
+
+# -- invariant 2 on a top-level agent's conversation ---------------------------------------
+
+
+def check_conversation(
+    name: str,
+    conversation: Conversation,
+    traces: Sequence[ExecutionTrace],
+    *,
+    base: Sequence[Message],
+    system: str,
+    results: Mapping[str, Result],
+) -> list[str]:
+    """2 (and 1): between executions the buffer is empty and the conversation is what
+    it was when the actor started (``base``) plus, for each execution in order, its
+    task and its one final answer, as its trace and its ``Result`` say; no other
+    agent's marker in it."""
+    where = f"the conversation of {name}"
+    found: list[str] = []
+    if conversation.execution:
+        found.append(f"2: {where} keeps {len(conversation.execution)} buffer messages")
+    if conversation.system != system or conversation.summary or conversation.buffer:
+        found.append(f"2: {where} has a changed system prompt, summary or buffer section")
+    final: dict[str, ExecutionTrace] = {}
+    for trace in traces:  # a restarted execution leaves a trace per attempt: the last one
+        final[trace.execution_id] = trace
+    expected: list[Message] = list(base)
+    for trace in final.values():
+        expected += [UserMessage(content=trace.task), AssistantMessage(content=trace.final_text)]
+    if list(conversation.messages) != expected:
+        found.append(
+            f"2: {where} has {len(conversation.messages)} messages, its executions "
+            f"account for {len(expected)}: {_diff(conversation.messages, expected)}"
+        )
+    for execution_id, result in results.items():
+        kept = final.get(execution_id)
+        if kept is None:
+            continue  # its trace was dropped (trace_limit) or the actor was replaced
+        if (kept.final_text, kept.status, kept.stop_reason) != (
+            result.text,
+            result.status,
+            result.stop_reason,
+        ):
+            found.append(f"2: {where}: execution {execution_id} answered other than it kept")
+    for index, message in enumerate(conversation.messages):
+        foreign = markers_in(message) - {name}
+        if foreign:
+            found.append(f"1: {where} holds text of {sorted(foreign)} at {index}")
+    return found
+
+
+def check_pairs(where: str, messages: Sequence[Message]) -> list[str]:
+    """2: a conversation's messages are tasks and final answers, in pairs."""
+    if len(messages) % 2:
+        return [f"2: {where} has {len(messages)} messages: a turn is half-written"]
+    for index, message in enumerate(messages):
+        kind = UserMessage if index % 2 == 0 else AssistantMessage
+        if not isinstance(message, kind) or (
+            isinstance(message, AssistantMessage) and message.tool_calls
+        ):
+            return [f"2: {where} has {type(message).__name__} at {index}"]
+    return []
+
+
+def _diff(got: Sequence[Message], expected: Sequence[Message]) -> str:
+    for index, (left, right) in enumerate(zip(got, expected, strict=False)):
+        if left != right:
+            return f"first difference at {index}: {left!r:.150} != {right!r:.150}"
+    return "one is a prefix of the other"
+
+
+# -- invariant 4 -------------------------------------------------------------------------
+
+
+def check_tree(
+    tree: TreeSnapshot, *, caps: Caps | None, seconds_slack: float, where: str
+) -> list[str]:
+    """4: every node's usage is its own plus its children's, and no node is over any
+    limit of its ``Budget``: usage fields, steps, agents, depth below it, and
+    seconds (its subtree ends within ``seconds_slack`` of its deadline). A node's
+    depth is within the runtime's caps."""
+    found: list[str] = []
+    nodes = {node.id: node for node in tree.nodes}
+    children: dict[str, list[str]] = {}
+    for node in tree.nodes:
+        if node.parent_id is not None:
+            children.setdefault(node.parent_id, []).append(node.id)
+    for node in tree.nodes:
+        total = sum((nodes[c].usage for c in children.get(node.id, ())), node.own_usage)
+        found.extend(
+            f"4: {where}: {node.id} has {field}={getattr(node.usage, field)}, "
+            f"own + children = {getattr(total, field)}"
+            for field in USAGE_FIELDS
+            if getattr(node.usage, field) != getattr(total, field)
+        )
+        if not math.isclose(node.usage.cost, total.cost, rel_tol=1e-9, abs_tol=1e-12):
+            found.append(f"4: {where}: {node.id} cost {node.usage.cost} != {total.cost}")
+        if node.status not in STATUSES and node.status != "running":
+            found.append(f"4: {where}: {node.id} has status {node.status!r}")
+        if caps is not None and caps.depth is not None and node.depth > caps.depth:
+            found.append(f"4: {where}: {node.id} at depth {node.depth}, cap {caps.depth}")
+        limits = node.limits
+        if limits is not None:
+            used = {"steps": node.steps, "agents": node.agents}
+            found.extend(over_limits(node.usage, limits, f"{where}: {node.id}", used))
+            found.extend(_check_below(node.id, limits, nodes, children, seconds_slack, where))
+    return found
+
+
+def over_limits(
+    usage: Usage, limits: Budget, where: str, counters: Mapping[str, int] | None = None
+) -> list[str]:
+    """4: which of ``limits`` ``usage`` (and ``counters``: steps, agents) is over."""
+    used: dict[str, float] = {
+        "tokens": usage.input_tokens + usage.output_tokens,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "requests": usage.requests,
+        "tool_calls": usage.tool_calls,
+        **(counters or {}),
+    }
+    found = [
+        f"4: {where} used {value} {field}, over its limit of {getattr(limits, field)}"
+        for field, value in used.items()
+        if getattr(limits, field) is not None and value > getattr(limits, field)
+    ]
+    if limits.cost is not None and usage.cost > limits.cost * (1 + 1e-9):
+        found.append(f"4: {where} cost {usage.cost}, over its limit of {limits.cost}")
+    return found
+
+
+def _check_below(
+    node_id: str,
+    limits: Budget,
+    nodes: Mapping[str, Any],
+    children: Mapping[str, list[str]],
+    slack: float,
+    where: str,
+) -> list[str]:
+    """The depth and seconds limits of ``node_id`` over its whole subtree."""
+    if limits.depth is None and limits.seconds is None:
+        return []
+    found = []
+    top = nodes[node_id]
+    stack = list(children.get(node_id, ()))
+    while stack:
+        below = nodes[stack.pop()]
+        stack.extend(children.get(below.id, ()))
+        if limits.depth is not None and below.depth - top.depth > limits.depth:
+            found.append(f"4: {where}: {below.id} is {below.depth - top.depth} below {node_id}")
+        if limits.seconds is not None and below.status != "running":
+            late = below.started + below.seconds - (top.started + limits.seconds)
+            if late > slack:
+                found.append(
+                    f"4: {where}: {below.id} ended {late:.3f} s after the deadline of {node_id}"
+                )
+    if limits.seconds is not None and top.parent_id is not None and top.status != "running":
+        late = top.seconds - limits.seconds
+        if late > slack:
+            found.append(f"4: {where}: {node_id} ran {late:.3f} s past its own deadline")
+    return found
+
+
+# -- invariants 4 and 5 on one reply --------------------------------------------------------
+
+
+def check_result(
+    result: Result,
+    tree: TreeSnapshot,
+    *,
+    expected: Budget | None,
+    budgets: Iterable[Budget | None],
+    where: str,
+) -> list[str]:
+    """One ``Result`` of a top-level ask: a known status and a text; the node it names
+    ended as it says, carries the limits that were set (``expected``: the agent's
+    budget merged with the ask's) and its usage is within every one of ``budgets``."""
+    found: list[str] = []
+    if result.status not in STATUSES or not result.text:
+        found.append(f"5: {where}: a Result with status {result.status!r}, text {result.text!r}")
+    if not result.execution_id:
+        if result.status != "budget_exceeded" or not result.text.startswith(NOT_STARTED):
+            found.append(f"5: {where}: a Result of no execution: {result!r:.300}")
+        if result.usage != Usage():
+            found.append(f"4: {where}: a turn that never started used {result.usage}")
+        return found
+    try:
+        node = tree.node(result.execution_id)
+    except KeyError:
+        return [*found, f"4: {where}: no node {result.execution_id} in the tree"]
+    if (node.status, node.stop_reason) != (result.status, result.stop_reason):
+        found.append(
+            f"5: {where}: the node ended {node.status} ({node.stop_reason!r:.120}), "
+            f"the Result says {result.status} ({result.stop_reason!r:.120})"
+        )
+    if node.limits != expected:
+        found.append(f"4: {where}: node limits {node.limits}, set {expected}")
+    found.extend(
+        f"4: {where}: the Result's {field} is more than its node's"
+        for field in USAGE_FIELDS
+        if getattr(result.usage, field) > getattr(node.usage, field)
+    )
+    for budget in budgets:
+        if budget is not None:
+            found.extend(over_limits(result.usage, budget, where))
+    return found
+
+
+def decode_struct(data: bytes, kind: type[msgspec.Struct], what: str) -> list[str]:
+    """6: stored bytes decode as ``kind`` and round-trip."""
+    try:
+        value = msgspec.json.decode(data, type=kind)
+    except Exception as exc:
+        return [f"6: {what} does not decode as {kind.__name__}: {_error(exc)}"]
+    return round_trip(value, kind, what)

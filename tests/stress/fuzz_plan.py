@@ -1,0 +1,298 @@
+"""The plan of one fuzz tree: everything its seed decides before it runs.
+
+``make_plan(seed)`` draws, from one ``random.Random(seed)``: one or two top-level
+agents (``Spec``), each the root of up to twelve more, three levels deep at most and
+up to five subagents per agent, each with its tools, budget, output cap, retry and
+restart policies, escalation, tool concurrency, stop condition and number of steps;
+the runtime's budget, caps, token settings and store; and the rounds of things done
+from outside (``Op``). What each model answers is drawn later, per request, from the
+seed too (``tests.stress.fuzz_faults``). ``FAULT_KINDS`` names every fault the fuzz
+counts; each tree favours one of the faults a model draws (``Plan.focus``) so that a
+few dozen trees hit them all.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from msgspec.structs import replace
+
+from runtime import Budget, Caps
+
+__all__ = [
+    "ASKS",
+    "DRAWN",
+    "FAULT_KINDS",
+    "GARBAGE",
+    "TOOL_POOL",
+    "Op",
+    "OpKind",
+    "Plan",
+    "Spec",
+    "make_plan",
+]
+
+#: Every fault the fuzz injects; the suite checks each was hit.
+FAULT_KINDS = (
+    "tool_raises",
+    "tool_retry",
+    "tool_timeout",
+    "tool_timeout_retry",
+    "tool_stall",
+    "sync_tool",
+    "sync_tool_timeout",
+    "tool_surrogate",
+    "tool_unprintable",
+    "tool_big",
+    "model_retryable",
+    "model_fatal",
+    "model_plain",
+    "model_connection",
+    "model_usage",
+    "model_surrogate",
+    "model_stall",
+    "garbage_unknown_tool",
+    "garbage_bad_json",
+    "garbage_bad_args",
+    "garbage_empty_args",
+    "garbage_dup_ids",
+    "garbage_reused_id",
+    "garbage_missing_ids",
+    "garbage_negative_usage",
+    "garbage_huge_usage",
+    "garbage_over_max_tokens",
+    "garbage_empty_reply",
+    "garbage_finish_reason",
+    "garbage_surrogate_text",
+    "garbage_surrogate_args",
+    "garbage_bad_subagent_args",
+    "ask_cancel_scope",
+    "ask_timeout",
+    "ask_surrogate",
+    "tell",
+    "concurrent_asks",
+    "look",
+    "node_cancel",
+    "actor_cancel",
+    "respawn",
+    "store_memory",
+    "store_sqlite",
+    "events",
+    "budget_exceeded",
+    "timed_out",
+    "cancelled",
+    "failed",
+    "refused_turn",
+)
+GARBAGE = tuple(kind.removeprefix("garbage_") for kind in FAULT_KINDS if "garbage_" in kind)
+#: The faults a model draws per request; each tree favours one of them (``Plan.focus``).
+DRAWN = tuple(kind for kind in FAULT_KINDS if kind.startswith(("model_", "garbage_")))
+
+#: What an agent's toolbox is drawn from, besides ``work`` (most agents have it) and
+#: ``stall`` (a tool that hangs: only where a deadline applies).
+TOOL_POOL = (
+    "broken",
+    "broken_twice",
+    "slow",
+    "slow_retry",
+    "blocking",
+    "blocking_slow",
+    "odd_text",
+    "unprintable",
+    "big",
+)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One agent of the tree and how its model behaves."""
+
+    name: str
+    depth: int
+    children: tuple[Spec, ...]
+    tools: tuple[str, ...]
+    budget: Budget | None
+    max_tokens: int | None
+    retries: int
+    restarts: int
+    escalate: bool
+    tool_concurrency: int
+    stop_after: int | None
+    max_steps: int
+    #: A deadline surely applies to its executions (its own, an ancestor's, the runtime's).
+    deadline: bool
+
+    def walk(self) -> list[Spec]:
+        found = [self]
+        for child in self.children:
+            found.extend(child.walk())
+        return found
+
+
+OpKind = Literal["ask", "scope", "timeout", "tell", "look", "cancel_node", "cancel_actor"]
+ASKS = ("ask", "scope", "timeout")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One thing done from outside in a round: an ask, a look, a cancellation."""
+
+    kind: OpKind
+    top: int
+    delay: float = 0.0
+    budget: Budget | None = None
+    surrogate: bool = False
+    #: Which running node a ``cancel_node`` picks, as a fraction of the running ones.
+    pick: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    seed: int
+    tops: tuple[Spec, ...]
+    runtime_budget: Budget | None
+    caps: Caps | None
+    min_output: int
+    default_max_tokens: int
+    store: Literal["none", "memory", "sqlite"]
+    #: Whether the first top-level agent keeps its state in the store (an id of its own).
+    persistent: bool
+    observe: bool
+    rounds: tuple[tuple[Op, ...], ...]
+    #: The model or garbage fault this tree draws more often than the others, so that
+    #: a few dozen trees hit every one of them.
+    focus: str
+
+
+def _budget(rng: random.Random, *, top: bool = False) -> Budget:
+    """One to three random limits, sized so that they sometimes trip."""
+    names = ["tokens", "input_tokens", "output_tokens", "requests", "tool_calls", "steps"]
+    names += ["agents", "depth", "cost", "seconds"]
+    whole = {
+        "tokens": (300, 6_000),
+        "input_tokens": (200, 5_000),
+        "output_tokens": (10, 600),
+        "requests": (0, 10),
+        "tool_calls": (0, 10),
+        "steps": (0, 8),
+        "agents": (0, 6),
+        "depth": (0, 2),
+    }
+    seconds = (0.1, 0.4) if top else (0.02, 0.25)
+    limits: dict[str, Any] = {}
+    for name in rng.sample(names, rng.randint(1, 3)):
+        if name in whole:
+            limits[name] = rng.randint(*whole[name])
+        else:
+            limits[name] = rng.uniform(*(seconds if name == "seconds" else (0.0003, 0.01)))
+    return Budget(**limits)
+
+
+def _spec(
+    rng: random.Random,
+    name: str,
+    depth: int,
+    levels: int,
+    room: list[int],
+    deadline: bool,
+    *,
+    wide: bool = False,
+) -> Spec:
+    """Agent ``name`` and the agents below it: at most ``room[0]`` more of them, down to
+    depth ``levels``; ``wide``: at least one subagent."""
+    budget = _budget(rng) if rng.random() < 0.3 else None
+    if rng.random() < 0.12:  # a deadline of its own: hangs become possible below it
+        seconds = rng.uniform(0.02, 0.25)
+        budget = Budget(seconds=seconds) if budget is None else replace(budget, seconds=seconds)
+    deadline = deadline or (budget is not None and budget.seconds is not None)
+    children: list[Spec] = []
+    if depth < levels:
+        fan_out = min(max(rng.choice([0, 1, 2, 2, 3, 4, 5]), wide), room[0])
+        room[0] -= fan_out
+        children = [
+            _spec(rng, f"{name}s{index}", depth + 1, levels, room, deadline)
+            for index in range(fan_out)
+        ]
+    tools = rng.sample(TOOL_POOL, rng.randint(0, 3))
+    if rng.random() < 0.7 or not (tools or children):
+        tools.append("work")
+    if deadline and rng.random() < 0.4:
+        tools.append("stall")
+    return Spec(
+        name=name,
+        depth=depth,
+        children=tuple(children),
+        tools=tuple(tools),
+        budget=budget,
+        max_tokens=rng.choice([None, None, None, rng.randint(8, 200)]),
+        retries=rng.choice([0, 0, 1, 2]),
+        restarts=rng.choice([0, 0, 0, 1]),
+        escalate=depth > 0 and rng.random() < 0.15,
+        tool_concurrency=rng.choice([256, 256, 1, 2, 3]),
+        stop_after=rng.choice([None, None, None, None, 1, 2]),
+        max_steps=rng.randint(1, 4) if depth < 2 else rng.randint(1, 2),
+        deadline=deadline,
+    )
+
+
+def _rounds(rng: random.Random, tops: int) -> tuple[tuple[Op, ...], ...]:
+    rounds = []
+    for _ in range(rng.randint(1, 3)):
+        ops: list[Op] = []
+        for _ in range(rng.choice([1, 2, 2, 3, 4])):
+            kinds: list[OpKind] = ["ask", "scope", "timeout", "tell"]
+            kind = rng.choices(kinds, [6, 2, 2, 1])[0]
+            ops.append(
+                Op(
+                    kind=kind,
+                    top=rng.randrange(tops),
+                    delay=rng.uniform(0.0, 0.03),
+                    budget=_budget(rng, top=True) if rng.random() < 0.25 else None,
+                    surrogate=kind != "timeout" and rng.random() < 0.1,
+                )
+            )
+        if rng.random() < 0.3:
+            ops.append(Op(kind="look", top=rng.randrange(tops), delay=rng.uniform(0, 0.03)))
+        if rng.random() < 0.35:
+            ops.append(Op(kind="cancel_node", top=0, delay=rng.uniform(0, 0.04), pick=rng.random()))
+        if rng.random() < 0.06:
+            ops.append(Op(kind="cancel_actor", top=rng.randrange(tops), delay=rng.uniform(0, 0.04)))
+        rounds.append(tuple(ops))
+    return tuple(rounds)
+
+
+def make_plan(seed: int) -> Plan:
+    """Everything about tree ``seed`` that is decided before it runs."""
+    rng = random.Random(seed)
+    focus = DRAWN[seed % len(DRAWN)]
+    runtime_budget = _budget(rng, top=True) if rng.random() < 0.25 else None
+    if focus == "model_stall":  # a model hangs only where a deadline ends the hang
+        seconds = rng.uniform(0.1, 0.4)
+        runtime_budget = replace(runtime_budget or Budget(), seconds=seconds)
+    deadline = runtime_budget is not None and runtime_budget.seconds is not None
+    count = rng.choice([1, 1, 2])
+    wide = focus == "garbage_bad_subagent_args"  # bad subagent calls need a subagent
+    tops = tuple(
+        _spec(rng, f"t{i}", 0, rng.choice([1, 2, 2, 3]), [rng.randint(3, 12)], deadline, wide=wide)
+        for i in range(count)
+    )
+    stores: list[Literal["none", "memory", "sqlite"]] = ["none", "memory", "sqlite"]
+    store = rng.choices(stores, [6, 3, 1])[0]
+    caps = Caps()
+    if rng.random() < 0.15:
+        caps = Caps(depth=rng.randint(1, 3), agents=rng.randint(1, 20), steps=rng.randint(1, 5))
+    return Plan(
+        seed=seed,
+        tops=tops,
+        runtime_budget=runtime_budget,
+        caps=caps,
+        min_output=rng.choice([16, 32, 64, 256]),
+        default_max_tokens=rng.choice([64, 256, 4_096]),
+        store=store,
+        persistent=store != "none" and rng.random() < 0.7,
+        observe=rng.random() < 0.5,
+        rounds=_rounds(rng, count),
+        focus=focus,
+    )

@@ -1,0 +1,513 @@
+"""One fuzz tree run for real, and its invariants checked as it goes (DESIGN.md 5).
+
+``TreeRun(plan).run()`` opens a ``Runtime`` (with the plan's budget, caps, token
+settings and store), spawns the top-level agents, then for each round of the plan
+starts its operations at once: asks (plain, under a cancel scope that expires, with
+an ask timeout), tells, conversation snapshots, the cancellation of a running
+execution through the supervisor or of a whole actor. After each round it waits
+until nothing runs and checks every top-level agent's conversation, traces and
+stored state, and respawns a cancelled agent (from the store, if it persists). A
+probe ask on every agent ends the run. When the runtime's block is left, it checks
+the final tree, every ``Result``, every request every model received, the stored
+traces, and that nothing is left running, waiting or pending, no task included.
+
+Tree snapshots are also checked at every model request and, when the plan observes
+the tree's events, at every ``execution_end``; every event is round-tripped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+import msgspec
+
+from actors import (
+    Agent,
+    AgentRef,
+    AgentState,
+    Conversation,
+    ExecutionTrace,
+    FunctionModel,
+    Message,
+    ModelRequest,
+    RestartPolicy,
+    Result,
+    RetryPolicy,
+    StepRecord,
+    Task,
+)
+from runtime import (
+    ActorStopped,
+    AskTimeout,
+    Budget,
+    Event,
+    MemoryStore,
+    Price,
+    Runtime,
+    RuntimeStatistics,
+    SQLiteStore,
+    Store,
+    TreeSnapshot,
+)
+
+from .fuzz_checks import (
+    check_conversation,
+    check_pairs,
+    check_request,
+    check_result,
+    check_tree,
+    decode_struct,
+    marker,
+    round_trip,
+)
+from .fuzz_faults import MODEL, PROBE, TOOLS, FaultyModel, Script
+from .fuzz_faults import _hit as hit
+from .fuzz_plan import ASKS, Op, Plan, Spec
+
+__all__ = ["PRICE", "SECONDS_SLACK", "TreeReport", "TreeRun"]
+
+PRICE = Price(input_per_million=1_000, output_per_million=4_000)
+#: How late a node may end after its deadline (a loaded machine is slow to cancel).
+SECONDS_SLACK = 2.0
+#: How a budget's refusal names its limit.
+_LIMIT = re.compile(r"^(\w+) limit of")
+
+
+@dataclass
+class Top:
+    """A top-level agent as the driver sees it."""
+
+    spec: Spec
+    agent: Agent
+    ref: AgentRef
+    actor_id: str | None
+    #: The conversation it started from (a persistent agent resumes its stored one).
+    base: tuple[Message, ...]
+    #: The Results of its current incarnation, by execution id.
+    results: dict[str, Result] = field(default_factory=dict)
+    cancelled: bool = False
+    #: Its conversation at the last check.
+    last: tuple[Message, ...] = ()
+
+
+@dataclass
+class TreeReport:
+    seed: int
+    backend: str
+    violations: list[str]
+    executions: int = 0
+    asks: int = 0
+    snapshots: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    #: The limits that stopped an execution (a budget's field, or a cap's).
+    limits: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+
+class TreeRun:
+    """Runs one plan and collects what it breaks."""
+
+    def __init__(self, plan: Plan, backend: str, skip: frozenset[str] = frozenset()) -> None:
+        self.plan = plan
+        #: Model and garbage faults not to inject (to look past a known violation).
+        self.skip = skip
+        self.report = TreeReport(seed=plan.seed, backend=backend, violations=[])
+        self.violations = self.report.violations
+        self.faults = self.report.faults
+        self.specs = {spec.name: spec for top in plan.tops for spec in top.walk()}
+        self.ancestors: dict[str, frozenset[str]] = {}
+        for top in plan.tops:
+            self._note_ancestors(top, frozenset())
+        self.models: dict[str, FunctionModel] = {}
+        self.rt: Runtime | None = None
+        self.store: Store | None = None
+        self.tops: list[Top] = []
+        #: (top, the ask's budget, its Result): checked against the final tree.
+        self.results: list[tuple[Spec, Budget | None, Result]] = []
+
+    def _note_ancestors(self, spec: Spec, above: frozenset[str]) -> None:
+        self.ancestors[spec.name] = above
+        for child in spec.children:
+            self._note_ancestors(child, above | {spec.name})
+
+    def violate(self, found: Sequence[str]) -> None:
+        self.violations.extend(found)
+
+    def at_request(self) -> None:
+        """Invariant 4 on the tree as it is when a model request is served."""
+        if self.rt is not None:
+            self.snapshot("a snapshot at a model request")
+
+    def snapshot(self, where: str) -> None:
+        assert self.rt is not None
+        self.report.snapshots += 1
+        self.violate(
+            check_tree(
+                self.rt.tree(), caps=self.plan.caps, seconds_slack=SECONDS_SLACK, where=where
+            )
+        )
+
+    def build(self, spec: Spec) -> Agent:
+        script = Script(spec, self.plan, skip=self.skip, on_request=self.at_request)
+        model = self.models[spec.name] = FunctionModel(script, name=MODEL)
+        stop_after = spec.stop_after
+
+        def stop_when(record: StepRecord) -> bool:
+            return stop_after is not None and record.index + 1 >= stop_after
+
+        return Agent(
+            spec.name,
+            FaultyModel(model),
+            tools=[TOOLS[name] for name in spec.tools],
+            instructions=f"You are {marker(spec.name)}.",
+            subagents=[self.build(child) for child in spec.children],
+            budget=spec.budget,
+            description="Works for its parent.",
+            tool_concurrency=spec.tool_concurrency,
+            stop_when=stop_when if stop_after is not None else None,
+            max_tokens=spec.max_tokens,
+            retry=RetryPolicy(retries=spec.retries, initial_delay=0.001, max_delay=0.004),
+            restart=RestartPolicy(max_restarts=spec.restarts),
+            escalate=spec.escalate,
+        )
+
+    async def run(self) -> None:
+        plan = self.plan
+        before = {task.id for task in anyio.get_running_tasks()}
+        if plan.store == "sqlite":
+            async with (
+                anyio.TemporaryDirectory() as directory,
+                SQLiteStore(os.path.join(directory, "fuzz.db")) as store,
+            ):
+                await self._run(store, before)
+        elif plan.store == "memory":
+            async with MemoryStore() as memory:
+                await self._run(memory, before)
+        else:
+            await self._run(None, before)
+
+    async def _run(self, store: Store | None, before: set[int]) -> None:
+        plan = self.plan
+        if store is not None:
+            hit(f"store_{plan.store}")
+        self.store = store
+        rt = self.rt = Runtime(
+            budget=plan.runtime_budget,
+            prices={MODEL: PRICE},
+            grace=1.0,
+            store=store,
+            min_output_tokens=plan.min_output,
+            default_max_tokens=plan.default_max_tokens,
+            caps=plan.caps,
+        )
+        async with rt, anyio.create_task_group() as tg:
+            if plan.observe:
+                await tg.start(self._watch)
+            await self._drive()
+            tg.cancel_scope.cancel()
+        await self._after(rt, before)
+
+    async def _watch(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """Invariants 6 on every event and 4 on the tree at every ``execution_end``."""
+        assert self.rt is not None
+        async with self.rt.events(10_000) as events:
+            task_status.started()
+            async for event in events:
+                hit("events")
+                self.violate(round_trip(event, Event, f"a {event.kind} event"))
+                if event.kind == "execution_end":
+                    self.snapshot("a snapshot at an execution_end event")
+
+    # -- from outside ------------------------------------------------------------------------
+
+    async def _spawn(self, index: int, spec: Spec) -> Top:
+        assert self.rt is not None
+        actor_id = f"{spec.name}_keeper" if index == 0 and self.plan.persistent else None
+        agent = self.build(spec) if index >= len(self.tops) else self.tops[index].agent
+        ref = await self.rt.spawn(agent, id=actor_id)
+        conversation = await ref.conversation()
+        self.violate(round_trip(conversation, Conversation, "a conversation"))
+        if conversation.execution:
+            self.violate([f"2: {spec.name} starts with a buffer of {conversation.execution}"])
+        base = conversation.messages
+        self.violate(check_pairs(f"the resumed conversation of {spec.name}", base))
+        return Top(spec=spec, agent=agent, ref=ref, actor_id=actor_id, base=base, last=base)
+
+    async def _drive(self) -> None:
+        for index, spec in enumerate(self.plan.tops):
+            top = await self._spawn(index, spec)
+            if top.base:
+                self.violate([f"2: {spec.name} resumed {len(top.base)} messages from a new store"])
+            self.tops.append(top)
+        for number, ops in enumerate(self.plan.rounds):
+            if sum(op.kind in ASKS for op in ops) > 1:
+                hit("concurrent_asks")
+            replies: list[int] = []
+            async with anyio.create_task_group() as tg:
+                for index, op in enumerate(ops):
+                    tg.start_soon(self._op, number, index, op, replies)
+            asked = [index for index, op in enumerate(ops) if op.kind in ASKS]
+            if sorted(replies) != asked:
+                self.violate([f"5: round {number}: asks {asked} got replies {sorted(replies)}"])
+            await self._settle(f"after round {number}")
+            await self._respawn()
+        for top in self.tops:
+            text = f"{marker(top.spec.name)} {PROBE}"
+            try:
+                result = await top.ref.ask(text)
+            except Exception as exc:
+                self.violate([f"5: the probe of {top.spec.name} raised {_described(exc)}"])
+                continue
+            self._keep(top, None, result)
+            if (
+                self.plan.runtime_budget is None
+                and top.spec.budget is None
+                and (result.status, result.text)
+                != ("completed", f"{marker(top.spec.name)} probe answer")
+            ):
+                self.violate([f"5: the probe of {top.spec.name} answered {result!r:.300}"])
+        await self._settle("after the probes")
+
+    async def _op(self, number: int, index: int, op: Op, replies: list[int]) -> None:
+        top = self.tops[op.top]
+        rt = self.rt
+        assert rt is not None
+        if op.kind in ("look", "cancel_node", "cancel_actor"):
+            await anyio.sleep(op.delay)
+            if op.kind == "cancel_node":
+                running = sorted(
+                    n.id for n in rt.tree().nodes if n.status == "running" and n.id != "root"
+                )
+                if running:
+                    hit("node_cancel")
+                    rt.supervisor.cancel(running[int(op.pick * len(running))])
+            elif op.kind == "cancel_actor":
+                if not top.cancelled:
+                    hit("actor_cancel")
+                    top.cancelled = True
+                    top.ref.cancel()
+            else:
+                await self._look(top)
+            return
+        me = marker(top.spec.name)
+        text = f"{me} task {number}.{index}" + (" \ud800" if op.surrogate else "")
+        if op.surrogate:
+            hit("ask_surrogate")
+        if op.kind == "tell":
+            hit("tell")
+            try:
+                await top.ref.tell(text, budget=op.budget)
+            except ActorStopped:
+                if not top.cancelled:
+                    self.violate([f"5: a tell to the live {top.spec.name} was refused"])
+            return
+        self.report.asks += 1
+        result: Result | None = None
+        try:
+            if op.kind == "ask":
+                result = await top.ref.ask(text, budget=op.budget)
+            elif op.kind == "scope":
+                with anyio.move_on_after(op.delay) as scope:
+                    result = await top.ref.ask(text, budget=op.budget)
+                if scope.cancelled_caught:
+                    hit("ask_cancel_scope")
+            else:
+                task = Task(text=text, budget=op.budget)
+                self.violate(round_trip(task, Task, "a Task"))
+                answer: object = await top.ref.actor.ask(task, timeout=op.delay)
+                if not isinstance(answer, Result):
+                    self.violate([f"5: an ask to {top.spec.name} answered {answer!r:.200}"])
+                else:
+                    result = answer
+        except AskTimeout:
+            hit("ask_timeout")
+        except ActorStopped:
+            if not top.cancelled:
+                self.violate([f"5: an ask to the live {top.spec.name} raised ActorStopped"])
+        except Exception as exc:
+            self.violate([f"5: an ask to {top.spec.name} raised {_described(exc)}"])
+        replies.append(index)
+        if result is not None:
+            self._keep(top, op.budget, result)
+
+    def _keep(self, top: Top, budget: Budget | None, result: Result) -> None:
+        self.violate(round_trip(result, Result, "a Result"))
+        self.results.append((top.spec, budget, result))
+        if result.execution_id:
+            top.results[result.execution_id] = result
+        else:
+            hit("refused_turn")
+
+    async def _look(self, top: Top) -> None:
+        """A snapshot taken while asks run: it is taken between executions."""
+        hit("look")
+        try:
+            conversation = await top.ref.conversation()
+        except ActorStopped:
+            if not top.cancelled:
+                self.violate([f"5: a look at the live {top.spec.name} raised ActorStopped"])
+            return
+        where = f"a look at {top.spec.name}"
+        self.violate(round_trip(conversation, Conversation, "a conversation"))
+        if conversation.execution:
+            self.violate([f"2: {where} saw a buffer of {len(conversation.execution)}"])
+        if conversation.messages[: len(top.base)] != top.base:
+            self.violate([f"2: {where} saw its conversation lose messages"])
+        self.violate(check_pairs(where, conversation.messages))
+
+    async def _settle(self, where: str) -> None:
+        """Wait until nothing runs (abandoned children unwind, withdrawn asks finish in
+        their actors), then check each live top-level agent's conversation and store."""
+        rt = self.rt
+        assert rt is not None
+        quiet = 0
+        while quiet < 2:
+            await anyio.sleep(0.002)
+            quiet = quiet + 1 if self._quiet() else 0
+        statistics = rt.statistics()
+        if statistics.pending_asks or statistics.budget_waiting:
+            self.violate([f"5: {where}: {statistics!r}"])
+        for top in self.tops:
+            if top.cancelled:
+                continue
+            conversation = await top.ref.conversation()
+            traces = await top.ref.trace()
+            self.violate(round_trip(conversation, Conversation, "a conversation"))
+            self.violate(round_trip(traces, tuple[ExecutionTrace, ...], "traces"))
+            self.violate(
+                check_conversation(
+                    top.spec.name,
+                    conversation,
+                    traces,
+                    base=top.base,
+                    system=top.agent.instructions,
+                    results=top.results,
+                )
+            )
+            top.last = conversation.messages
+            if top.actor_id is not None:
+                await self._check_stored(top, conversation.messages)
+
+    def _quiet(self) -> bool:
+        rt = self.rt
+        assert rt is not None
+        if len(rt.supervisor.nodes) > 1:
+            return False
+        live = [top for top in self.tops if not top.cancelled]
+        if rt.statistics().live_actors != len(live):
+            return False
+        return all(top.ref.statistics().queued == 0 for top in live)
+
+    async def _check_stored(self, top: Top, messages: tuple[Message, ...]) -> None:
+        """2 and 6: the stored state decodes and holds ``messages`` exactly."""
+        assert self.store is not None
+        assert top.actor_id is not None
+        where = f"the stored state of {top.actor_id}"
+        data = await self.store.load(top.actor_id)
+        if data is None:
+            if messages:
+                self.violate([f"2: nothing is stored for {top.actor_id}"])
+            return
+        self.violate(decode_struct(data, AgentState, where))
+        try:
+            state = msgspec.json.decode(data, type=AgentState)
+        except Exception:
+            return
+        self.violate(check_pairs(where, state.messages))
+        if state.messages != messages:
+            self.violate([f"2: {where} is not its conversation: {len(state.messages)} messages"])
+
+    async def _respawn(self) -> None:
+        """Respawn each cancelled top-level agent, from the store if it persists: it
+        resumes what it last saved (its last check, plus whole turns since)."""
+        for index, top in enumerate(self.tops):
+            if not top.cancelled:
+                continue
+            await top.ref.actor.wait_stopped()
+            hit("respawn")
+            fresh = await self._spawn(index, top.spec)
+            if top.actor_id is not None:
+                await self._check_stored(fresh, fresh.base)
+                if fresh.base[: len(top.last)] != top.last:
+                    self.violate([f"2: {top.actor_id} resumed other than it had saved"])
+            self.tops[index] = fresh
+
+    # -- after the runtime's block -------------------------------------------------------------
+
+    async def _after(self, rt: Runtime, before: set[int]) -> None:
+        tree = rt.tree()
+        where = "the final tree"
+        self.violate(
+            check_tree(tree, caps=self.plan.caps, seconds_slack=SECONDS_SLACK, where=where)
+        )
+        self.violate(round_trip(tree, TreeSnapshot, "the final tree"))
+        statistics = rt.statistics()
+        self.violate(round_trip(statistics, RuntimeStatistics, "the statistics"))
+        if statistics.live_actors or statistics.pending_asks or statistics.budget_waiting:
+            self.violate([f"5: after the runtime: {statistics!r}"])
+        leaked = [t.name for t in anyio.get_running_tasks() if t.id not in before]
+        if leaked:
+            self.violate([f"5: tasks outlive the runtime: {leaked}"])
+        root = tree.node("root")
+        if root.limits != self.plan.runtime_budget:
+            self.violate([f"4: the root's limits are {root.limits}"])
+        for node in tree.nodes:
+            if node.id == "root":
+                continue
+            self.report.executions += 1
+            self.report.statuses[node.status] += 1
+            if node.status == "running":
+                self.violate([f"5: {node.id} still runs after the runtime"])
+            elif node.status != "completed":
+                hit(node.status)
+            tripped = _LIMIT.match(node.stop_reason) if node.status == "budget_exceeded" else None
+            if tripped is not None:
+                self.report.limits[tripped.group(1)] += 1
+            if node.parent_id != "root" and node.limits != self.specs[node.name].budget:
+                self.violate([f"4: {node.id} has limits {node.limits}"])
+        budgets = {spec.name: spec.budget for spec in self.plan.tops}
+        for spec, budget, result in self.results:
+            own = budgets[spec.name]
+            expected = own.merge(budget) if own is not None else budget
+            self.violate(
+                check_result(
+                    result,
+                    tree,
+                    expected=expected,
+                    budgets=(expected, self.plan.runtime_budget),
+                    where=f"a Result of {spec.name}",
+                )
+            )
+        for name, model in self.models.items():
+            spec = self.specs[name]
+            children = frozenset(child.name for child in spec.children)
+            for request in model.requests:
+                self.violate(
+                    check_request(
+                        name,
+                        request,
+                        system=f"You are {marker(name)}.",
+                        allowed=self.ancestors[name],
+                        children=children,
+                        fresh=spec.depth > 0,
+                    )
+                )
+                self.violate(round_trip(request, ModelRequest, f"a request of {name}"))
+        if self.store is not None:
+            for record in await self.store.records(kind="trace", limit=None):
+                self.violate(decode_struct(record.data, ExecutionTrace, "a stored trace"))
+
+
+def _described(exc: BaseException) -> str:
+    """An unexpected exception and where it was raised: its last three frames."""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    where = "; ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in frames)
+    return f"{type(exc).__name__}: {exc!r:.300} (at {where})"
