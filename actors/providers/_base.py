@@ -25,6 +25,7 @@ import itertools
 import math
 import os
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any, ClassVar, Self
@@ -121,6 +122,27 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 
 
 # -- configuration shared by the providers ------------------------------------------
+
+
+def check_base_url(provider: str, base_url: str) -> None:
+    """``ValueError`` unless ``base_url`` is an http(s) URL with a host (its credentials,
+    if it has any, are redacted from the message)."""
+    try:
+        parts = urllib.parse.urlsplit(base_url)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        if parts.scheme not in ("http", "https"):
+            problem = "the scheme must be http or https"
+        elif not parts.hostname:
+            problem = "it names no host"
+        else:
+            return
+    raise ValueError(
+        f"{provider}: base_url must be an http(s) URL such as http://localhost:8000/v1, "
+        f"got {redact(base_url, ())!r}: {problem}"
+    )
 
 
 def import_sdk(provider: str) -> ModuleType:
@@ -435,6 +457,8 @@ class ProviderModel:
             )
         self._model = model.strip()
         self._base_url = base_url or os.environ.get(self.base_url_env) or None
+        if self._base_url is not None:
+            check_base_url(provider, self._base_url)
         self._timeout = float(timeout)
         self._options = check_options(provider, options, self.reserved)
         self._max_output_tokens = max_output_tokens

@@ -198,6 +198,25 @@ def test_a_missing_sdk_says_which_extra_to_install(
         wire.model_class("some-model", api_key=wire.key)
 
 
+@pytest.mark.parametrize(
+    ("base_url", "problem"),
+    [
+        ("localhost:8000/v1", "the scheme must be http or https"),
+        ("ftp://host/v1", "the scheme must be http or https"),
+        ("http:///v1", "it names no host"),
+        ("http://host:port/v1", "Port could not be cast"),
+        ("https://user:s3cret-pw@[::1/v1", "Invalid IPv6 URL"),
+    ],
+)
+def test_a_base_url_that_is_no_http_url_is_refused_at_once_with_no_credentials(
+    wire: Wire, base_url: str, problem: str
+) -> None:
+    with pytest.raises(ValueError, match="base_url must be an http") as caught:
+        wire.model_class("some-model", api_key=wire.key, base_url=base_url)
+    assert problem in str(caught.value)
+    assert "s3cret-pw" not in str(caught.value)
+
+
 def test_a_base_url_or_key_that_is_no_text_is_refused(wire: Wire) -> None:
     with pytest.raises(
         TypeError, match=f"{wire.provider}: base_url must be a str or None, got int"
