@@ -1,7 +1,10 @@
 """Run every benchmark: ``python -m benchmarks [--backend trio] [--quick] [--only PREFIX]``.
 
-``fractor bench`` runs this module in a subprocess: the suite imports ``actors`` and
-``runtime`` to measure them, never the other way round.
+Each workload of a run of several runs in a fresh process of its own (this module,
+with ``--only`` that workload), so that no figure depends on what ran before it in
+the same heap: fractor and its raw baseline are always measured side by side in one
+process, a clean one. ``fractor bench`` runs this module in a subprocess: the suite
+imports ``actors`` and ``runtime`` to measure them, never the other way round.
 """
 
 from __future__ import annotations
@@ -9,10 +12,12 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
 import anyio
+import msgspec
 
 from . import budget, scale, w1_fanout, w2_steps, w3_subagents, w4_mailbox
 from ._harness import RESULTS, Row, print_rows, write_results
@@ -29,17 +34,37 @@ WORKLOADS: list[Workload] = [
 ]
 
 
-async def suite(quick: bool, only: str | None = None) -> list[Row]:
-    """Every workload, with a progress line each; ``only`` picks workloads by prefix."""
+async def suite(quick: bool, only: str | None = None, backend: str = "asyncio") -> list[Row]:
+    """Every workload, with a progress line each; ``only`` picks workloads by prefix.
+
+    One workload runs here; several run each in a process of its own (see above).
+    """
     rows: list[Row] = []
     chosen = [w for w in WORKLOADS if only is None or w[0].lower().startswith(only.lower())]
     for index, (name, run) in enumerate(chosen, 1):
         began = time.perf_counter()
         print(f"[{index}/{len(chosen)}] {name} ...", flush=True, end=" ")
-        rows += await run(quick)
+        if len(chosen) == 1:
+            rows += await run(quick)
+        else:
+            rows += await _in_own_process(name, quick, backend)
         print(f"{time.perf_counter() - began:.1f} s", flush=True)
     print()
     return rows
+
+
+async def _in_own_process(name: str, quick: bool, backend: str) -> list[Row]:
+    """The rows of workload ``name``, measured by a fresh ``python -m benchmarks``."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = pathlib.Path(folder) / "rows.json"
+        command = [sys.executable, "-m", "benchmarks", "--only", name, "--backend", backend]
+        command += ["--json", str(path), *(["--quick"] if quick else [])]
+        done = await anyio.run_process(command, check=False)
+        if not path.exists():
+            output = (done.stdout + done.stderr).decode(errors="replace")[-2000:]
+            raise RuntimeError(f"the benchmark {name!r} wrote no results:\n{output}")
+        document = msgspec.json.decode(path.read_bytes())
+        return msgspec.convert(document["rows"], list[Row])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +95,7 @@ def run_suite(
 
     ``fractor bench`` reaches it through ``main`` (with ``--json``), in a subprocess.
     """
-    rows = anyio.run(suite, quick, only, backend=backend)
+    rows = anyio.run(suite, quick, only, backend, backend=backend)
     print_rows(rows)
     write_results(rows, backend, path)
     print(f"\nresults written to {path}")
