@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
     from ._agent import Agent, AgentRef
     from ._models import Model, ModelAdapter, Send
+    from ._tools import Tool
 
 __all__ = ["Execution", "StopCondition", "Task", "synthesize"]
 
@@ -447,8 +448,22 @@ class Execution:
                 began = time.perf_counter()
                 self.step_asked = (response, usage, model_seconds, began)
                 if len(calls) == 1 and calls[0].name not in agent.subagents_by_name:
-                    self.step_outcomes = None
-                    outcomes = [await self._run_call(calls[0])]  # one frame less to unwind
+                    self.step_outcomes = None  # the usual step: no task group
+                    only = calls[0]
+                    direct = self._direct(only)
+                    if direct is None:
+                        outcome = await self._run_call(only)
+                    elif isinstance(direct, ToolOutcome):
+                        outcome = direct
+                    else:  # awaited here, not through the tool's invoke: one frame less
+                        tool, kwargs, start = direct
+                        try:
+                            value = await tool.fn(**kwargs)
+                        except Exception as exc:
+                            outcome = tool.failed(only, exc, start, 1)
+                        else:
+                            outcome = tool.succeeded(only, value, start, 1)
+                    outcomes = [outcome]
                 else:
                     outcomes = self.step_outcomes = [_NOT_RUN] * len(calls)
                     await self._run_tools(calls, outcomes)
@@ -676,6 +691,25 @@ class Execution:
                 delegation.close_abandoned()
         if tg.cancel_scope.cancelled_caught:
             raise _Interrupted  # the supervisor stopped this node: the step ends here
+
+    def _direct(
+        self, call: ToolCall
+    ) -> tuple[Tool[..., Any], dict[str, Any], float] | ToolOutcome | None:
+        """For a tool the step may await itself (``Tool.direct``) when nothing observes
+        the tree: the call charged and its arguments validated, or the outcome that
+        answers it at once (refused, invalid arguments); None for any other call."""
+        tool = self.agent.toolbox.direct.get(call.name)
+        if tool is None or self.context.runtime.event_bus.active:
+            return None
+        try:
+            self.supervisor.charge(self.node, tool_calls=1)
+        except BudgetExceeded as exc:
+            return _refused(call, f"tool call refused: {exc}")
+        start = time.perf_counter()
+        kwargs = tool.arguments(call, start)
+        if isinstance(kwargs, ToolOutcome):
+            return kwargs
+        return tool, kwargs, start
 
     def _run_call(self, call: ToolCall) -> Awaitable[ToolOutcome]:
         """Charge and run one tool call. Not a coroutine of its own when nothing

@@ -70,6 +70,7 @@ class Tool(Generic[P, R]):
         "_timed_out",
         "arguments_type",
         "description",
+        "direct",
         "fn",
         "is_async",
         "limiter",
@@ -166,6 +167,10 @@ class Tool(Generic[P, R]):
         self._expected = f"Expected arguments: {msgspec.json.encode(parameters).decode()}"
         timed_out = f"tool {name!r} timed out after {self.timeout:g} s" if timeout else ""
         self._timed_out = timed_out
+        #: An async tool with no timeout and no retries: its caller may await it
+        #: itself (``arguments``, the call, then ``succeeded`` or ``failed``), one
+        #: frame less per call than ``invoke``.
+        self.direct = self.is_async and self.timeout is None and retries == 0
 
     @property
     def __wrapped__(self) -> Callable[P, R]:
@@ -203,6 +208,34 @@ class Tool(Generic[P, R]):
         of ``retry_delay * 2**(n-1)`` seconds after the n-th failed attempt.
         """
         start = perf_counter()
+        kwargs = self.arguments(call, start)
+        if isinstance(kwargs, ToolOutcome):
+            return kwargs
+        timeout = self.timeout
+        fn: Callable[..., Any] = self.fn
+        failure: BaseException | None = None
+        for attempt in range(1, self._attempts + 1):
+            if attempt > 1 and self.retry_delay:
+                await anyio.sleep(self.retry_delay * 2 ** (attempt - 2))
+            try:
+                if timeout is None:
+                    # An async tool is awaited here, not through _attempt: a frame less.
+                    value = await (fn(**kwargs) if self.is_async else self._attempt(kwargs))
+                else:
+                    with anyio.move_on_after(timeout) as scope:
+                        value = await self._attempt(kwargs)
+                    if scope.cancelled_caught:
+                        failure = None
+                        continue
+            except Exception as exc:
+                failure = exc
+                continue
+            return self.succeeded(call, value, start, attempt)
+        return self.failed(call, failure, start, self._attempts)
+
+    def arguments(self, call: ToolCall, start: float) -> dict[str, Any] | ToolOutcome:
+        """The keyword arguments ``call`` names, validated; or the error outcome that
+        answers a call whose arguments are invalid (no attempt is made)."""
         raw = call.arguments
         if not raw or raw.isspace():  # stops at the first character of real JSON
             raw = "{}"
@@ -224,39 +257,25 @@ class Tool(Generic[P, R]):
                 0,
                 start,
             )
-        kwargs = msgspec.structs.asdict(arguments)
+        return msgspec.structs.asdict(arguments)
 
-        timeout = self.timeout
-        fn: Callable[..., Any] = self.fn
-        failure: BaseException | None = None
-        for attempt in range(1, self._attempts + 1):
-            if attempt > 1 and self.retry_delay:
-                await anyio.sleep(self.retry_delay * 2 ** (attempt - 2))
-            try:
-                if timeout is None:
-                    # An async tool is awaited here, not through _attempt: a frame less.
-                    value = await (fn(**kwargs) if self.is_async else self._attempt(kwargs))
-                else:
-                    with anyio.move_on_after(timeout) as scope:
-                        value = await self._attempt(kwargs)
-                    if scope.cancelled_caught:
-                        failure = None
-                        continue
-            except Exception as exc:
-                failure = exc
-                continue
-            content = _to_text(value)
-            if len(content) > self.max_result_chars:
-                content = _truncate(content, self.max_result_chars)
-            return ToolOutcome(
-                call=call,
-                content=content,
-                is_error=False,
-                seconds=perf_counter() - start,
-                attempts=attempt,
-            )
+    def succeeded(self, call: ToolCall, value: object, start: float, attempts: int) -> ToolOutcome:
+        """The outcome of a call that returned ``value`` (as text, cut to the cap)."""
+        content = _to_text(value)
+        if len(content) > self.max_result_chars:
+            content = _truncate(content, self.max_result_chars)
+        return ToolOutcome(
+            call=call,
+            content=content,
+            is_error=False,
+            seconds=perf_counter() - start,
+            attempts=attempts,
+        )
 
-        attempts = self._attempts
+    def failed(
+        self, call: ToolCall, failure: BaseException | None, start: float, attempts: int
+    ) -> ToolOutcome:
+        """The outcome of a call whose last attempt raised ``failure`` (None: timed out)."""
         if failure is None:
             text = self._timed_out
         else:
@@ -400,7 +419,7 @@ class Toolbox:
     Plain callables are accepted too and wrapped with ``tool`` (default options).
     """
 
-    __slots__ = ("_no_such_tool", "_tools", "names", "specs")
+    __slots__ = ("_no_such_tool", "_tools", "direct", "names", "specs")
 
     def __init__(self, tools: Iterable[Tool[..., Any] | Callable[..., Any]] = ()) -> None:
         entries = [entry if isinstance(entry, Tool) else tool(entry) for entry in tools]
@@ -416,6 +435,8 @@ class Toolbox:
         self._tools: dict[str, Tool[..., Any]] = {entry.name: entry for entry in entries}
         self.names: tuple[str, ...] = tuple(names)
         self.specs: tuple[ToolSpec, ...] = tuple(entry.spec for entry in entries)
+        #: The tools a caller may await itself (see ``Tool.direct``), by name.
+        self.direct: dict[str, Tool[..., Any]] = {e.name: e for e in entries if e.direct}
         self._no_such_tool = (
             f"; available tools: {', '.join(names)}" if names else "; this agent has no tools"
         )

@@ -925,3 +925,46 @@ async def test_with_function_keeps_every_option_around_another_function() -> Non
     outcome = await wrapped.invoke(call("scaled", '{"x": 4}'))
     assert outcome.content == "8"
     assert calls == [4]
+
+
+async def test_a_step_awaiting_a_tool_itself_answers_as_invoke_does() -> None:
+    """A step with one call to an async tool without timeout or retries awaits the
+    tool itself (``Tool.direct``) unless the tree is observed: both ways give the same
+    outcomes, for a result, a cut result, an error and invalid arguments."""
+    from actors import Agent, ScriptedModel, call, reply
+    from runtime import Runtime
+
+    @tool(max_result_chars=100)
+    async def echo(words: str) -> str:
+        """Repeats the words, or fails on "boom"."""
+        if words == "boom":
+            raise ValueError("boom \ud800")
+        return words * 3
+
+    assert echo.direct
+    assert not tool(timeout=1)(echo.fn).direct
+    turns = [
+        call("echo", words="hi"),
+        call("echo", words="x" * 200),
+        call("echo", words="boom"),
+        call("echo", wrong=1),
+        reply("done"),
+    ]
+
+    async def outcomes(observed: bool) -> list[tuple[str, bool, int]]:
+        async with Runtime() as rt:
+            ref = await rt.spawn(Agent("a", ScriptedModel(turns), tools=[echo]))
+            if observed:
+                async with rt.events():
+                    await ref.ask("go")
+            else:
+                await ref.ask("go")
+            (trace,) = await ref.trace()
+        return [(o.content, o.is_error, o.attempts) for step in trace.steps for o in step.outcomes]
+
+    direct, invoked = await outcomes(False), await outcomes(True)
+    assert direct == invoked
+    assert [o[1] for o in direct] == [False, False, True, True]
+    assert direct[0][0] == "hihihi"
+    assert "boom \ufffd" in direct[2][0]
+    assert direct[3][2] == 0  # invalid arguments: no attempt
