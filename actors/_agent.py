@@ -320,10 +320,14 @@ class AgentActor(Actor):
                         reason=execution.reason,
                         restarts=len(self.restarts),
                     )
+                # Every attempt's trace is kept and stored: the last one has the
+                # node's id (the Result's), each earlier one an id of its own.
+                execution.execution_id = f"{node.id}~{execution.attempt}"
                 self._keep(execution.final_trace())
                 earlier.append(execution)
                 self.execution.clear()  # fresh buffer, same conversation
                 execution = self._new_execution(node, task, history)
+                execution.attempt = len(earlier) + 1
                 await execution.run()
         except BaseException:
             # Cancelled: the buffer is emptied all the same. A delegated child's actor

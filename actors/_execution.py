@@ -166,6 +166,7 @@ class Execution:
     __slots__ = (
         "agent",
         "agent_id",
+        "attempt",
         "buffer",
         "built",
         "call_ids",
@@ -212,6 +213,8 @@ class Execution:
         self.node = node
         self.supervisor = supervisor
         self.execution_id = node.id
+        #: Which attempt of the task this is (see ``ExecutionTrace.attempt``).
+        self.attempt = 1
         self.task = task
         self.history = history
         self.buffer = buffer
@@ -885,6 +888,7 @@ class Execution:
             seconds=(self.ended or time.perf_counter()) - self.started,
             parent_id=parent.id if (parent := self.node.parent) and parent.parent else "",
             agent_name=self.agent.name,
+            attempt=self.attempt,
         )
 
 

@@ -171,6 +171,9 @@ class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: The execution that delegated this one (a subagent call); empty at the top.
     parent_id: str = ""
     agent_name: str = ""
+    #: Which attempt of its task this was (a restart policy runs a failed one again):
+    #: the last attempt has the task's execution id, an earlier one ``<id>~<attempt>``.
+    attempt: int = 1
 
 
 class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -16,6 +16,7 @@ from actors import (
     FunctionModel,
     ModelRequest,
     ModelResponse,
+    RestartPolicy,
     ScriptedModel,
     StepRecord,
     ToolCall,
@@ -31,7 +32,7 @@ from actors import (
     reply,
     tool,
 )
-from actors._traces import trace_record
+from actors._traces import trace_from_record, trace_record
 from actors.cli import main
 from runtime import Budget, MemoryStore, Runtime, SQLiteStore, Store
 
@@ -380,3 +381,26 @@ async def test_a_request_refused_by_the_budget_is_traced_but_not_counted_as_run(
     assert result.status == "budget_exceeded"
     assert [step.usage.requests for step in trace.steps] == [1, 0]  # the second: refused
     assert "Done so far: 1 step(s), 1 tool call(s) (search)" in result.text
+
+
+async def test_every_attempt_of_a_restarted_execution_is_kept_and_stored() -> None:
+    def down(request: ModelRequest) -> ModelResponse:
+        raise RuntimeError("the model is down")
+
+    store = MemoryStore()
+    agent = Agent("a", FunctionModel(down), restart=RestartPolicy(max_restarts=2, window=60))
+    async with Runtime(store=store) as rt:
+        ref = await rt.spawn(agent, id="a")
+        result = await ref.ask("Go")
+        kept = await ref.trace()
+    assert result.status == "failed"
+    first, second = f"{result.execution_id}~1", f"{result.execution_id}~2"
+    assert [(t.execution_id, t.attempt) for t in kept] == [
+        (first, 1),
+        (second, 2),
+        (result.execution_id, 3),
+    ]
+    stored = {r.id: trace_from_record(r) for r in await store.records(actor_id="a")}
+    assert sorted(stored) == sorted([first, second, result.execution_id])
+    assert all(t.status == "failed" and t.task == "Go" for t in stored.values())
+    assert stored[result.execution_id].attempt == 3

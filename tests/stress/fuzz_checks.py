@@ -216,8 +216,12 @@ def check_conversation(
         found.append(f"2: {where} keeps {len(conversation.execution)} buffer messages")
     if conversation.system != system or conversation.summary or conversation.buffer:
         found.append(f"2: {where} has a changed system prompt, summary or buffer section")
+    # A restarted execution leaves a trace per attempt; an earlier attempt's id is
+    # ``<id>~<attempt>``, and only the last attempt (the task's id) makes a turn.
     final: dict[str, ExecutionTrace] = {}
-    for trace in traces:  # a restarted execution leaves a trace per attempt: the last one
+    for trace in traces:
+        if trace.execution_id.endswith(f"~{trace.attempt}"):
+            continue
         final[trace.execution_id] = trace
     expected: list[Message] = list(base)
     for trace in final.values():
