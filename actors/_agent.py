@@ -32,7 +32,7 @@ from runtime import (
     Usage,
 )
 
-from ._execution import Execution, StopCondition, Task
+from ._execution import Execution, StopCondition
 from ._messages import (
     AssistantMessage,
     Conversation,
@@ -40,6 +40,7 @@ from ._messages import (
     Message,
     Result,
     SystemMessage,
+    Task,
     ToolSpec,
     UserMessage,
     exception_text,

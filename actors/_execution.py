@@ -12,9 +12,7 @@ useful text, so a caller always gets an answer.
 
 from __future__ import annotations
 
-import collections
 import contextvars
-import functools
 import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -25,18 +23,16 @@ import structlog
 
 from runtime import (
     ActorContext,
-    Budget,
     BudgetExceeded,
     EventKind,
     InvalidUsage,
     Node,
-    PendingReply,
     Reservation,
     Supervisor,
     Usage,
 )
-from runtime.lowlevel import Waiter, new_waiter, park, wake
 
+from ._delegation import Delegation, refused
 from ._messages import (
     AssistantMessage,
     ExecutionTrace,
@@ -57,26 +53,14 @@ from ._policy import is_retryable
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
-    from ._agent import Agent, AgentRef
+    from ._agent import Agent
     from ._models import Model, ModelAdapter, Send
     from ._tools import Tool
 
-__all__ = ["Execution", "StopCondition", "Task", "synthesize"]
+__all__ = ["Execution", "StopCondition", "synthesize"]
 
 #: A user stop condition: called after each step that ran tools; True ends the execution.
 StopCondition = Callable[[StepRecord], bool]
-
-
-class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """A task for an agent: one user message, optionally with its own budget.
-
-    ``node`` is set when a parent execution already opened this task's node in the
-    supervisor's tree (a subagent call); empty for a task from outside.
-    """
-
-    text: str
-    budget: Budget | None = None
-    node: str = ""
 
 
 _EMPTY_USAGE = Usage()
@@ -303,7 +287,7 @@ class Execution:
             self.agent_id, parent.id if parent is not None else None, node.depth, node.id
         )
         if self.context.runtime.event_bus.active:
-            self._emit("execution_start", task=self.task[:200])
+            self.emit("execution_start", task=self.task[:200])
         return tokens
 
     def _cancelled(self) -> None:
@@ -338,8 +322,8 @@ class Execution:
                 kind: EventKind = (
                     "budget_exceeded" if self.status == "budget_exceeded" else "deadline"
                 )
-                self._emit(kind, reason=self.reason)
-            self._emit(
+                self.emit(kind, reason=self.reason)
+            self.emit(
                 "execution_end",
                 status=self.status,
                 reason=self.reason,
@@ -366,7 +350,7 @@ class Execution:
             node.traces.append(self)
         return text
 
-    def _emit(self, kind: EventKind, **detail: object) -> None:
+    def emit(self, kind: EventKind, **detail: object) -> None:
         node = self.node
         parent = node.parent
         self.context.runtime.event_bus.emit(
@@ -406,7 +390,7 @@ class Execution:
             while True:
                 supervisor.charge(node, steps=1)
                 if bus.active:
-                    self._emit("step_start", step=len(self.steps))
+                    self.emit("step_start", step=len(self.steps))
                 request = ModelRequest(messages=context, tools=specs, max_tokens=max_tokens)
                 began = self.step_began = time.perf_counter()
                 self.step_input = len(context)
@@ -591,7 +575,7 @@ class Execution:
                     # Cut by the budget's sharing, not by its own cap: ask again.
                     at_least = min(reservation.wanted, 2 * reservation.output)
                     if self.context.runtime.event_bus.active:
-                        self._emit(
+                        self.emit(
                             "retry",
                             attempt=attempt + 1,
                             error=f"reply cut at {reservation.output} tokens by the budget "
@@ -605,7 +589,7 @@ class Execution:
                 raise error
             delay = agent.retry.delay(attempt)
             if self.context.runtime.event_bus.active:
-                self._emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
+                self.emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
             await anyio.sleep(delay)
 
     def _charge(self, reservation: Reservation, usage: Usage | None, model: str) -> None:
@@ -624,7 +608,7 @@ class Execution:
         tree (the node's ``waiting``) and in the runtime's statistics."""
         bus = self.context.runtime.event_bus
         began = time.perf_counter()
-        on_wait = (lambda why: self._emit("budget_wait", reason=why)) if bus.active else None
+        on_wait = (lambda why: self.emit("budget_wait", reason=why)) if bus.active else None
         try:
             return await self.supervisor.reserve(
                 self.node,
@@ -636,7 +620,7 @@ class Execution:
             )
         finally:
             if bus.active:
-                self._emit("budget_resume", seconds=time.perf_counter() - began)
+                self.emit("budget_resume", seconds=time.perf_counter() - began)
 
     async def _run_tools(self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]) -> None:
         """Run every call of one step concurrently, each outcome at its call's index.
@@ -644,7 +628,7 @@ class Execution:
         Tool calls run on at most ``tool_concurrency`` workers that share one
         iterator over them (taking the next call never awaits), so the bound costs no
         lock and no more tasks than it allows. Subagent calls need no worker: each is
-        a child actor in this step's task group (see ``_Delegation``), at most
+        a child actor in this step's task group (see ``Delegation``), at most
         ``tool_concurrency`` of them at once.
         """
         subagents = self.agent.subagents_by_name
@@ -680,13 +664,13 @@ class Execution:
         # there, once more from the task group as it sees its body cancelled).
         node = self.node
         outer = node.scope
-        delegation: _Delegation | None = None
+        delegation: Delegation | None = None
         try:
             async with anyio.create_task_group() as tg:
                 node.scope = tg.cancel_scope
                 if tools:
                     self._start_workers(tg, tools, outcomes)
-                delegation = _Delegation(self, tg, delegated, outcomes)
+                delegation = Delegation(self, tg, delegated, outcomes)
                 await delegation.run()
         finally:
             node.scope = outer
@@ -707,7 +691,7 @@ class Execution:
         try:
             self.supervisor.charge(self.node, tool_calls=1)
         except BudgetExceeded as exc:
-            return _refused(call, f"tool call refused: {exc}")
+            return refused(call, f"tool call refused: {exc}")
         start = time.perf_counter()
         kwargs = tool.arguments(call, start)
         if isinstance(kwargs, ToolOutcome):
@@ -720,15 +704,15 @@ class Execution:
         try:
             self.supervisor.charge(self.node, tool_calls=1)
         except BudgetExceeded as exc:
-            return _ready(_refused(call, f"tool call refused: {exc}"))
+            return _ready(refused(call, f"tool call refused: {exc}"))
         if not self.context.runtime.event_bus.active:
             return self.agent.toolbox.run(call)
         return self._run_call_observed(call)
 
     async def _run_call_observed(self, call: ToolCall) -> ToolOutcome:
-        self._emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])
+        self.emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])
         outcome = await self.agent.toolbox.run(call)
-        self._emit(
+        self.emit(
             "tool_end",
             tool=call.name,
             call_id=call.id,
@@ -761,7 +745,7 @@ class Execution:
         self.steps.append(record)
         self.step_began = 0.0
         if self.context.runtime.event_bus.active:
-            self._emit(
+            self.emit(
                 "step_end",
                 step=record.index,
                 tool_calls=[call.name for call in record.tool_calls],
@@ -892,184 +876,6 @@ class Execution:
         )
 
 
-class _Delegation:
-    """The subagent calls of one step: each one a child actor, and no task of ours.
-
-    A call opens the child's node in the supervisor's tree (its budget is checked
-    there), spawns the child in the step's task group with ``spawn_soon``, queues
-    its task and closes its mailbox at once (the task is its only message: it
-    answers, then stops). Its reply settles through a callback that records the
-    outcome; the parent's task parks once and is woken when every child has
-    answered or a slot frees for a call still waiting (at most ``tool_concurrency``
-    children run at once). Only final responses come back.
-
-    If the step is interrupted, the task group cancels the children; ``run`` then
-    marks the nodes of those that have not answered with the parent's reason (no
-    second cancellation: one delivery from the top reached the whole subtree).
-    """
-
-    __slots__ = (
-        "execution",
-        "interrupted",
-        "outcomes",
-        "pending",
-        "running",
-        "stopped",
-        "task_group",
-        "waiter",
-    )
-
-    def __init__(
-        self,
-        execution: Execution,
-        task_group: TaskGroup,
-        calls: list[tuple[int, ToolCall]],
-        outcomes: list[ToolOutcome],
-    ) -> None:
-        self.execution = execution
-        self.task_group = task_group
-        self.pending = collections.deque(calls)
-        self.outcomes = outcomes
-        self.running: dict[int, Node] = {}
-        # Children that stopped without answering (failed to start, cancelled), with
-        # why: their nodes are closed by ``run``, which knows whether the step goes on.
-        self.stopped: list[tuple[Node, str]] = []
-        self.waiter: Waiter | None = None
-        #: Set once the step is interrupted: replies that settle later are not read.
-        self.interrupted = False
-
-    async def run(self) -> None:
-        execution = self.execution
-        supervisor = execution.supervisor
-        limit = execution.agent.tool_concurrency
-        running = self.running
-        try:
-            while True:
-                while self.pending and len(running) < limit:
-                    self._launch(*self.pending.popleft())
-                while self.stopped:
-                    node, reason = self.stopped.pop()
-                    supervisor.close(node, "failed", reason)
-                if not running:
-                    return
-                self.waiter = new_waiter()
-                await park(self.waiter)
-                self.waiter = None
-        except BaseException:
-            # Interrupted: the task group cancels the children. Their subtrees are
-            # marked with this execution's reason now, before they see the
-            # cancellation (a stop of this node marked them already); each closes its
-            # own node as it ends, and ``close_abandoned`` closes what did not run.
-            self.interrupted = True
-            status, reason = supervisor.why_stopped(execution.node)
-            for node in self.abandoned():
-                if node.stop_status is None:
-                    supervisor.stop_subtree(node, status, reason, cancel=False)
-            raise
-
-    def abandoned(self) -> list[Node]:
-        return [*self.running.values(), *(node for node, _ in self.stopped)]
-
-    def close_abandoned(self) -> None:
-        """After an interrupted step: close the nodes of children that never ran."""
-        supervisor = self.execution.supervisor
-        for node in self.abandoned():
-            if node.status == "running":
-                supervisor.close(node, *supervisor.why_stopped(node))
-
-    def _launch(self, index: int, call: ToolCall) -> None:
-        execution = self.execution
-        subagent = execution.agent.subagents_by_name[call.name]
-        try:
-            task = _decode_task(call.arguments).task
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            self.outcomes[index] = _refused(
-                call,
-                f"invalid arguments for subagent {call.name!r}: {exc}. "
-                'Expected arguments: {"task": "<what the subagent should do>"}',
-            )
-            return
-        supervisor = execution.supervisor
-        try:
-            node = supervisor.open(execution.node, name=subagent.name, limits=subagent.budget)
-        except BudgetExceeded as exc:
-            self.outcomes[index] = _refused(call, f"subagent {call.name!r} not started: {exc}")
-            return
-        node.actor_id = node.id  # the child actor takes its node's id
-        node.traces = execution.node.traces  # where its execution leaves itself
-        began = time.perf_counter()
-        try:
-            child: AgentRef = execution.context.spawn_soon(
-                subagent, task_group=self.task_group, id=node.id
-            )
-            reply = child.actor.ask_nowait(Task(text=task, node=node.id))
-            child.actor.stop_nowait()  # the task is its only message
-        except Exception as exc:
-            supervisor.close(node, "failed", exception_text(exc))
-            self.outcomes[index] = _refused(
-                call, f"subagent {call.name!r} failed: {exception_text(exc)}"
-            )
-            return
-        if execution.context.runtime.event_bus.active:
-            execution._emit("spawn", child=subagent.name, child_id=node.id, task=task[:200])
-        self.running[index] = node
-        reply.add_done_callback(
-            functools.partial(self._answered, index, call, subagent, node, began)
-        )
-
-    def _answered(
-        self,
-        index: int,
-        call: ToolCall,
-        subagent: Agent,
-        node: Node,
-        began: float,
-        reply: PendingReply,
-    ) -> None:
-        """The child's reply (or its stop) has settled: record the outcome."""
-        if self.interrupted:
-            return  # nobody reads the outcomes of an interrupted step
-        del self.running[index]
-        error = reply.error
-        if error is not None and node.status != "running":
-            # Its execution ended and its actor's task was cancelled (a stop of its
-            # node alone, or of the tree): the node says how it ended.
-            outcome = ToolOutcome(
-                call=call,
-                content=f"[{node.status}] subagent {call.name!r} stopped before a final "
-                f"answer: {node.stop_reason}",
-                is_error=True,
-                seconds=time.perf_counter() - began,
-                interrupted=True,
-            )
-        elif error is not None:
-            # The child stopped before answering (it failed to start, say).
-            self.stopped.append((node, exception_text(error)))
-            outcome = _refused(call, f"subagent {call.name!r} failed: {exception_text(error)}")
-        else:
-            result: Result = reply.result()
-            if result.status == "failed" and subagent.escalate:
-                self.execution.escalation = (
-                    f"subagent {call.name!r} failed and escalated: {result.stop_reason}"
-                )
-            outcome = ToolOutcome(
-                call=call,
-                content=result.text,
-                is_error=result.status != "completed",
-                seconds=time.perf_counter() - began,
-            )
-        self.outcomes[index] = outcome
-        if self.waiter is not None and (not self.running or self.pending):
-            wake(self.waiter)
-
-
-class _TaskArguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    task: str
-
-
-_decode_task = msgspec.json.Decoder(_TaskArguments).decode
-
-
 def _ascii_arguments(calls: tuple[ToolCall, ...]) -> bool:
     if len(calls) == 1:  # the usual step: no generator
         return calls[0].arguments.isascii()
@@ -1093,10 +899,6 @@ def _reported(error: Exception) -> Usage | None:
 
 async def _ready(outcome: ToolOutcome) -> ToolOutcome:
     return outcome
-
-
-def _refused(call: ToolCall, content: str) -> ToolOutcome:
-    return ToolOutcome(call=call, content=content, is_error=True, seconds=0.0, attempts=0)
 
 
 def _interrupted_call(call: ToolCall, seconds: float) -> ToolOutcome:

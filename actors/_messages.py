@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from runtime import Budget
 from runtime import Usage as Usage
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Status",
     "StepRecord",
     "SystemMessage",
+    "Task",
     "ToolCall",
     "ToolOutcome",
     "ToolResultMessage",
@@ -219,3 +221,15 @@ def exception_text(exc: BaseException) -> str:
     except Exception:
         message = ""
     return f"{kind}: {message}" if message else kind
+
+
+class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A task for an agent: one user message, optionally with its own budget.
+
+    ``node`` is set when a parent execution already opened this task's node in the
+    supervisor's tree (a subagent call); empty for a task from outside.
+    """
+
+    text: str
+    budget: Budget | None = None
+    node: str = ""

@@ -356,7 +356,9 @@ def test_the_walk_sees_every_module_and_its_imports() -> None:
     edges = {(i.importer, i.target, i.type_only) for n in modules for i in imports_of(n, modules)}
     assert ("actors._agent", "actors._execution", False) in edges
     assert ("actors._execution", "actors._agent", True) in edges
-    assert ("actors._execution", "runtime.lowlevel", False) in edges
+    assert ("actors._delegation", "runtime.lowlevel", False) in edges
+    assert ("actors._execution", "actors._delegation", False) in edges
+    assert ("actors._delegation", "actors._execution", True) in edges
     assert ("actors", "actors.cli._live", False) in edges
 
 

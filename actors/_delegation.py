@@ -1,0 +1,213 @@
+"""The subagent calls of one step: each a child actor whose one ``Result`` comes back as
+the call's tool result (DESIGN.md section 1, "Subagents").
+
+A parent execution hands the subagent calls of a step to a ``Delegation``: it opens
+each child's node in the supervisor's tree, spawns the child with ``spawn_soon`` in
+the step's task group and parks until the children have answered. Only final
+responses come back; a child's internals never reach its parent.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from runtime import BudgetExceeded, Node, PendingReply
+from runtime.lowlevel import Waiter, new_waiter, park, wake
+
+from ._messages import Result, Task, ToolCall, ToolOutcome, exception_text
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+    from ._agent import Agent, AgentRef
+    from ._execution import Execution
+
+__all__ = ["Delegation", "refused"]
+
+
+class Delegation:
+    """The subagent calls of one step: each one a child actor, and no task of ours.
+
+    A call opens the child's node in the supervisor's tree (its budget is checked
+    there), spawns the child in the step's task group with ``spawn_soon``, queues
+    its task and closes its mailbox at once (the task is its only message: it
+    answers, then stops). Its reply settles through a callback that records the
+    outcome; the parent's task parks once and is woken when every child has
+    answered or a slot frees for a call still waiting (at most ``tool_concurrency``
+    children run at once). Only final responses come back.
+
+    If the step is interrupted, the task group cancels the children; ``run`` then
+    marks the nodes of those that have not answered with the parent's reason (no
+    second cancellation: one delivery from the top reached the whole subtree).
+    """
+
+    __slots__ = (
+        "execution",
+        "interrupted",
+        "outcomes",
+        "pending",
+        "running",
+        "stopped",
+        "task_group",
+        "waiter",
+    )
+
+    def __init__(
+        self,
+        execution: Execution,
+        task_group: TaskGroup,
+        calls: list[tuple[int, ToolCall]],
+        outcomes: list[ToolOutcome],
+    ) -> None:
+        self.execution = execution
+        self.task_group = task_group
+        self.pending = collections.deque(calls)
+        self.outcomes = outcomes
+        self.running: dict[int, Node] = {}
+        # Children that stopped without answering (failed to start, cancelled), with
+        # why: their nodes are closed by ``run``, which knows whether the step goes on.
+        self.stopped: list[tuple[Node, str]] = []
+        self.waiter: Waiter | None = None
+        #: Set once the step is interrupted: replies that settle later are not read.
+        self.interrupted = False
+
+    async def run(self) -> None:
+        execution = self.execution
+        supervisor = execution.supervisor
+        limit = execution.agent.tool_concurrency
+        running = self.running
+        try:
+            while True:
+                while self.pending and len(running) < limit:
+                    self._launch(*self.pending.popleft())
+                while self.stopped:
+                    node, reason = self.stopped.pop()
+                    supervisor.close(node, "failed", reason)
+                if not running:
+                    return
+                self.waiter = new_waiter()
+                await park(self.waiter)
+                self.waiter = None
+        except BaseException:
+            # Interrupted: the task group cancels the children. Their subtrees are
+            # marked with this execution's reason now, before they see the
+            # cancellation (a stop of this node marked them already); each closes its
+            # own node as it ends, and ``close_abandoned`` closes what did not run.
+            self.interrupted = True
+            status, reason = supervisor.why_stopped(execution.node)
+            for node in self.abandoned():
+                if node.stop_status is None:
+                    supervisor.stop_subtree(node, status, reason, cancel=False)
+            raise
+
+    def abandoned(self) -> list[Node]:
+        return [*self.running.values(), *(node for node, _ in self.stopped)]
+
+    def close_abandoned(self) -> None:
+        """After an interrupted step: close the nodes of children that never ran."""
+        supervisor = self.execution.supervisor
+        for node in self.abandoned():
+            if node.status == "running":
+                supervisor.close(node, *supervisor.why_stopped(node))
+
+    def _launch(self, index: int, call: ToolCall) -> None:
+        execution = self.execution
+        subagent = execution.agent.subagents_by_name[call.name]
+        try:
+            task = _decode_task(call.arguments).task
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            self.outcomes[index] = refused(
+                call,
+                f"invalid arguments for subagent {call.name!r}: {exc}. "
+                'Expected arguments: {"task": "<what the subagent should do>"}',
+            )
+            return
+        supervisor = execution.supervisor
+        try:
+            node = supervisor.open(execution.node, name=subagent.name, limits=subagent.budget)
+        except BudgetExceeded as exc:
+            self.outcomes[index] = refused(call, f"subagent {call.name!r} not started: {exc}")
+            return
+        node.actor_id = node.id  # the child actor takes its node's id
+        node.traces = execution.node.traces  # where its execution leaves itself
+        began = time.perf_counter()
+        try:
+            child: AgentRef = execution.context.spawn_soon(
+                subagent, task_group=self.task_group, id=node.id
+            )
+            reply = child.actor.ask_nowait(Task(text=task, node=node.id))
+            child.actor.stop_nowait()  # the task is its only message
+        except Exception as exc:
+            supervisor.close(node, "failed", exception_text(exc))
+            self.outcomes[index] = refused(
+                call, f"subagent {call.name!r} failed: {exception_text(exc)}"
+            )
+            return
+        if execution.context.runtime.event_bus.active:
+            execution.emit("spawn", child=subagent.name, child_id=node.id, task=task[:200])
+        self.running[index] = node
+        reply.add_done_callback(
+            functools.partial(self._answered, index, call, subagent, node, began)
+        )
+
+    def _answered(
+        self,
+        index: int,
+        call: ToolCall,
+        subagent: Agent,
+        node: Node,
+        began: float,
+        reply: PendingReply,
+    ) -> None:
+        """The child's reply (or its stop) has settled: record the outcome."""
+        if self.interrupted:
+            return  # nobody reads the outcomes of an interrupted step
+        del self.running[index]
+        error = reply.error
+        if error is not None and node.status != "running":
+            # Its execution ended and its actor's task was cancelled (a stop of its
+            # node alone, or of the tree): the node says how it ended.
+            outcome = ToolOutcome(
+                call=call,
+                content=f"[{node.status}] subagent {call.name!r} stopped before a final "
+                f"answer: {node.stop_reason}",
+                is_error=True,
+                seconds=time.perf_counter() - began,
+                interrupted=True,
+            )
+        elif error is not None:
+            # The child stopped before answering (it failed to start, say).
+            self.stopped.append((node, exception_text(error)))
+            outcome = refused(call, f"subagent {call.name!r} failed: {exception_text(error)}")
+        else:
+            result: Result = reply.result()
+            if result.status == "failed" and subagent.escalate:
+                self.execution.escalation = (
+                    f"subagent {call.name!r} failed and escalated: {result.stop_reason}"
+                )
+            outcome = ToolOutcome(
+                call=call,
+                content=result.text,
+                is_error=result.status != "completed",
+                seconds=time.perf_counter() - began,
+            )
+        self.outcomes[index] = outcome
+        if self.waiter is not None and (not self.running or self.pending):
+            wake(self.waiter)
+
+
+class _TaskArguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    task: str
+
+
+_decode_task = msgspec.json.Decoder(_TaskArguments).decode
+
+
+def refused(call: ToolCall, content: str) -> ToolOutcome:
+    """The error outcome of a call that never ran (refused, invalid, not started)."""
+    return ToolOutcome(call=call, content=content, is_error=True, seconds=0.0, attempts=0)
