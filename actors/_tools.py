@@ -261,16 +261,7 @@ class Tool(Generic[P, R]):
 
     def succeeded(self, call: ToolCall, value: object, start: float, attempts: int) -> ToolOutcome:
         """The outcome of a call that returned ``value`` (as text, cut to the cap)."""
-        content = _to_text(value)
-        if len(content) > self.max_result_chars:
-            content = _truncate(content, self.max_result_chars)
-        return ToolOutcome(
-            call=call,
-            content=content,
-            is_error=False,
-            seconds=perf_counter() - start,
-            attempts=attempts,
-        )
+        return self._outcome(call, _to_text(value), False, attempts, start)
 
     def failed(
         self, call: ToolCall, failure: BaseException | None, start: float, attempts: int
@@ -293,12 +284,18 @@ class Tool(Generic[P, R]):
         )
 
     def _finish(self, call: ToolCall, error: str, attempts: int, start: float) -> ToolOutcome:
-        if len(error) > self.max_result_chars:
-            error = _truncate(error, self.max_result_chars)
+        return self._outcome(call, error, True, attempts, start)
+
+    def _outcome(
+        self, call: ToolCall, content: str, is_error: bool, attempts: int, start: float
+    ) -> ToolOutcome:
+        """``content`` (cut to the result cap) as the outcome of ``call``."""
+        if len(content) > self.max_result_chars:
+            content = _truncate(content, self.max_result_chars)
         return ToolOutcome(
             call=call,
-            content=error,
-            is_error=True,
+            content=content,
+            is_error=is_error,
             seconds=perf_counter() - start,
             attempts=attempts,
         )
