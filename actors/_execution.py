@@ -25,9 +25,7 @@ from runtime import (
     ActorContext,
     BudgetExceeded,
     EventKind,
-    InvalidUsage,
     Node,
-    Reservation,
     Supervisor,
     Usage,
 )
@@ -46,24 +44,20 @@ from ._messages import (
     ToolOutcome,
     ToolResultMessage,
     exception_text,
-    safe_text,
 )
-from ._policy import is_retryable
+from ._requests import EMPTY_USAGE, ascii_arguments, safe_response, send
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from ._agent import Agent
-    from ._models import Model, ModelAdapter, Send
+    from ._models import ModelAdapter, Send
     from ._tools import Tool
 
 __all__ = ["Execution", "StopCondition", "synthesize"]
 
 #: A user stop condition: called after each step that ran tools; True ends the execution.
 StopCondition = Callable[[StepRecord], bool]
-
-
-_EMPTY_USAGE = Usage()
 
 
 class _Interrupted(Exception):
@@ -229,7 +223,7 @@ class Execution:
         #: Whether it runs in a cancel scope of its own (see ``run``).
         self.own_scope = not delegated or node.limits is not None or node.deadline_owner is node
         #: What the current step's model requests were charged, all attempts included.
-        self.charged = _EMPTY_USAGE
+        self.charged = EMPTY_USAGE
         #: A model built on another (ReAct) sends each of its requests through ours.
         self.via: Callable[[ModelRequest, Send], Awaitable[ModelResponse]] | None = getattr(
             agent.model, "request_via", None
@@ -395,10 +389,10 @@ class Execution:
                 began = self.step_began = time.perf_counter()
                 self.step_input = len(context)
                 self.step_asked = None
-                self.charged = _EMPTY_USAGE
+                self.charged = EMPTY_USAGE
                 try:
                     if self.via is None:
-                        response = await self._send(agent.model, request)
+                        response = await send(self, agent.model, request)
                     else:
                         response = await self.via(request, self._send_inner)
                 except BudgetExceeded as exc:
@@ -411,9 +405,9 @@ class Execution:
                 usage = self.charged
                 model_seconds = time.perf_counter() - began
                 if not response.text.isascii() or (
-                    response.tool_calls and not _ascii_arguments(response.tool_calls)
+                    response.tool_calls and not ascii_arguments(response.tool_calls)
                 ):
-                    response = _safe_response(response)
+                    response = safe_response(response)
                 if response.text:
                     self.last_text = response.text
                 calls = response.tool_calls
@@ -522,105 +516,7 @@ class Execution:
         """How a model built on another (ReAct) sends each of its own requests: every
         one, corrections included, is checked and charged like any other."""
         adapter = cast("ModelAdapter", self.agent.model)  # it has request_via: see run
-        return self._send(adapter.inner, request)
-
-    async def _send(self, model: Model, request: ModelRequest) -> ModelResponse:
-        """One model request under the budget: reserve (waiting for headroom if others
-        hold it), send, settle; with the agent's retries.
-
-        Every attempt is charged (``self.charged`` adds them up): a failed one what
-        the error reported or its input estimate, a cancelled one its input estimate.
-        A reply cut at a cap that the budget's sharing set (not the request's own) is
-        asked again with room for at least twice as much, waiting for it if needed;
-        if the settled usage has no room for that, the budget is spent and says so.
-        """
-        agent = self.agent
-        supervisor = self.supervisor
-        node = self.node
-        wanted = request.max_tokens
-        estimate = model.estimate_tokens(request)
-        name = model.name
-        attempt = 0
-        at_least: int | None = None
-        while True:
-            try:
-                reservation = supervisor.reserve_nowait(
-                    node, input_estimate=estimate, max_tokens=wanted, model=name, at_least=at_least
-                )
-            except anyio.WouldBlock:
-                reservation = await self._wait_for_budget(estimate, wanted, name, at_least)
-            sent = request
-            if reservation.max_tokens != wanted:
-                sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
-            error: Exception
-            try:
-                response = await model.request(sent)
-            except Exception as exc:
-                self._charge(reservation, _reported(exc), name)
-                error = exc
-            except BaseException:
-                self._charge(reservation, None, name)  # cut off: what it read was spent
-                raise
-            else:
-                try:
-                    charged = supervisor.settle(node, reservation, response.usage, model=name)
-                except InvalidUsage as exc:
-                    error = exc
-                    self.charged = self.charged + exc.charged
-                else:
-                    spent = self.charged
-                    self.charged = charged if spent is _EMPTY_USAGE else spent + charged
-                    if response.finish_reason != "length" or reservation.limited_by is None:
-                        return response
-                    # Cut by the budget's sharing, not by its own cap: ask again.
-                    at_least = min(reservation.wanted, 2 * reservation.output)
-                    if self.context.runtime.event_bus.active:
-                        self.emit(
-                            "retry",
-                            attempt=attempt + 1,
-                            error=f"reply cut at {reservation.output} tokens by the budget "
-                            f"shared with requests in flight; asking again with room for "
-                            f"{at_least}",
-                            delay=0.0,
-                        )
-                    continue
-            attempt += 1
-            if attempt > agent.retry.retries or not is_retryable(error):
-                raise error
-            delay = agent.retry.delay(attempt)
-            if self.context.runtime.event_bus.active:
-                self.emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
-            await anyio.sleep(delay)
-
-    def _charge(self, reservation: Reservation, usage: Usage | None, model: str) -> None:
-        """Settle a request that failed or was cut off: what its error reported (if
-        that cannot be true, the whole reservation), or its input estimate."""
-        try:
-            charged = self.supervisor.settle(self.node, reservation, usage, model=model)
-        except InvalidUsage as exc:  # the request failed already: that error stands
-            charged = exc.charged
-        self.charged = self.charged + charged
-
-    async def _wait_for_budget(
-        self, estimate: int, max_tokens: int | None, model: str, at_least: int | None
-    ) -> Reservation:
-        """Wait for headroom that requests in flight hold; visible as events, in the
-        tree (the node's ``waiting``) and in the runtime's statistics."""
-        bus = self.context.runtime.event_bus
-        began = time.perf_counter()
-        on_wait = (lambda why: self.emit("budget_wait", reason=why)) if bus.active else None
-        try:
-            return await self.supervisor.reserve(
-                self.node,
-                input_estimate=estimate,
-                max_tokens=max_tokens,
-                model=model,
-                at_least=at_least,
-                on_wait=on_wait,
-            )
-        finally:
-            if bus.active:
-                self.emit("budget_resume", seconds=time.perf_counter() - began)
+        return send(self, adapter.inner, request)
 
     async def _run_tools(self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]) -> None:
         """Run every call of one step concurrently, each outcome at its call's index.
@@ -874,27 +770,6 @@ class Execution:
             agent_name=self.agent.name,
             attempt=self.attempt,
         )
-
-
-def _ascii_arguments(calls: tuple[ToolCall, ...]) -> bool:
-    if len(calls) == 1:  # the usual step: no generator
-        return calls[0].arguments.isascii()
-    return all(tool_call.arguments.isascii() for tool_call in calls)
-
-
-def _safe_response(response: ModelResponse) -> ModelResponse:
-    """A model's reply with its text made safe for every store and provider."""
-    calls = tuple(
-        c if c.arguments.isascii() else msgspec.structs.replace(c, arguments=safe_text(c.arguments))
-        for c in response.tool_calls
-    )
-    return msgspec.structs.replace(response, text=safe_text(response.text), tool_calls=calls)
-
-
-def _reported(error: Exception) -> Usage | None:
-    """The usage a failed request's error reports, if it reports one."""
-    usage = getattr(error, "usage", None)
-    return usage if isinstance(usage, Usage) else None
 
 
 async def _ready(outcome: ToolOutcome) -> ToolOutcome:

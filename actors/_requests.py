@@ -1,0 +1,150 @@
+"""One model request of an execution, under the supervisor: reserve (waiting for
+headroom that requests in flight hold), send, settle, with the agent's retries
+(DESIGN.md section 3, "Budgets"). Every attempt is checked and charged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+
+from runtime import InvalidUsage, Reservation, Usage
+
+from ._messages import ModelRequest, ModelResponse, ToolCall, safe_text
+from ._policy import is_retryable
+
+if TYPE_CHECKING:
+    from ._execution import Execution
+    from ._models import Model
+
+__all__ = ["EMPTY_USAGE", "ascii_arguments", "safe_response", "send"]
+
+#: What a step's requests were charged before its first one (compared by identity).
+EMPTY_USAGE = Usage()
+
+
+async def send(execution: Execution, model: Model, request: ModelRequest) -> ModelResponse:
+    """One model request under the budget: reserve (waiting for headroom if others
+    hold it), send, settle; with the agent's retries.
+
+    Every attempt is charged (``execution.charged`` adds them up): a failed one what
+    the error reported or its input estimate, a cancelled one its input estimate.
+    A reply cut at a cap that the budget's sharing set (not the request's own) is
+    asked again with room for at least twice as much, waiting for it if needed;
+    if the settled usage has no room for that, the budget is spent and says so.
+    """
+    agent = execution.agent
+    supervisor = execution.supervisor
+    node = execution.node
+    wanted = request.max_tokens
+    estimate = model.estimate_tokens(request)
+    name = model.name
+    attempt = 0
+    at_least: int | None = None
+    while True:
+        try:
+            reservation = supervisor.reserve_nowait(
+                node, input_estimate=estimate, max_tokens=wanted, model=name, at_least=at_least
+            )
+        except anyio.WouldBlock:
+            reservation = await _wait_for_budget(execution, estimate, wanted, name, at_least)
+        sent = request
+        if reservation.max_tokens != wanted:
+            sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
+        error: Exception
+        try:
+            response = await model.request(sent)
+        except Exception as exc:
+            _charge(execution, reservation, _reported(exc), name)
+            error = exc
+        except BaseException:
+            _charge(execution, reservation, None, name)  # cut off: what it read was spent
+            raise
+        else:
+            try:
+                charged = supervisor.settle(node, reservation, response.usage, model=name)
+            except InvalidUsage as exc:
+                error = exc
+                execution.charged = execution.charged + exc.charged
+            else:
+                spent = execution.charged
+                execution.charged = charged if spent is EMPTY_USAGE else spent + charged
+                if response.finish_reason != "length" or reservation.limited_by is None:
+                    return response
+                # Cut by the budget's sharing, not by its own cap: ask again.
+                at_least = min(reservation.wanted, 2 * reservation.output)
+                if execution.context.runtime.event_bus.active:
+                    execution.emit(
+                        "retry",
+                        attempt=attempt + 1,
+                        error=f"reply cut at {reservation.output} tokens by the budget "
+                        f"shared with requests in flight; asking again with room for "
+                        f"{at_least}",
+                        delay=0.0,
+                    )
+                continue
+        attempt += 1
+        if attempt > agent.retry.retries or not is_retryable(error):
+            raise error
+        delay = agent.retry.delay(attempt)
+        if execution.context.runtime.event_bus.active:
+            execution.emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
+        await anyio.sleep(delay)
+
+
+def _charge(
+    execution: Execution, reservation: Reservation, usage: Usage | None, model: str
+) -> None:
+    """Settle a request that failed or was cut off: what its error reported (if
+    that cannot be true, the whole reservation), or its input estimate."""
+    try:
+        charged = execution.supervisor.settle(execution.node, reservation, usage, model=model)
+    except InvalidUsage as exc:  # the request failed already: that error stands
+        charged = exc.charged
+    execution.charged = execution.charged + charged
+
+
+async def _wait_for_budget(
+    execution: Execution, estimate: int, max_tokens: int | None, model: str, at_least: int | None
+) -> Reservation:
+    """Wait for headroom that requests in flight hold; visible as events, in the
+    tree (the node's ``waiting``) and in the runtime's statistics."""
+    bus = execution.context.runtime.event_bus
+    began = time.perf_counter()
+    on_wait = (lambda why: execution.emit("budget_wait", reason=why)) if bus.active else None
+    try:
+        return await execution.supervisor.reserve(
+            execution.node,
+            input_estimate=estimate,
+            max_tokens=max_tokens,
+            model=model,
+            at_least=at_least,
+            on_wait=on_wait,
+        )
+    finally:
+        if bus.active:
+            execution.emit("budget_resume", seconds=time.perf_counter() - began)
+
+
+def ascii_arguments(calls: tuple[ToolCall, ...]) -> bool:
+    if len(calls) == 1:  # the usual step: no generator
+        return calls[0].arguments.isascii()
+    return all(tool_call.arguments.isascii() for tool_call in calls)
+
+
+def safe_response(response: ModelResponse) -> ModelResponse:
+    """A model's reply with its text made safe for every store and provider."""
+    calls = tuple(
+        c if c.arguments.isascii() else msgspec.structs.replace(c, arguments=safe_text(c.arguments))
+        for c in response.tool_calls
+    )
+    return msgspec.structs.replace(response, text=safe_text(response.text), tool_calls=calls)
+
+
+def _reported(error: Exception) -> Usage | None:
+    """The usage a failed request's error reports, if it reports one."""
+    usage = getattr(error, "usage", None)
+    return usage if isinstance(usage, Usage) else None
