@@ -378,25 +378,23 @@ class AgentActor(Actor):
         as a warning and counted in ``store_failures``; the next save writes the
         whole state again and retries the traces that were not saved.
         """
-        group = [trace_record(execution.final_trace()) for execution in executions]
-        below = node.traces
-        if below:
-            group += [trace_record(execution.final_trace()) for execution in below]
-            below.clear()  # the subtree's nodes may outlive this: let go of its executions
-        node.traces = None
-        trace = executions[-1].final_trace()
-        groups = [*self._unsaved, group]
-        records = [record for each in groups for record in each]
-        state = None
-        if self.persistent:
-            state = encode_state(
-                AgentState(
-                    summary=tuple(self.summary),
-                    buffer=tuple(self.buffer),
-                    messages=tuple(self.messages),
+        below, node.traces = node.traces, None
+        groups = self._unsaved
+        try:  # encoding too: whatever fails, the Result is returned
+            group = [trace_record(execution.final_trace()) for execution in executions]
+            if below:
+                group += [trace_record(execution.final_trace()) for execution in below]
+            groups = [*self._unsaved, group]
+            records = [record for each in groups for record in each]
+            state = None
+            if self.persistent:
+                state = encode_state(
+                    AgentState(
+                        summary=tuple(self.summary),
+                        buffer=tuple(self.buffer),
+                        messages=tuple(self.messages),
+                    )
                 )
-            )
-        try:
             with anyio.fail_after(SAVE_TIMEOUT, shield=True):
                 await store.save(self.context.id, state, records=records)
         except Exception as exc:
@@ -405,7 +403,7 @@ class AgentActor(Actor):
             log.warning(
                 "agent state not saved",
                 agent_id=self.context.id,
-                execution_id=trace.execution_id,
+                execution_id=executions[-1].execution_id,
                 store=repr(store),
                 error=exception_text(exc),
                 unsaved_traces=sum(len(each) for each in self._unsaved),
@@ -413,6 +411,9 @@ class AgentActor(Actor):
             )
         else:
             self._unsaved.clear()
+        finally:
+            if below:
+                below.clear()  # the subtree's nodes may outlive this: let go of them
 
     def _new_execution(
         self,
