@@ -752,24 +752,22 @@ class Execution:
         built = self.built
         if built is None:
             steps = self.all_steps()
-            built = self.built = self.trace(self.answer(steps), steps)
+            parent = self.node.parent
+            built = self.built = ExecutionTrace(
+                execution_id=self.execution_id,
+                agent_id=self.agent_id,
+                task=self.task,
+                steps=tuple(steps),
+                status=self.status,
+                stop_reason=self.reason,
+                final_text=self.answer(steps),
+                usage=self.usage,
+                seconds=(self.ended or time.perf_counter()) - self.started,
+                parent_id=parent.id if parent is not None and parent.parent else "",
+                agent_name=self.agent.name,
+                attempt=self.attempt,
+            )
         return built
-
-    def trace(self, text: str, steps: Sequence[StepRecord] | None = None) -> ExecutionTrace:
-        return ExecutionTrace(
-            execution_id=self.execution_id,
-            agent_id=self.agent_id,
-            task=self.task,
-            steps=tuple(self.all_steps() if steps is None else steps),
-            status=self.status,
-            stop_reason=self.reason,
-            final_text=text,
-            usage=self.usage,
-            seconds=(self.ended or time.perf_counter()) - self.started,
-            parent_id=parent.id if (parent := self.node.parent) and parent.parent else "",
-            agent_name=self.agent.name,
-            attempt=self.attempt,
-        )
 
 
 async def _ready(outcome: ToolOutcome) -> ToolOutcome:
