@@ -13,6 +13,9 @@ from ._agent import GetConversation as GetConversation
 from ._agent import GetTrace as GetTrace
 from ._agent import Task as Task
 from ._execution import StopCondition as StopCondition
+from ._hosts import HostUnavailable as HostUnavailable
+from ._hosts import LocalHosts as LocalHosts
+from ._hosts import RemoteHosts as RemoteHosts
 from ._messages import AssistantMessage as AssistantMessage
 from ._messages import Conversation as Conversation
 from ._messages import ExecutionTrace as ExecutionTrace
@@ -73,6 +76,8 @@ __all__ = [
     "FunctionModel",
     "GetConversation",
     "GetTrace",
+    "HostUnavailable",
+    "LocalHosts",
     "MalformedAction",
     "Message",
     "Model",
@@ -81,6 +86,7 @@ __all__ = [
     "OpenAIModel",
     "ProviderError",
     "ReActModel",
+    "RemoteHosts",
     "RestartPolicy",
     "Result",
     "RetryPolicy",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import anyio
@@ -31,6 +31,7 @@ from runtime import (
     Store,
     Usage,
 )
+from runtime.lowlevel import HeldUp
 
 from ._execution import Execution, StopCondition
 from ._messages import (
@@ -84,6 +85,9 @@ class Agent:
     supervisor may cap it lower). ``retry`` and ``restart`` are the supervision
     policies; ``escalate`` makes a failure of this agent, run as a subagent, fail its
     parent too. ``trace_limit`` is how many execution traces the actor keeps.
+    ``host`` names a pool of the runtime's hosts (``Runtime(hosts=...)``): each
+    execution of this agent as a subagent runs there, with its whole subtree (by
+    default the runtime's placement decides: see ``actors._hosts``).
     """
 
     name: str
@@ -101,6 +105,7 @@ class Agent:
     escalate: bool = False
     mailbox_size: int = 16
     trace_limit: int = 100
+    host: str | None = None
     toolbox: Toolbox = field(init=False, repr=False, compare=False)
     specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
     subagents_by_name: dict[str, Agent] = field(init=False, repr=False, compare=False)
@@ -121,6 +126,10 @@ class Agent:
             value = getattr(self, option)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Agent {self.name!r}: {option} must be >= 1, got {value!r}")
+        if self.host is not None and (not isinstance(self.host, str) or not self.host):
+            raise ValueError(
+                f"Agent {self.name!r}: host must name a pool of hosts, got {self.host!r}"
+            )
         if self.max_tokens is not None and (
             not isinstance(self.max_tokens, int)
             or isinstance(self.max_tokens, bool)
@@ -153,6 +162,12 @@ class Agent:
         object.__setattr__(
             self, "specs", toolbox.specs + tuple(_subagent_spec(s) for s in subagents)
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as the arguments it was made with (for an agent shipped to another
+        host, as Ray ships code): what ``__post_init__`` derives is derived again."""
+        arguments = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        return (_rebuilt_agent, (arguments,))
 
     def _check_types(self) -> None:
         """The options whose type alone can be wrong, each named with what it takes."""
@@ -189,6 +204,11 @@ class Agent:
 
     def make_ref(self, ref: ActorRef) -> AgentRef:
         return AgentRef(ref, self)
+
+
+def _rebuilt_agent(arguments: dict[str, Any]) -> Agent:
+    """An agent again, from what ``Agent.__reduce__`` kept."""
+    return Agent(**arguments)
 
 
 class AgentActor(Actor):
@@ -297,7 +317,12 @@ class AgentActor(Actor):
         else:
             budget = agent.budget.merge(task.budget) if agent.budget else task.budget
             try:
-                node = supervisor.open(supervisor.root, name=agent.name, limits=budget)
+                try:
+                    node = supervisor.open(supervisor.root, name=agent.name, limits=budget)
+                except HeldUp:  # headroom leased to subtrees on other hosts
+                    node = await supervisor.open_waiting(
+                        supervisor.root, name=agent.name, limits=budget
+                    )
             except BudgetExceeded as exc:
                 # Nothing ran: the turn joins neither the live nor the stored conversation.
                 return self._refused(str(exc))

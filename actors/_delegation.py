@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from runtime import BudgetExceeded, Node, PendingReply
-from runtime.lowlevel import Waiter, new_waiter, park, wake
+from runtime.lowlevel import HeldUp, Waiter, new_waiter, park, wake
 
+from ._hosts import HostUnavailable, RemoteHosts
 from ._messages import Result, Task, ToolCall, ToolOutcome, exception_text
+from ._remote import RemoteReply
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -83,14 +85,22 @@ class Delegation:
         running = self.running
         try:
             while True:
+                held_up = False
                 while self.pending and len(running) < limit:
-                    self._launch(*self.pending.popleft())
+                    call = self.pending.popleft()
+                    if not self._launch(*call):
+                        # Its node waits for headroom leased to a subtree elsewhere.
+                        self.pending.appendleft(call)
+                        held_up = True
+                        break
                 while self.stopped:
                     node, reason = self.stopped.pop()
                     supervisor.close(node, "failed", reason)
-                if not running:
+                if not running and not held_up:
                     return
                 self.waiter = new_waiter()
+                if held_up:
+                    supervisor.ledger.notify(self.waiter)
                 await park(self.waiter)
                 self.waiter = None
         except BaseException:
@@ -115,7 +125,9 @@ class Delegation:
             if node.status == "running":
                 supervisor.close(node, *supervisor.why_stopped(node))
 
-    def _launch(self, index: int, call: ToolCall) -> None:
+    def _launch(self, index: int, call: ToolCall) -> bool:
+        """Start one child (or answer the call at once); False when its node must
+        wait for headroom leased to a subtree elsewhere (nothing was started)."""
         execution = self.execution
         subagent = execution.agent.subagents_by_name[call.name]
         try:
@@ -126,16 +138,47 @@ class Delegation:
                 f"invalid arguments for subagent {call.name!r}: {exc}. "
                 'Expected arguments: {"task": "<what the subagent should do>"}',
             )
-            return
+            return True
         supervisor = execution.supervisor
         try:
             node = supervisor.open(execution.node, name=subagent.name, limits=subagent.budget)
         except BudgetExceeded as exc:
             self.outcomes[index] = refused(call, f"subagent {call.name!r} not started: {exc}")
-            return
+            return True
+        except HeldUp:
+            return False
         node.actor_id = node.id  # the child actor takes its node's id
         node.traces = execution.node.traces  # where its execution leaves itself
         began = time.perf_counter()
+        hosts = execution.context.runtime.hosts
+        if isinstance(hosts, RemoteHosts):
+            try:
+                link = hosts.place(execution.node, subagent, supervisor)
+            except HostUnavailable as exc:
+                supervisor.close(node, "failed", str(exc))
+                self.outcomes[index] = refused(call, f"subagent {call.name!r} not started: {exc}")
+                return True
+            if link is not None:
+                try:
+                    remote = hosts.launch(link, subagent, task, node, supervisor, self.task_group)
+                except Exception as exc:
+                    reason = f"not started on host {link.name!r}: {exception_text(exc)}"
+                    supervisor.close(node, "failed", reason)
+                    self.outcomes[index] = refused(call, f"subagent {call.name!r} {reason}")
+                    return True
+                if execution.context.runtime.event_bus.active:
+                    execution.emit(
+                        "spawn",
+                        child=subagent.name,
+                        child_id=node.id,
+                        task=task[:200],
+                        host=link.name,
+                    )
+                self.running[index] = node
+                remote.add_done_callback(
+                    functools.partial(self._answered, index, call, subagent, node, began)
+                )
+                return True
         try:
             child: AgentRef = execution.context.spawn_soon(
                 subagent, task_group=self.task_group, id=node.id
@@ -147,13 +190,14 @@ class Delegation:
             self.outcomes[index] = refused(
                 call, f"subagent {call.name!r} failed: {exception_text(exc)}"
             )
-            return
+            return True
         if execution.context.runtime.event_bus.active:
             execution.emit("spawn", child=subagent.name, child_id=node.id, task=task[:200])
         self.running[index] = node
         reply.add_done_callback(
             functools.partial(self._answered, index, call, subagent, node, began)
         )
+        return True
 
     def _answered(
         self,
@@ -162,7 +206,7 @@ class Delegation:
         subagent: Agent,
         node: Node,
         began: float,
-        reply: PendingReply,
+        reply: PendingReply | RemoteReply,
     ) -> None:
         """The child's reply (or its stop) has settled: record the outcome."""
         if self.interrupted:

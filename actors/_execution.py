@@ -29,6 +29,7 @@ from runtime import (
     Supervisor,
     Usage,
 )
+from runtime.lowlevel import HeldUp
 
 from ._delegation import Delegation, refused
 from ._messages import (
@@ -382,7 +383,10 @@ class Execution:
             # one concatenation per step (the buffer list is kept for snapshots).
             context = self.history + tuple(buffer)
             while True:
-                supervisor.charge(node, steps=1)
+                try:
+                    supervisor.charge(node, steps=1)
+                except HeldUp:  # headroom leased to a subtree on another host
+                    await supervisor.charge_waiting(node, steps=1)
                 if bus.active:
                     self.emit("step_start", step=len(self.steps))
                 request = ModelRequest(messages=context, tools=specs, max_tokens=max_tokens)
@@ -588,6 +592,8 @@ class Execution:
             self.supervisor.charge(self.node, tool_calls=1)
         except BudgetExceeded as exc:
             return refused(call, f"tool call refused: {exc}")
+        except HeldUp:
+            return None  # ``_run_call`` waits for the headroom
         start = time.perf_counter()
         kwargs = tool.arguments(call, start)
         if isinstance(kwargs, ToolOutcome):
@@ -601,9 +607,21 @@ class Execution:
             self.supervisor.charge(self.node, tool_calls=1)
         except BudgetExceeded as exc:
             return _ready(refused(call, f"tool call refused: {exc}"))
+        except HeldUp:
+            return self._run_call_held_up(call)
         if not self.context.runtime.event_bus.active:
             return self.agent.toolbox.run(call)
         return self._run_call_observed(call)
+
+    async def _run_call_held_up(self, call: ToolCall) -> ToolOutcome:
+        """A call whose charge waits for headroom leased to a subtree elsewhere."""
+        try:
+            await self.supervisor.charge_waiting(self.node, tool_calls=1)
+        except BudgetExceeded as exc:
+            return refused(call, f"tool call refused: {exc}")
+        if not self.context.runtime.event_bus.active:
+            return await self.agent.toolbox.run(call)
+        return await self._run_call_observed(call)
 
     async def _run_call_observed(self, call: ToolCall) -> ToolOutcome:
         self.emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])

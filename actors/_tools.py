@@ -193,6 +193,28 @@ class Tool(Generic[P, R]):
             limiter=self.limiter,
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its function and options (for an agent shipped to another host:
+        its compiled decoders are rebuilt there). A limiter bounds calls in this
+        process only: a tool with one stays here."""
+        if self.limiter is not None:
+            raise TypeError(
+                f"tool {self.name!r} has a limiter, which bounds calls in one process: it "
+                "cannot run on another host (give the agent there a tool of its own)"
+            )
+        return (
+            _rebuilt,
+            (
+                self.fn,
+                self.name,
+                self.description,
+                self.timeout,
+                self.retries,
+                self.retry_delay,
+                self.max_result_chars,
+            ),
+        )
+
     def __repr__(self) -> str:
         kind = "async" if self.is_async else "sync"
         return (
@@ -323,6 +345,27 @@ def _truncate(content: str, limit: int) -> str:
     # (``total``), then report the exact count, which is never longer.
     keep = limit - len(f"\n[... truncated {total:,} characters of {total:,}]")
     return f"{content[:keep]}\n[... truncated {total - keep:,} characters of {total:,}]"
+
+
+def _rebuilt(
+    fn: Callable[..., Any],
+    name: str,
+    description: str,
+    timeout: float | None,
+    retries: int,
+    retry_delay: float,
+    max_result_chars: int,
+) -> Tool[..., Any]:
+    """A tool again, from what ``Tool.__reduce__`` kept."""
+    return Tool(
+        fn,
+        name=name,
+        description=description,
+        timeout=timeout,
+        retries=retries,
+        retry_delay=retry_delay,
+        max_result_chars=max_result_chars,
+    )
 
 
 class _ToolDecorator(Protocol):

@@ -36,6 +36,7 @@ from ._messages import MailboxStatistics as MailboxStatistics
 from ._messages import RuntimeStatistics as RuntimeStatistics
 from ._ref import ActorRef as ActorRef
 from ._ref import PendingReply as PendingReply
+from ._runtime import Hosts as Hosts
 from ._runtime import Runtime as Runtime
 from ._store import MemoryStore as MemoryStore
 from ._store import Record as Record
@@ -64,6 +65,7 @@ __all__ = [
     "EventKind",
     "FailurePolicy",
     "FractorError",
+    "Hosts",
     "InvalidUsage",
     "MailboxFull",
     "MailboxStatistics",

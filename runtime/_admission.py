@@ -188,12 +188,20 @@ def free_output(node: Node, budget: Budget, need: Need) -> tuple[float, str]:
     """
     room = math.inf
     field = ""
+    held = node.held  # what leases of remote subtrees below hold
+    held_input = held_output = held_tokens = 0
+    held_cost = 0.0
+    if held is not None:
+        if budget.requests is not None and node.requests + held.requests + 1 > budget.requests:
+            return -1, "requests"
+        held_input, held_output = held.input_tokens, held.output_tokens
+        held_tokens, held_cost = held.tokens, held.cost
     if budget.input_tokens is not None and (
-        node.input_tokens + node.reserved_input + need.input > budget.input_tokens
+        node.input_tokens + node.reserved_input + held_input + need.input > budget.input_tokens
     ):
         return -1, "input_tokens"
     if budget.output_tokens is not None:
-        room = budget.output_tokens - node.output_tokens - node.reserved_output
+        room = budget.output_tokens - node.output_tokens - node.reserved_output - held_output
         field = "output_tokens"
     if budget.tokens is not None:
         free = (
@@ -202,12 +210,15 @@ def free_output(node: Node, budget: Budget, need: Need) -> tuple[float, str]:
             - node.output_tokens
             - node.reserved_input
             - node.reserved_output
+            - held_tokens
             - need.input
         )
         if free < room:
             room, field = free, "tokens"
     if budget.cost is not None and need.price is not None:
-        cost_room = _cost_room(budget.cost - node.cost - node.reserved_cost, budget.cost, need)
+        cost_room = _cost_room(
+            budget.cost - node.cost - node.reserved_cost - held_cost, budget.cost, need
+        )
         if cost_room < room:
             room, field = cost_room, "cost"
     return room, field

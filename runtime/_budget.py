@@ -40,7 +40,7 @@ def _check(owner: msgspec.Struct, names: tuple[str, ...], *, whole: bool, positi
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """Hard limits. Counts are whole numbers >= 0; ``seconds`` and ``cost`` are > 0."""
+    """Hard limits. Counts and ``cost`` are >= 0 (0: none at all); ``seconds`` is > 0."""
 
     depth: int | None = None
     tokens: int | None = None
@@ -55,7 +55,8 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     def __post_init__(self) -> None:
         _check(self, _COUNTERS + _MORE_COUNTERS, whole=True, positive=False)
-        _check(self, ("seconds", "cost"), whole=False, positive=True)
+        _check(self, ("seconds",), whole=False, positive=True)
+        _check(self, ("cost",), whole=False, positive=False)
 
     def merge(self, other: Budget | None) -> Budget:
         """The tighter of two budgets, field by field."""

@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -35,7 +35,7 @@ from ._store import Store
 from ._supervisor import DEFAULT_MAX_TOKENS, MIN_OUTPUT_TOKENS, Supervisor
 from ._tree import TreeSnapshot
 
-__all__ = ["Runtime"]
+__all__ = ["Hosts", "Runtime"]
 
 R = TypeVar("R")
 State = Literal["not started", "running", "closing", "closed"]
@@ -43,6 +43,17 @@ State = Literal["not started", "running", "closing", "closed"]
 
 #: The default caps of every runtime (see ``Caps``).
 DEFAULT_CAPS = Caps()
+
+
+class Hosts(Protocol):
+    """Other processes where a layer above the kernel runs subtrees of the tree (the
+    agents layer's ``RayHosts``, for one): ``Runtime(hosts=...)`` starts them as it
+    is entered, before any actor, and closes them as it is left, after every actor
+    ended (their subtrees answered through them)."""
+
+    async def start(self, runtime: Runtime) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class _NotRunning(BaseException):
@@ -66,7 +77,9 @@ class Runtime:
     input estimate is spent; ``default_max_tokens`` is what a request that names no
     ``max_tokens`` reserves at most (see ``Supervisor``). ``caps`` bound any tree,
     budget or not (depth 8, 10,000 executions per top-level execution, 200 steps per
-    execution by default; see ``Caps``): ``caps=None`` removes them.
+    execution by default; see ``Caps``): ``caps=None`` removes them. ``hosts`` are
+    other processes where subtrees of the tree may run (see ``Hosts`` and
+    ``actors.integrations.ray.RayHosts``): started on entering, closed on leaving.
     """
 
     def __init__(
@@ -81,6 +94,7 @@ class Runtime:
         min_output_tokens: int = MIN_OUTPUT_TOKENS,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         caps: Caps | None = DEFAULT_CAPS,
+        hosts: Hosts | None = None,
     ) -> None:
         if (
             isinstance(grace, bool)
@@ -100,6 +114,13 @@ class Runtime:
                 "store must implement runtime.Store (async load() and save(), like "
                 f"MemoryStore or SQLiteStore) or be None, got {type(store).__qualname__}"
             )
+        if hosts is not None and not all(
+            callable(getattr(hosts, method, None)) for method in ("start", "aclose")
+        ):
+            raise TypeError(
+                "hosts must implement runtime.Hosts (async start() and aclose(), like "
+                f"actors.integrations.ray.RayHosts) or be None, got {type(hosts).__qualname__}"
+            )
         if not isinstance(log_events, bool):
             raise TypeError(f"log_events must be a bool, got {log_events!r}")
         #: Limits over everything this runtime runs.
@@ -113,6 +134,8 @@ class Runtime:
             caps=caps,
         )
         self.grace = grace
+        #: Where subtrees may run besides this process (None: only here).
+        self.hosts = hosts
         self.mailbox_size = mailbox_size
         #: Where actors persist their state; None keeps everything in memory.
         self.store = store
@@ -139,6 +162,8 @@ class Runtime:
         #: The backend's cancellation exception, looked up once (each lookup asks
         #: which backend runs; a cancelled tree of 1,000 agents would ask 1,000 times).
         self.cancelled_exc = anyio.get_cancelled_exc_class()
+        if self.hosts is not None:
+            await self.hosts.start(self)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -171,6 +196,8 @@ class Runtime:
         finally:
             self._state = "closed"
             self._task_group = None
+            if self.hosts is not None:
+                await self.hosts.aclose()
 
     async def spawn(
         self,

@@ -60,6 +60,7 @@ from ._admission import (
 )
 from ._budget import Budget, Caps, Price, Usage
 from ._exceptions import BudgetExceeded, InvalidUsage
+from ._ledger import LOST_WHY, HeldUp, Ledger, Want
 from ._tree import Cancellable, EndStatus, Node, NodeSnapshot, TreeSnapshot
 from ._waiter import clock, new_waiter, park, wake
 
@@ -127,6 +128,8 @@ class Supervisor:
         self.waiting = 0
         self.waits = 0
         self.wait_seconds = 0.0
+        #: The leases of subtrees that run on other hosts.
+        self.ledger = Ledger(self)
 
     def start(self) -> None:
         """Start the clock: the runtime's ``seconds`` budget counts from here."""
@@ -140,20 +143,31 @@ class Supervisor:
 
     # -- the tree -------------------------------------------------------------------
 
-    def open(self, parent: Node, *, name: str, limits: Budget | None) -> Node:
+    def open(self, parent: Node, *, name: str, limits: Budget | None, node_id: str = "") -> Node:
         """Open a child node of ``parent``; checks depth and agents on the whole chain.
 
-        Raises ``BudgetExceeded`` when the spawn is refused; that stops nothing.
+        Raises ``BudgetExceeded`` when the spawn is refused; that stops nothing, and
+        ``HeldUp`` when only headroom leased to a subtree elsewhere stands in the way
+        (``open_waiting`` waits for it). ``node_id`` gives the node an id made
+        elsewhere (the node of a subtree run for another host's tree).
         """
         depth = parent.depth + 1
+        blocked = False
         for node in parent.chain():
             budget = node.limits
             if budget is None:
                 continue
             if budget.depth is not None and depth - node.depth > budget.depth:
                 raise BudgetExceeded("depth", budget.depth, node.id, node.name)
-            if budget.agents is not None and node.agents + 1 > budget.agents:
-                raise BudgetExceeded("agents", budget.agents, node.id, node.name)
+            if budget.agents is not None:
+                if node.agents + 1 > budget.agents:
+                    if node.lender is not None:  # a leased subtree: ask for more
+                        node.lender.want(node, Want(agents=1))
+                        raise HeldUp
+                    raise BudgetExceeded("agents", budget.agents, node.id, node.name)
+                held = node.held
+                if held is not None and node.agents + held.agents + 1 > budget.agents:
+                    blocked = self._held_up(node, "agents", budget.agents, stop=False)
         caps = self.caps
         if caps is not None and parent is not self.root:
             if caps.depth is not None and depth > caps.depth:
@@ -161,14 +175,22 @@ class Supervisor:
             top = parent
             while top.parent is not self.root and top.parent is not None:
                 top = top.parent
-            if caps.agents is not None and top.agents + 1 > caps.agents:
-                raise _over_cap("agents", caps.agents, top)
+            if caps.agents is not None:
+                if top.agents + 1 > caps.agents:
+                    raise _over_cap("agents", caps.agents, top)
+                held = top.held
+                if held is not None and top.agents + held.agents + 1 > caps.agents:
+                    if not held.leases:
+                        raise _over_cap("agents", caps.agents, top)
+                    blocked = True
+        if blocked:
+            raise HeldUp
         for node in parent.chain():
             node.agents += 1
         now = self.now()
         deadline, owner = parent.deadline, parent.deadline_owner
         seconds = limits.seconds if limits is not None else None
-        node_id = f"{name}#{next(self._ids)}.{self.token}"
+        node_id = node_id or f"{name}#{next(self._ids)}.{self.token}"
         child = Node(node_id, name, parent, limits, deadline, owner, now)
         if seconds is not None and now + seconds < deadline:
             child.deadline, child.deadline_owner = now + seconds, child
@@ -283,13 +305,63 @@ class Supervisor:
 
     # -- charges ----------------------------------------------------------------------
 
-    def _refuse(self, node: Node, limit: str, allowed: float) -> BudgetExceeded:
-        error = BudgetExceeded(limit, allowed, node.id, node.name)
+    def _refuse(self, node: Node, limit: str, allowed: float, why: str = "") -> BudgetExceeded:
+        error = BudgetExceeded(limit, allowed, node.id, node.name, why=why)
         self.stop_subtree(node, "budget_exceeded", str(error), error)
         return error
 
+    def _spent(self, node: Node, limit: str, allowed: float, want: Want) -> None:
+        """A counter of ``node`` has no room left: refuse (and stop it), or, on a
+        host's leased subtree, ask for more and wait."""
+        if node.lender is not None:
+            node.lender.want(node, want)
+            raise HeldUp
+        raise self._refuse(node, limit, allowed)
+
+    def _held_up(self, node: Node, limit: str, allowed: float, *, stop: bool = True) -> bool:
+        """Headroom of ``node`` that leases hold stands in the way: wait for it while a
+        lease may give some back; refuse when every lease holding it is lost."""
+        held = node.held
+        if held is not None and held.leases:
+            return True
+        if not stop:
+            raise BudgetExceeded(limit, allowed, node.id, node.name, why=LOST_WHY)
+        raise self._refuse(node, limit, allowed, LOST_WHY)
+
+    async def charge_waiting(self, node: Node, *, steps: int = 0, tool_calls: int = 0) -> None:
+        """``charge``, waiting while headroom is held by leases (see ``_ledger``)."""
+        while True:
+            try:
+                self.charge(node, steps=steps, tool_calls=tool_calls)
+            except HeldUp:
+                pass
+            else:
+                return
+            await self._wait_for_leases(node)
+
+    async def open_waiting(self, parent: Node, *, name: str, limits: Budget | None) -> Node:
+        """``open``, waiting while headroom is held by leases (see ``_ledger``)."""
+        while True:
+            try:
+                return self.open(parent, name=name, limits=limits)
+            except HeldUp:
+                pass
+            await self._wait_for_leases(parent)
+
+    async def _wait_for_leases(self, node: Node) -> None:
+        node.waiting = "waiting for budget: headroom leased to subtrees on other hosts"
+        self.waiting += 1
+        self.waits += 1
+        began = self.now()
+        try:
+            await self.ledger.changed()
+        finally:
+            node.waiting = ""
+            self.waiting -= 1
+            self.wait_seconds += self.now() - began
+
     @staticmethod
-    def _stopped(node: Node) -> BudgetExceeded:
+    def stopped(node: Node) -> BudgetExceeded:
         """The refusal for new work on a node that is already stopped."""
         cause = node.stop_error
         if cause is not None:
@@ -299,7 +371,7 @@ class Supervisor:
     def charge(self, node: Node, *, steps: int = 0, tool_calls: int = 0) -> None:
         """Check-and-increment counters on the whole chain, atomically."""
         if node.stop_status is not None:
-            raise self._stopped(node)
+            raise self.stopped(node)
         caps = self.caps
         if (
             steps
@@ -310,19 +382,28 @@ class Supervisor:
             error = _over_cap("steps", caps.steps, node)
             self.stop_subtree(node, "budget_exceeded", str(error), error)
             raise error
+        blocked = False
         current: Node | None = node
         while current is not None:
             budget = current.limits
             if budget is not None:
-                if steps and budget.steps is not None and current.steps + steps > budget.steps:
-                    raise self._refuse(current, "steps", budget.steps)
-                if (
-                    tool_calls
-                    and budget.tool_calls is not None
-                    and current.tool_calls + tool_calls > budget.tool_calls
-                ):
-                    raise self._refuse(current, "tool_calls", budget.tool_calls)
+                held = current.held
+                if steps and budget.steps is not None:
+                    used = current.steps + steps
+                    if used > budget.steps:
+                        self._spent(current, "steps", budget.steps, Want(steps=steps))
+                    if held is not None and used + held.steps > budget.steps:
+                        blocked = self._held_up(current, "steps", budget.steps)
+                if tool_calls and budget.tool_calls is not None:
+                    used = current.tool_calls + tool_calls
+                    if used > budget.tool_calls:
+                        want = Want(tool_calls=tool_calls)
+                        self._spent(current, "tool_calls", budget.tool_calls, want)
+                    if held is not None and used + held.tool_calls > budget.tool_calls:
+                        blocked = self._held_up(current, "tool_calls", budget.tool_calls)
             current = current.parent
+        if blocked:
+            raise HeldUp
         current = node
         while current is not None:
             current.steps += steps
@@ -447,7 +528,7 @@ class Supervisor:
         line: it waits behind requests already waiting with a smaller one.
         """
         if node.stop_status is not None:
-            raise self._stopped(node)
+            raise self.stopped(node)
         if not node.limited:  # no budget on the chain: nothing to check, no one waits
             return self._hold(
                 node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0
@@ -460,6 +541,10 @@ class Supervisor:
                     raise self._no_price(current, need.model)
                 error = refusal(current, budget, need)
                 if error is not None:
+                    if current.lender is not None:  # a leased subtree: ask for more
+                        if not current.in_flight:
+                            current.lender.want(current, _want(need))
+                        return current
                     self.stop_subtree(current, "budget_exceeded", str(error), error)
                     raise error
             current = current.parent
@@ -475,7 +560,12 @@ class Supervisor:
             if budget is not None:
                 room, field = free_output(current, budget, need)
                 if room < need.output:
-                    if not current.in_flight:  # nothing held could come back: spent
+                    held = current.held
+                    if current.lender is not None and not current.in_flight:
+                        current.lender.want(current, _want(need))
+                        return current
+                    if not current.in_flight and not (held is not None and held.leases):
+                        # Nothing held could come back: spent.
                         allowed = getattr(budget, field)
                         error = BudgetExceeded(
                             field, allowed, current.id, current.name, why="no room left"
@@ -486,7 +576,10 @@ class Supervisor:
                 if room != math.inf:
                     # A fair share: one part for each execution under the budget
                     # that may ask next and holds none of it yet (all of it, alone).
-                    parts = max(current.leaves - current.in_flight, 1)
+                    held = current.held
+                    parts = max(
+                        current.leaves - current.in_flight - (held.leases if held else 0), 1
+                    )
                     mine = max(need.output, room // parts)
                     if mine < share:
                         share, limited_by, limit = mine, current, field
@@ -591,9 +684,10 @@ class Supervisor:
             current.reserved_cost -= reservation.cost
             current = current.parent
         node.own_requests -= 1
-        self._serve_chain(node)
+        self.serve_chain(node)
 
-    def _serve_chain(self, node: Node) -> None:
+    def serve_chain(self, node: Node) -> None:
+        """Serve the requests waiting on ``node``'s chain (its headroom changed)."""
         current: Node | None = node
         while current is not None:
             if current.waiters:
@@ -665,7 +759,7 @@ class Supervisor:
             )
             self.stop_subtree(owner, "budget_exceeded", str(error), error)
         if served:
-            self._serve_chain(node)
+            self.serve_chain(node)
         charged = Usage(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
@@ -683,13 +777,24 @@ class Supervisor:
         """The tree as it is now: live nodes, then recently finished ones."""
         now = self.now()
         order = _parents_first
-        nodes = [self._snapshot(node, now) for node in sorted(self.nodes.values(), key=order)]
-        finished = sorted(self._finished, key=order)
-        nodes.extend(self._snapshot(node, now) for node in finished)
+        nodes: list[NodeSnapshot] = []
+        for node in sorted(self.nodes.values(), key=order):
+            self.snapshot_nodes(nodes, node, now)
+        for node in sorted(self._finished, key=order):
+            self.snapshot_nodes(nodes, node, now)
         return TreeSnapshot(nodes=tuple(nodes))
+
+    def snapshot_nodes(self, nodes: list[NodeSnapshot], node: Node, now: float) -> None:
+        """Append ``node``'s snapshot, then, for the top of a subtree that runs on
+        another host, the last snapshot that host sent of its nodes."""
+        nodes.append(self._snapshot(node, now))
+        lease = node.lease
+        if lease is not None and lease.nodes:
+            nodes.extend(lease.nodes)
 
     def _snapshot(self, node: Node, now: float) -> NodeSnapshot:
         end = node.ended if node.ended is not None else now
+        lease = node.lease
         return NodeSnapshot(
             id=node.id,
             parent_id=node.parent.id if node.parent is not None else None,
@@ -706,7 +811,20 @@ class Supervisor:
             limits=node.limits,
             started=node.started - self._origin,
             seconds=end - node.started,
+            host=lease.host if lease is not None else "",
         )
+
+
+def _want(need: Need) -> Want:
+    """What a request waiting on a leased subtree's limits needs, field by field."""
+    return Want(
+        tokens=need.input + need.output,
+        input_tokens=need.input,
+        output_tokens=need.output,
+        cost=need.cost(need.output),
+        requests=1,
+        detail=need.detail(),
+    )
 
 
 def _parents_first(node: Node) -> tuple[float, int]:

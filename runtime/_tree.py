@@ -19,6 +19,7 @@ from ._exceptions import BudgetExceeded
 
 if TYPE_CHECKING:
     from ._admission import Wait
+    from ._ledger import Held, Lease, Lender
 
 __all__ = [
     "Cancellable",
@@ -58,6 +59,8 @@ class NodeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
     #: Why its model request waits for budget ("" when it does not wait).
     waiting: str = ""
+    #: The host it runs on, for a node of a subtree placed on another host ("": here).
+    host: str = ""
 
 
 class TreeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,10 +95,13 @@ class Node:
         "deadline_owner",
         "depth",
         "ended",
+        "held",
         "id",
         "in_flight",
         "input_tokens",
+        "lease",
         "leaves",
+        "lender",
         "limited",
         "limits",
         "name",
@@ -191,6 +197,12 @@ class Node:
         #: trace is ever stored without its parent's). Set by the agents layer, never
         #: read by the supervisor; ``None`` when nothing is stored.
         self.traces: list[Any] | None = None
+        #: What leases of remote subtrees below hold of this node's headroom.
+        self.held: Held | None = None
+        #: Set on the node of a subtree that runs on another host: its lease.
+        self.lease: Lease | None = None
+        #: Set on a host's top node of a leased subtree: where it asks for more.
+        self.lender: Lender | None = None
 
     def chain(self) -> Iterator[Node]:
         """This node, then each ancestor up to the root."""

@@ -10,12 +10,39 @@ uses the same cheap ones the kernel does:
 - ``clock()`` is the running backend's clock as a plain function, looked up once.
 
 See ``runtime._waiter`` for why a waiter is a bare future on asyncio.
+
+And the ledger's parts, for a layer that runs subtrees on other hosts (see
+``runtime._ledger``): ``HeldUp`` (a charge must wait for headroom held by a lease:
+``Supervisor.charge_waiting`` and ``open_waiting`` wait for it), ``Lender``, and the
+messages that cross between hosts: ``Tally``, ``Want``, ``Refusal``.
 """
 
+from ._ledger import LEASED as LEASED
+from ._ledger import HeldUp as HeldUp
+from ._ledger import Lease as Lease
+from ._ledger import Ledger as Ledger
+from ._ledger import Lender as Lender
+from ._ledger import Refusal as Refusal
+from ._ledger import Tally as Tally
+from ._ledger import Want as Want
 from ._waiter import Waiter as Waiter
 from ._waiter import clock as clock
 from ._waiter import new_waiter as new_waiter
 from ._waiter import park as park
 from ._waiter import wake as wake
 
-__all__ = ["Waiter", "clock", "new_waiter", "park", "wake"]
+__all__ = [
+    "LEASED",
+    "HeldUp",
+    "Lease",
+    "Ledger",
+    "Lender",
+    "Refusal",
+    "Tally",
+    "Waiter",
+    "Want",
+    "clock",
+    "new_waiter",
+    "park",
+    "wake",
+]

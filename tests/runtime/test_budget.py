@@ -10,6 +10,7 @@ from runtime import Budget, Price, Usage
 
 WHOLE = r"must be a whole number >= 0 and at most 2\*\*63 - 1, or None for no limit; got"
 FINITE = r"must be a finite number > 0 and at most 2\*\*63 - 1, or None for no limit; got"
+FINITE_OR_0 = r"must be a finite number >= 0 and at most 2\*\*63 - 1, or None for no limit; got"
 
 
 @pytest.mark.parametrize(
@@ -19,8 +20,9 @@ FINITE = r"must be a finite number > 0 and at most 2\*\*63 - 1, or None for no l
         ({"steps": 2.5}, rf"Budget\.steps {WHOLE} 2\.5$"),
         ({"depth": True}, rf"Budget\.depth {WHOLE} True$"),
         ({"seconds": 0}, rf"Budget\.seconds {FINITE} 0$"),
-        ({"cost": math.inf}, rf"Budget\.cost {FINITE} inf$"),
-        ({"cost": math.nan}, rf"Budget\.cost {FINITE} nan$"),
+        ({"cost": math.inf}, rf"Budget\.cost {FINITE_OR_0} inf$"),
+        ({"cost": math.nan}, rf"Budget\.cost {FINITE_OR_0} nan$"),
+        ({"cost": -0.5}, rf"Budget\.cost {FINITE_OR_0} -0\.5$"),
         ({"seconds": -3.0}, rf"Budget\.seconds {FINITE} -3\.0$"),
         # Past what a store can encode: refused, not an OverflowError later.
         (
@@ -40,6 +42,8 @@ def test_budget_rejects_bad_limits_naming_the_field(
 def test_budget_accepts_zero_counts_and_fractional_seconds() -> None:
     budget = Budget(tool_calls=0, seconds=0.25, cost=1)
     assert (budget.tool_calls, budget.seconds, budget.cost) == (0, 0.25, 1)
+    # No cost at all: only free models may run (a lease with nothing left is one).
+    assert Budget(cost=0).cost == 0
 
 
 def test_merge_takes_the_tighter_limit_field_by_field() -> None:

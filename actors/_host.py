@@ -1,0 +1,249 @@
+"""An agent host: one event loop running many subtrees of other processes' trees.
+
+A host is where ``Runtime(hosts=...)`` places subtrees (a Ray actor with
+``RayHosts``; an object in this process with ``LocalHosts``). It runs one
+``Runtime`` of its own, with no budget, no store and no caps on depth or agents (the
+tree above enforces those through each subtree's lease); each subtree's top node
+runs under its lease, and where the lease runs out it asks the tree above for more
+(``runtime._ledger``). It speaks only bytes: ``start`` and ``down`` take messages,
+``drain`` hands back what goes up (asks, snapshots, answers), batched.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+import structlog
+
+from runtime import Caps, Node, NodeSnapshot, Price, Runtime
+from runtime.lowlevel import Want, new_waiter, park, wake
+
+from ._messages import Result, Task, exception_text
+from ._remote import Ask, Deny, Done, Grant, Nodes, Start, Stop, Up, decode_down, encode, tally
+
+if TYPE_CHECKING:
+    from ._agent import Agent
+
+__all__ = ["AgentHost", "HostConfig"]
+
+log = structlog.get_logger("actors.host")
+
+#: How many stops for subtrees not started (or already ended) a host remembers.
+EARLY_KEPT = 10_000
+#: How often a host sends the snapshots of its running subtrees' nodes.
+SNAPSHOT_PERIOD = 0.25
+
+
+class HostConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What a host's runtime needs of the driver's: prices and request sizes, and the
+    one cap that is per execution (steps)."""
+
+    name: str
+    prices: dict[str, Price] = {}
+    steps: int | None = 200
+    min_output_tokens: int = 256
+    default_max_tokens: int = 4_096
+
+
+class _Run:
+    __slots__ = ("asking", "depth", "node", "run_id", "sent")
+
+    def __init__(self, run_id: int, node: Node, depth: int) -> None:
+        self.run_id = run_id
+        self.node = node
+        #: The top node's depth in the whole tree.
+        self.depth = depth
+        self.asking = False
+        #: The last tally sent up in a snapshot.
+        self.sent: Any = None
+
+
+class _Lender:
+    """A subtree's way to ask the tree above for more headroom: one ask at a time
+    (an operation still short after the answer asks again)."""
+
+    __slots__ = ("host", "run")
+
+    def __init__(self, host: AgentHost, run: _Run) -> None:
+        self.host = host
+        self.run = run
+
+    def want(self, node: Node, want: Want) -> None:
+        run = self.run
+        if run.asking:
+            return
+        run.asking = True
+        self.host.post(Ask(run=run.run_id, tally=tally(node), want=want))
+
+
+class AgentHost:
+    """Runs subtrees for other processes' trees (see the module's docstring)."""
+
+    def __init__(self, config: HostConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.runtime: Runtime | None = None
+        self._runs: dict[int, _Run] = {}
+        self._outbox: list[Up] = []
+        self._waiter: Any = None
+        self._ready = anyio.Event()
+        self._closed = False
+        self._task_group: Any = None
+        #: Stops that came before their subtree started (a transport may reorder).
+        self._early: dict[int, Stop] = {}
+        #: Subtrees run so far.
+        self.started = 0
+
+    @property
+    def load(self) -> int:
+        """Subtrees running now."""
+        return len(self._runs)
+
+    async def serve(self) -> None:
+        """Run the host's runtime until cancelled (its subtrees are cancelled with it)."""
+        config = self.config
+        async with (
+            Runtime(
+                prices=config.prices or None,
+                caps=Caps(depth=None, agents=None, steps=config.steps),
+                min_output_tokens=config.min_output_tokens,
+                default_max_tokens=config.default_max_tokens,
+                grace=0,
+            ) as runtime,
+            anyio.create_task_group() as tg,
+        ):
+            self.runtime = runtime
+            self._task_group = tg
+            tg.start_soon(self._snapshots)
+            self._ready.set()
+            await anyio.sleep_forever()
+
+    async def ready(self) -> None:
+        await self._ready.wait()
+
+    def start(self, data: bytes, agent: Agent) -> None:
+        """Start the subtree of one ``Start`` message (bytes) with ``agent``."""
+        for message in decode_down(data):
+            assert isinstance(message, Start)
+            self.started += 1
+            self._task_group.start_soon(self._run, message, agent)
+
+    def down(self, data: bytes) -> None:
+        """Apply grants, refusals and stops from the tree above."""
+        runtime = self.runtime
+        assert runtime is not None
+        ledger = runtime.supervisor.ledger
+        supervisor = runtime.supervisor
+        for message in decode_down(data):
+            run = self._runs.get(message.run)
+            if run is None:
+                if isinstance(message, Stop):
+                    self._early[message.run] = message
+                    while len(self._early) > EARLY_KEPT:
+                        del self._early[next(iter(self._early))]
+                continue
+            if run.node.status != "running":
+                continue  # it answered already
+            node = run.node
+            if isinstance(message, Grant):
+                run.asking = False
+                seconds = node.limits.seconds if node.limits is not None else None
+                ledger.extend(node, msgspec.structs.replace(message.limits, seconds=seconds))
+            elif isinstance(message, Deny):
+                run.asking = False
+                ledger.refuse(node, message.refusal.error())
+            elif isinstance(message, Stop):
+                error = message.refusal.error() if message.refusal is not None else None
+                supervisor.stop_subtree(node, message.status, message.reason, error)
+                ledger.changed_at(node)
+
+    def post(self, message: Up) -> None:
+        self._outbox.append(message)
+        if self._waiter is not None:
+            wake(self._waiter)
+
+    async def drain(self, timeout: float = math.inf) -> bytes:
+        """What goes up, batched; waits up to ``timeout`` for something to send."""
+        if not self._outbox:
+            self._waiter = new_waiter()
+            try:
+                with anyio.move_on_after(timeout):
+                    await park(self._waiter)
+            finally:
+                self._waiter = None
+        batch, self._outbox = self._outbox, []
+        return encode(batch)
+
+    async def _run(self, start: Start, agent: Agent) -> None:
+        runtime = self.runtime
+        assert runtime is not None
+        supervisor = runtime.supervisor
+        node = supervisor.open(
+            supervisor.root, name=start.name, limits=start.limits, node_id=start.node_id
+        )
+        run = self._runs[start.run] = _Run(start.run, node, start.depth)
+        node.lender = _Lender(self, run)
+        if start.traces:
+            node.traces = []
+        early = self._early.pop(start.run, None)
+        if early is not None:
+            self.down(encode([early]))
+        try:
+            ref = await runtime.spawn(agent, id=node.id)
+            reply = ref.actor.ask_nowait(Task(text=start.text, node=node.id))
+            ref.actor.stop_nowait()
+            result: Result = await reply.wait()
+        except Exception as exc:
+            reason = f"the host {self.name!r} could not run it: {exception_text(exc)}"
+            log.warning("subtree failed on its host", host=self.name, node_id=node.id, error=reason)
+            supervisor.close(node, "failed", reason)
+            result = Result(
+                text=f"[failed] {reason}",
+                status="failed",
+                stop_reason=reason,
+                usage=node.usage(),
+                agent_id=node.id,
+                execution_id=node.id,
+            )
+        finally:
+            del self._runs[start.run]
+        traces = ()
+        if node.traces:
+            traces = tuple(execution.final_trace() for execution in node.traces)
+            node.traces = None
+        self.post(Done(run=start.run, result=result, tally=tally(node), traces=traces))
+
+    async def _snapshots(self) -> None:
+        """Every ``SNAPSHOT_PERIOD``, the nodes of each running subtree that changed."""
+        while True:
+            await anyio.sleep(SNAPSHOT_PERIOD)
+            runtime = self.runtime
+            if runtime is None or not self._runs:
+                continue
+            snapshot: list[NodeSnapshot] | None = None
+            for run in list(self._runs.values()):
+                now = tally(run.node)
+                if now == run.sent and not run.node.children:
+                    continue
+                run.sent = now
+                if snapshot is None:
+                    snapshot = list(runtime.tree().nodes)
+                nodes = _below(snapshot, run.node.id, self.name, run.depth)
+                self.post(Nodes(run=run.run_id, tally=now, nodes=nodes))
+
+
+def _below(
+    snapshot: list[NodeSnapshot], top: str, host: str, depth: int
+) -> tuple[NodeSnapshot, ...]:
+    """The nodes under ``top`` (not itself), each marked with its host, at their depth
+    in the whole tree (``top`` is at ``depth`` there)."""
+    inside = {top}
+    found: list[NodeSnapshot] = []
+    for node in snapshot:  # parents come before their children
+        if node.parent_id in inside:
+            inside.add(node.id)
+            found.append(msgspec.structs.replace(node, host=host, depth=node.depth + depth - 1))
+    return tuple(found)

@@ -1,0 +1,312 @@
+"""Hosts: where a runtime places subtrees besides its own process.
+
+``Runtime(hosts=...)`` takes a ``RemoteHosts``: ``LocalHosts`` (hosts in this
+process, each with a runtime of its own: for tests, and to see a placement work
+before there is a cluster) or ``actors.integrations.ray.RayHosts`` (each host a Ray
+actor, on this machine or a cluster). Both speak the same bytes (``_remote``) to the
+same ``AgentHost`` (``_host``); only the transport differs.
+
+**Placement.** A subagent call is placed on a host when its agent names a pool
+(``Agent(host="gpu")``: a host of that pool, wherever its parent runs here), or when
+its parent is a top-level execution (the children of a top-level agent spread over
+the ``"default"`` pool, round-robin or least-loaded). A placed subtree stays whole
+on its host: its own subagents run there, next to it. Everything else runs here.
+
+**Lost hosts.** A host whose transport fails (its process died) is lost: each of
+its subtrees answers ``failed`` with the reason, what their leases held is counted
+as spent, and nothing more is placed on it; a placement that finds no live host in
+the default pool runs the child here, one that names a pool with none refuses it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING, Literal
+
+import anyio
+import msgspec
+import structlog
+
+from runtime import Node, Runtime, Supervisor
+
+from ._host import AgentHost, HostConfig
+from ._messages import exception_text
+from ._remote import Lost, RemoteChild, RemoteReply, Start, decode_up, encode
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+    from ._agent import Agent
+
+__all__ = ["HostLink", "HostUnavailable", "LocalHosts", "Placement", "RemoteHosts"]
+
+log = structlog.get_logger("actors.hosts")
+
+Placement = Literal["round_robin", "least_loaded"]
+_PLACEMENTS = ("round_robin", "least_loaded")
+#: The pool the children of top-level executions are placed in.
+DEFAULT_POOL = "default"
+
+
+class HostUnavailable(Exception):
+    """No live host can take a subtree pinned to a pool."""
+
+
+class HostLink:
+    """One host as the driver sees it: its subtrees running there, and how to reach
+    it (the transport's subclass starts subtrees and sends messages)."""
+
+    def __init__(self, name: str, pool: str) -> None:
+        self.name = name
+        self.pool = pool
+        #: Its subtrees still running, by run id.
+        self.runs: dict[int, RemoteChild] = {}
+        #: Why it was lost ("" while it is alive).
+        self.lost = ""
+        #: Subtrees placed on it so far.
+        self.placed = 0
+
+    def start(self, run_id: int, agent: Agent, data: bytes) -> None:
+        raise NotImplementedError
+
+    def send(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def finished(self, run_id: int) -> None:
+        self.runs.pop(run_id, None)
+
+    def __repr__(self) -> str:
+        state = f" lost: {self.lost}" if self.lost else ""
+        return f"<host {self.name!r} pool={self.pool!r} running={len(self.runs)}{state}>"
+
+
+class RemoteHosts:
+    """Places subtrees on hosts and follows them (a ``runtime.Hosts``). A transport
+    subclasses it: ``_open`` makes the links, ``_receive`` waits for a host's next
+    batch of messages (raising when the host is lost), ``_shutdown`` lets go."""
+
+    def __init__(self, *, placement: Placement = "round_robin") -> None:
+        if placement not in _PLACEMENTS:
+            raise ValueError(f"placement must be one of {_PLACEMENTS}, got {placement!r}")
+        self.placement = placement
+        self.links: list[HostLink] = []
+        self.runtime: Runtime | None = None
+        self._runs = itertools.count(1)
+        self._turn: dict[str, int] = {}
+        self._task_group: TaskGroup | None = None
+
+    # -- transport ----------------------------------------------------------------
+
+    async def _open(self, runtime: Runtime, task_group: TaskGroup) -> list[HostLink]:
+        """Start the hosts (any task of theirs in ``task_group``) and link them."""
+        raise NotImplementedError
+
+    async def _receive(self, link: HostLink) -> bytes:
+        raise NotImplementedError
+
+    async def _shutdown(self) -> None:
+        """Let go of the hosts (every subtree has answered)."""
+
+    # -- runtime.Hosts ----------------------------------------------------------------
+
+    async def start(self, runtime: Runtime) -> None:
+        if self.runtime is not None:
+            raise RuntimeError("these hosts already serve a runtime")
+        self.runtime = runtime
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        try:
+            self.links = await self._open(runtime, task_group)
+        except BaseException as exc:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            await self._shutdown()
+            raise
+        for link in self.links:
+            task_group.start_soon(self._pump, link)
+
+    async def aclose(self) -> None:
+        task_group = self._task_group
+        self._task_group = None
+        try:
+            if task_group is not None:
+                task_group.cancel_scope.cancel()
+                await task_group.__aexit__(None, None, None)
+        finally:
+            await self._shutdown()
+
+    # -- placing ----------------------------------------------------------------------
+
+    @staticmethod
+    def config(runtime: Runtime, name: str) -> HostConfig:
+        """A host's configuration, from the driver's runtime."""
+        supervisor = runtime.supervisor
+        caps = supervisor.caps
+        return HostConfig(
+            name=name,
+            prices=supervisor.prices,
+            steps=caps.steps if caps is not None else None,
+            min_output_tokens=supervisor.min_output_tokens,
+            default_max_tokens=supervisor.default_max_tokens,
+        )
+
+    def place(self, parent: Node, agent: Agent, supervisor: Supervisor) -> HostLink | None:
+        """The host for a subagent call of ``agent`` under ``parent`` (None: here)."""
+        pool = agent.host
+        if pool is None:
+            if parent.parent is not supervisor.root:
+                return None  # not a child of a top-level execution
+            pool = DEFAULT_POOL
+        live = [link for link in self.links if link.pool == pool and not link.lost]
+        if not live:
+            if agent.host is None:
+                return None
+            pools = sorted({link.pool for link in self.links})
+            raise HostUnavailable(
+                f"agent {agent.name!r} runs on a host of pool {pool!r}, and none is "
+                f"{'alive' if pool in pools else 'known'} (pools: {', '.join(pools) or 'none'})"
+            )
+        if self.placement == "least_loaded":
+            return min(live, key=lambda link: (len(link.runs), link.placed))
+        turn = self._turn.get(pool, 0)
+        self._turn[pool] = turn + 1
+        return live[turn % len(live)]
+
+    def launch(
+        self,
+        link: HostLink,
+        agent: Agent,
+        text: str,
+        node: Node,
+        supervisor: Supervisor,
+        task_group: TaskGroup,
+    ) -> RemoteReply:
+        """Run ``agent`` on ``text`` on ``link``'s host as the subtree of ``node`` (just
+        opened here), followed by a ``RemoteChild`` in ``task_group``."""
+        lease = supervisor.ledger.open(node)
+        lease.host = link.name
+        limits = lease.limits()
+        if node.deadline != math.inf:
+            remaining = max(node.deadline - supervisor.now(), 1e-6)
+            limits = msgspec.structs.replace(limits, seconds=remaining)
+        run_id = next(self._runs)
+        start = Start(
+            run=run_id,
+            text=text,
+            node_id=node.id,
+            name=agent.name,
+            depth=node.depth,
+            limits=limits,
+            traces=node.traces is not None,
+        )
+        child = RemoteChild(link, run_id, node, supervisor)
+        try:
+            link.start(run_id, agent, encode([start]))
+        except BaseException:
+            supervisor.ledger.end(node, None)
+            raise
+        link.runs[run_id] = child
+        link.placed += 1
+        task_group.start_soon(child.run, name=f"remote {node.id}")
+        return child.reply
+
+    async def _pump(self, link: HostLink) -> None:
+        """Hand each message of ``link``'s host to its subtree's stand-in, until the
+        runtime closes or the host is lost."""
+        try:
+            while True:
+                data = await self._receive(link)
+                for message in decode_up(data):
+                    child = link.runs.get(message.run)
+                    if child is not None:
+                        child.deliver(message)
+        except Exception as exc:
+            reason = f"host {link.name!r} lost: {exception_text(exc)}"
+            link.lost = reason
+            log.warning("host lost", host=link.name, error=reason, running=len(link.runs))
+            for child in list(link.runs.values()):
+                child.deliver(Lost(reason))
+
+
+class _LocalLink(HostLink):
+    def __init__(self, host: AgentHost, pool: str) -> None:
+        super().__init__(host.name, pool)
+        self.host = host
+        #: The host's life: cancelled, it dies as a killed process would.
+        self.scope = anyio.CancelScope()
+        #: The wait for its next messages, cancelled too when it dies.
+        self.receiving: anyio.CancelScope | None = None
+
+    def start(self, run_id: int, agent: Agent, data: bytes) -> None:
+        if not self.scope.cancel_called:
+            self.host.start(data, agent)
+
+    def send(self, data: bytes) -> None:
+        if not self.scope.cancel_called:
+            self.host.down(data)
+
+
+class LocalHosts(RemoteHosts):
+    """Hosts in this process: each an ``AgentHost`` with a runtime of its own, spoken
+    to in bytes as a remote one is. ``pools`` maps a pool name to its number of hosts
+    (``count`` hosts in the default pool by default)."""
+
+    def __init__(
+        self,
+        count: int = 2,
+        *,
+        pools: dict[str, int] | None = None,
+        placement: Placement = "round_robin",
+    ) -> None:
+        super().__init__(placement=placement)
+        self.pools = _pools(count, pools)
+
+    async def _open(self, runtime: Runtime, task_group: TaskGroup) -> list[HostLink]:
+        links: list[HostLink] = []
+        for pool, count in self.pools.items():
+            for index in range(count):
+                host = AgentHost(self.config(runtime, f"{pool}-{index}"))
+                link = _LocalLink(host, pool)
+                task_group.start_soon(self._serve, link)
+                await host.ready()
+                links.append(link)
+        return links
+
+    @staticmethod
+    async def _serve(link: _LocalLink) -> None:
+        with link.scope:
+            await link.host.serve()
+
+    async def _receive(self, link: HostLink) -> bytes:
+        assert isinstance(link, _LocalLink)
+        if not link.scope.cancel_called:
+            with anyio.CancelScope() as scope:
+                link.receiving = scope
+                return await link.host.drain()
+        raise ConnectionError("the host process died")
+
+    def kill(self, name: str) -> None:
+        """Kill one host at once, as a process dies: its subtrees end with it."""
+        for link in self.links:
+            if link.name == name:
+                assert isinstance(link, _LocalLink)
+                link.scope.cancel()
+                if link.receiving is not None:
+                    link.receiving.cancel()
+                return
+        raise KeyError(f"no host {name!r}")
+
+
+def _pools(count: int, pools: dict[str, int] | None) -> dict[str, int]:
+    if pools is None:
+        pools = {DEFAULT_POOL: count}
+    for name, number in pools.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a pool's name must be a non-empty string, got {name!r}")
+        if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+            raise ValueError(
+                f"pool {name!r} must have a whole number >= 1 of hosts, got {number!r}"
+            )
+    return dict(pools)

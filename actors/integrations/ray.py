@@ -1,0 +1,216 @@
+"""Agent hosts on Ray: subtrees of one tree run on other processes and machines.
+
+::
+
+    from actors.integrations.ray import RayHosts
+
+    async with Runtime(hosts=RayHosts(2), budget=Budget(tokens=200_000)) as rt:
+        result = await (await rt.spawn(lead)).ask("Research these 50 topics.")
+
+Each host is **one Ray actor running one event loop with many agents** (an
+``AgentHost``), never one Ray actor per agent: creating a Ray actor costs about
+0.3 s and 90 MiB. The runtime places subtrees on them (see ``actors._hosts``: the
+children of a top-level execution spread over the ``"default"`` pool; an agent with
+``host="gpu"`` runs on a host of the pool ``"gpu"``, made with the resources its
+``HostPool`` asks Ray for), and keeps its promises across them: one ledger (each
+subtree runs under a lease of the budgets above it), one cancellation, one answer.
+
+What crosses is fractor's messages as msgspec bytes; an agent definition (its model,
+its tools: code) travels the way Ray ships code, once per host (``ray.put``, then
+cached there by the driver's agent).
+
+Ray is started for you on this machine when it is not running (``address=None``:
+``ray.init`` with ``init`` as its keyword arguments, shut down again as the runtime
+closes); ``address="ray://head:10001"`` (or ``"auto"``) joins an existing cluster,
+which is left running. The driver may run on asyncio or trio (hosts run asyncio
+inside Ray); on trio, each host's messages are awaited in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+import ray
+import sniffio
+
+from runtime import Runtime
+
+from .._host import AgentHost, HostConfig
+from .._hosts import DEFAULT_POOL, HostLink, Placement, RemoteHosts
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+    from .._agent import Agent
+
+__all__ = ["HostPool", "RayHosts"]
+
+#: How long one wait for a host's messages lasts before it is asked again (seconds):
+#: bounds how long a trio worker thread outlives a closed runtime.
+POLL_SECONDS = 1.0
+
+
+class HostPool(msgspec.Struct, frozen=True, kw_only=True):
+    """``count`` hosts, each a Ray actor asking for these resources (``num_cpus`` and
+    ``num_gpus`` as Ray counts them; ``resources``: custom ones, e.g. ``{"db": 1}``)."""
+
+    count: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: dict[str, float] = {}
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"HostPool.count must be a whole number >= 1, got {self.count!r}")
+        for name in ("num_cpus", "num_gpus"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"HostPool.{name} must be a finite number >= 0, got {value!r}")
+
+
+class _Host:
+    """The Ray actor: one ``AgentHost`` in the actor's event loop."""
+
+    def __init__(self, config: bytes) -> None:
+        self.config = msgspec.msgpack.decode(config, type=HostConfig)
+        self.host: AgentHost | None = None
+        self.agents: dict[int, Agent] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def ready(self) -> str:
+        if self.host is None:
+            self.host = AgentHost(self.config)
+            self.task = asyncio.get_running_loop().create_task(self.host.serve())
+        await self.host.ready()
+        return self.config.name
+
+    async def start(self, data: bytes, key: int, boxed: list[Any]) -> None:
+        agent = self.agents.get(key)
+        if agent is None:
+            agent = self.agents[key] = await boxed[0]
+        assert self.host is not None
+        self.host.start(data, agent)
+
+    async def down(self, data: bytes) -> None:
+        assert self.host is not None
+        self.host.down(data)
+
+    async def drain(self, timeout: float) -> bytes:
+        assert self.host is not None
+        return await self.host.drain(timeout)
+
+
+_RayHost = ray.remote(_Host)
+
+
+class _RayLink(HostLink):
+    def __init__(self, name: str, pool: str, actor: Any, hosts: RayHosts) -> None:
+        super().__init__(name, pool)
+        self.actor = actor
+        self.hosts = hosts
+
+    def start(self, run_id: int, agent: Agent, data: bytes) -> None:
+        key, ref = self.hosts.ship(agent)
+        self.actor.start.remote(data, key, [ref])
+
+    def send(self, data: bytes) -> None:
+        self.actor.down.remote(data)
+
+
+class RayHosts(RemoteHosts):
+    """Hosts on Ray (see the module's docstring): ``count`` hosts in the default pool,
+    or ``pools`` by name (``{"default": HostPool(count=2), "gpu": HostPool(num_gpus=1)}``).
+    ``address`` joins a running Ray cluster (None: start one here, with ``init`` as
+    ``ray.init``'s keyword arguments, if none runs in this process yet)."""
+
+    def __init__(
+        self,
+        count: int = 2,
+        *,
+        pools: Mapping[str, HostPool] | None = None,
+        placement: Placement = "round_robin",
+        address: str | None = None,
+        init: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(placement=placement)
+        if pools is None:
+            pools = {DEFAULT_POOL: HostPool(count=count)}
+        for name, pool in pools.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"a pool's name must be a non-empty string, got {name!r}")
+            if not isinstance(pool, HostPool):
+                raise TypeError(f"pool {name!r} must be a HostPool, got {type(pool).__qualname__}")
+        self.pools = dict(pools)
+        self.address = address
+        self.init = dict(init or {})
+        self._owns_ray = False
+        self._actors: list[Any] = []
+        self._shipped: dict[int, tuple[Agent, Any]] = {}
+        self._asyncio = True
+
+    def ship(self, agent: Agent) -> tuple[int, Any]:
+        """``agent``'s key and its object in Ray's store (put there once)."""
+        key = id(agent)
+        shipped = self._shipped.get(key)
+        if shipped is None:
+            shipped = self._shipped[key] = (agent, ray.put(agent))
+        return key, shipped[1]
+
+    async def _open(self, runtime: Runtime, task_group: TaskGroup) -> list[HostLink]:
+        self._asyncio = sniffio.current_async_library() == "asyncio"
+        if not ray.is_initialized():
+            options = {"include_dashboard": False, "log_to_driver": False, **self.init}
+            await anyio.to_thread.run_sync(lambda: ray.init(address=self.address, **options))
+            self._owns_ray = True
+        links: list[HostLink] = []
+        for pool_name, pool in self.pools.items():
+            for index in range(pool.count):
+                name = f"{pool_name}-{index}"
+                config = msgspec.msgpack.encode(self.config(runtime, name))
+                actor = _RayHost.options(
+                    num_cpus=pool.num_cpus,
+                    num_gpus=pool.num_gpus,
+                    resources=pool.resources or None,
+                    max_concurrency=100_000,
+                ).remote(config)
+                self._actors.append(actor)
+                links.append(_RayLink(name, pool_name, actor, self))
+        for link in links:
+            assert isinstance(link, _RayLink)
+            await self._get(link.actor.ready.remote())
+        return links
+
+    async def _get(self, ref: Any) -> Any:
+        if self._asyncio:
+            return await ref
+        return await anyio.to_thread.run_sync(ray.get, ref, abandon_on_cancel=True)
+
+    async def _receive(self, link: HostLink) -> bytes:
+        assert isinstance(link, _RayLink)
+        data: bytes = await self._get(link.actor.drain.remote(POLL_SECONDS))
+        return data
+
+    def kill(self, name: str) -> None:
+        """Kill one host's Ray actor at once (as a crash would): for tests and drills."""
+        for link in self.links:
+            if link.name == name:
+                assert isinstance(link, _RayLink)
+                ray.kill(link.actor, no_restart=True)
+                return
+        raise KeyError(f"no host {name!r}")
+
+    async def _shutdown(self) -> None:
+        actors, self._actors = self._actors, []
+        self._shipped.clear()
+        if not ray.is_initialized():
+            return
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        if self._owns_ray:
+            self._owns_ray = False
+            await anyio.to_thread.run_sync(ray.shutdown)

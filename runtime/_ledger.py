@@ -1,0 +1,631 @@
+"""Leases: one ledger for a tree whose subtrees run on other hosts.
+
+A subtree placed on another host (another process, another machine) runs under a
+supervisor of its own there, which cannot see the budgets of the tree it belongs to.
+So its top node there runs under a **lease**: limits of its own, made of headroom
+granted by the node it hangs from here, field by field, for every limit of that
+node's chain (tokens, input and output tokens, cost, requests, tool calls, steps,
+agents; depth travels as it is, time as a deadline in seconds).
+
+Here, what a lease grants and its subtree has not used yet is **held**: it counts
+on every node of the chain like a request in flight, so nobody else spends it, and
+a request or a charge that only held headroom stands in the way of **waits** for it
+(it never stops: admission stays honest). A lease ends in one of three ways:
+
+- **Reports** (``report``): the remote subtree's usage so far, charged here on the
+  whole chain; the hold shrinks by as much. A remote subtree never overshoots its
+  lease, so nothing here overshoots either.
+- **Asks** (``ask``): the remote subtree ran out (an operation there needs more
+  than its lease has left). It reports and gives back everything it does not hold
+  in flight, and asks for at least what it needs. The ask is admitted exactly like
+  a request here: **spent** (the settled usage of a node of the chain leaves no room
+  for what it needs: that node stops with its subtree and the ask is refused with
+  the same ``BudgetExceeded``), or **waits** (first come, first served, while held
+  headroom stands in the way), or is **granted** at least what it needs and at most a
+  fair share of the free headroom (one part for each execution under the budget that
+  may ask next and holds none of it).
+- **Ends** (``end``): the subtree answered; its last report is charged and the rest of
+  its hold comes back. Or the host was lost (``end(..., lost=True)``): what it was
+  granted and never reported is **counted as spent**, never refunded on a guess; the
+  hold stays and nothing will bring it back.
+
+On the host, the top node of the subtree has a ``lender``: where its own admission
+would stop the subtree because the lease ran out, it asks the lender instead (once
+nothing of its own is in flight there that could come back) and waits; ``extend``
+applies the new limits when the answer comes, and a refusal stops the subtree with
+the reason given here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+
+from ._budget import Budget, Usage
+from ._exceptions import BudgetExceeded
+from ._waiter import Waiter, new_waiter, park, wake
+
+if TYPE_CHECKING:
+    from ._supervisor import Supervisor
+    from ._tree import Node, NodeSnapshot
+
+__all__ = [
+    "LEASED",
+    "Held",
+    "HeldUp",
+    "Lease",
+    "Ledger",
+    "Lender",
+    "Refusal",
+    "Tally",
+    "Want",
+]
+
+#: The fields a lease grants (``Budget`` fields); depth and seconds travel as they are.
+LEASED = (
+    "tokens",
+    "input_tokens",
+    "output_tokens",
+    "cost",
+    "requests",
+    "tool_calls",
+    "steps",
+    "agents",
+)
+#: Relative slack for comparing costs (floating point sums), as in admission.
+_COST_EPSILON = 1e-9
+
+
+class HeldUp(Exception):
+    """A charge must wait: the headroom it needs is held by a lease (or, on a host,
+    the lease ran out and more was asked for). Retry after ``Ledger.changed``."""
+
+
+class Tally(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What a remote subtree used so far: its top node's totals (requests in flight
+    are counted, as everywhere), its own usage, and what requests in flight hold."""
+
+    usage: Usage = Usage()
+    own: Usage = Usage()
+    steps: int = 0
+    own_steps: int = 0
+    agents: int = 0
+    reserved_input: int = 0
+    reserved_output: int = 0
+    reserved_cost: float = 0.0
+
+    def used(self, field: str) -> float:
+        usage = self.usage
+        if field == "tokens":
+            return usage.input_tokens + usage.output_tokens
+        if field in ("steps", "agents"):
+            return int(getattr(self, field))
+        value: float = getattr(usage, field)
+        return value
+
+    def reserved(self, field: str) -> float:
+        if field == "tokens":
+            return self.reserved_input + self.reserved_output
+        if field == "input_tokens":
+            return self.reserved_input
+        if field == "output_tokens":
+            return self.reserved_output
+        if field == "cost":
+            return self.reserved_cost
+        return 0
+
+
+class Want(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The least headroom an operation waiting on a host needs, field by field
+    (0: this field is not what it waits for)."""
+
+    tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+    requests: int = 0
+    tool_calls: int = 0
+    steps: int = 0
+    agents: int = 0
+    #: What it is, in words ("a model request of 2,212 input + 256 output").
+    detail: str = ""
+
+    def merge(self, other: Want) -> Want:
+        """The larger of two wants, field by field."""
+        fields = {name: max(getattr(self, name), getattr(other, name)) for name in LEASED}
+        return Want(**fields, detail=other.detail or self.detail)
+
+
+class Refusal(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A ``BudgetExceeded`` as it crosses between hosts."""
+
+    limit: str
+    allowed: float
+    node_id: str
+    node_name: str
+    need: float | None = None
+    left: float | None = None
+    need_detail: str = ""
+    why: str = ""
+
+    @classmethod
+    def of(cls, error: BudgetExceeded) -> Refusal:
+        return cls(
+            limit=error.limit,
+            allowed=error.allowed,
+            node_id=error.node_id,
+            node_name=error.node_name,
+            need=error.need,
+            left=error.left,
+            need_detail=error.need_detail,
+            why=error.why,
+        )
+
+    def error(self) -> BudgetExceeded:
+        return BudgetExceeded(
+            self.limit,
+            self.allowed,
+            self.node_id,
+            self.node_name,
+            need=self.need,
+            left=self.left,
+            need_detail=self.need_detail,
+            why=self.why,
+        )
+
+
+class Lender(Protocol):
+    """Where a host's subtree asks for more headroom when its lease runs out."""
+
+    def want(self, node: Node, want: Want) -> None:
+        """Ask (without waiting) for at least ``want`` more; the answer comes later
+        as ``Ledger.extend`` or ``Ledger.refuse``."""
+
+
+class Held:
+    """The headroom leases hold on one node: the sum over the leases below it."""
+
+    __slots__ = (*LEASED, "leases")
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cost = 0.0
+        self.requests = 0
+        self.tool_calls = 0
+        self.steps = 0
+        self.agents = 0
+        #: Leases below this node that may still give something back.
+        self.leases = 0
+
+
+class Lease:
+    """The lease of one remote subtree, on its node here."""
+
+    __slots__ = (
+        "asking",
+        "depth",
+        "fields",
+        "granted",
+        "hold",
+        "host",
+        "live",
+        "lost",
+        "nodes",
+        "tally",
+    )
+
+    def __init__(self, fields: tuple[str, ...], depth: int | None) -> None:
+        #: The host the subtree runs on (its name, for snapshots and reasons).
+        self.host = ""
+        #: The last snapshot of the subtree's nodes below its top, from its host.
+        self.nodes: tuple[NodeSnapshot, ...] = ()
+        #: The limited fields of the chain: the only ones leased.
+        self.fields = fields
+        #: How much deeper the subtree may grow below its top node (None: no limit).
+        self.depth = depth
+        #: The remote limits: what was granted in all, field by field.
+        self.granted: dict[str, float] = {name: _zero(name) for name in fields}
+        #: What this lease holds on the chain now (granted, not reported used).
+        self.hold: dict[str, float] = {name: _zero(name) for name in fields}
+        self.tally = Tally()
+        #: Counted in ``Held.leases`` on the chain (it holds something that may return).
+        self.live = False
+        #: The ask waiting for headroom, if any: (want, waiter, answer).
+        self.asking: _Ask | None = None
+        self.lost = False
+
+    def limits(self) -> Budget:
+        """The remote subtree's limits: its lease, as a ``Budget``."""
+        fields: dict[str, float] = {}
+        for name, value in self.granted.items():
+            fields[name] = value if name == "cost" else int(value)
+        return Budget(depth=self.depth, **fields)  # type: ignore[arg-type]
+
+
+class _Ask:
+    __slots__ = ("answer", "node", "waiter", "want")
+
+    def __init__(self, node: Node, want: Want, waiter: Waiter) -> None:
+        self.node = node
+        self.want = want
+        self.waiter = waiter
+        self.answer: Budget | BudgetExceeded | None = None
+
+
+class Ledger:
+    """The leases of one supervisor's tree (see the module's docstring)."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        self._asks: deque[_Ask] = deque()
+        self._changed: list[Waiter] = []
+        #: Asks served and granted so far; asks that waited.
+        self.asks = 0
+        self.waits = 0
+
+    # -- here: the node of a remote subtree ---------------------------------------
+
+    def open(self, node: Node) -> Lease:
+        """Make ``node`` (just opened, with no execution here) the top of a remote
+        subtree: its lease starts empty; the subtree asks for what it needs."""
+        supervisor = self.supervisor
+        fields = tuple(
+            name
+            for name in LEASED
+            if any(_limit(supervisor, current, name) is not None for current in node.chain())
+        )
+        depth: int | None = None
+        for current in node.chain():
+            budget = current.limits
+            if budget is not None and budget.depth is not None:
+                room = current.depth + budget.depth - node.depth
+                depth = room if depth is None else min(depth, room)
+        caps = supervisor.caps
+        if caps is not None and caps.depth is not None:
+            room = caps.depth - node.depth
+            depth = room if depth is None else min(depth, room)
+        lease = Lease(fields, None if depth is None else max(depth, 0))
+        node.lease = lease
+        return lease
+
+    async def ask(self, node: Node, tally: Tally, want: Want) -> Budget:
+        """The remote subtree of ``node`` ran out: charge its ``tally``, take back what
+        it does not hold in flight, and grant at least ``want`` (waiting for held
+        headroom if need be). Returns its new limits; raises ``BudgetExceeded`` when
+        a limit of the chain is spent (that node is stopped with its subtree)."""
+        got = self.ask_nowait(node, tally, want)
+        if isinstance(got, Budget):
+            return got
+        try:
+            await park(got.waiter)
+        except BaseException:
+            got.answer = got.answer or BudgetExceeded("no new work", 0, node.id, node.name)
+            self._serve()
+            raise
+        answer = got.answer
+        if isinstance(answer, BudgetExceeded):
+            raise answer
+        assert answer is not None
+        return answer
+
+    def ask_nowait(self, node: Node, tally: Tally, want: Want) -> Budget | _Ask:
+        """``ask`` without waiting: the new limits, or the queued ask to wait for."""
+        lease = node.lease
+        assert lease is not None, f"{node!r} has no lease"
+        self.report(node, tally)
+        # It gives back everything it does not hold in flight.
+        for name in lease.fields:
+            lease.granted[name] = tally.used(name) + tally.reserved(name)
+        self._hold(node, lease)
+        self._unlive(node, lease)
+        ask = _Ask(node, want, new_waiter())
+        if self._asks:
+            self.waits += 1
+            self._asks.append(ask)
+            return ask
+        got = self._grant(ask)
+        if got is None:
+            self.waits += 1
+            self._asks.append(ask)
+            return ask
+        if isinstance(got, BudgetExceeded):
+            raise got
+        return got
+
+    def report(self, node: Node, tally: Tally) -> None:
+        """Charge what the remote subtree of ``node`` used since its last report."""
+        lease = node.lease
+        assert lease is not None
+        last = lease.tally
+        if tally == last:
+            return
+        lease.tally = tally
+        d_input = tally.usage.input_tokens - last.usage.input_tokens
+        d_output = tally.usage.output_tokens - last.usage.output_tokens
+        d_cached = tally.usage.cached_tokens - last.usage.cached_tokens
+        d_cost = tally.usage.cost - last.usage.cost
+        d_requests = tally.usage.requests - last.usage.requests
+        d_tools = tally.usage.tool_calls - last.usage.tool_calls
+        d_steps = tally.steps - last.steps
+        d_agents = tally.agents - last.agents
+        over = None
+        current: Node | None = node
+        while current is not None:
+            current.input_tokens += d_input
+            current.output_tokens += d_output
+            current.cached_tokens += d_cached
+            current.cost += d_cost
+            current.requests += d_requests
+            current.tool_calls += d_tools
+            current.steps += d_steps
+            current.agents += d_agents
+            if current.limits is not None:
+                over = _over(current) or over
+            current = current.parent
+        own = tally.own
+        node.own_input, node.own_output = own.input_tokens, own.output_tokens
+        node.own_cached, node.own_cost = own.cached_tokens, own.cost
+        node.own_requests, node.own_tool_calls = own.requests, own.tool_calls
+        node.own_steps = tally.own_steps
+        self._hold(node, lease)
+        if over is not None:
+            owner, name, allowed, used = over
+            error = BudgetExceeded(
+                name,
+                allowed,
+                owner.id,
+                owner.name,
+                why=f"{used:,} used: a request used more than its estimate",
+            )
+            self.supervisor.stop_subtree(owner, "budget_exceeded", str(error), error)
+        self.changed_at(node)
+
+    def end(self, node: Node, tally: Tally | None, *, lost: bool = False) -> None:
+        """The remote subtree of ``node`` ended: charge its last ``tally`` and take back
+        its hold; when its host was ``lost``, what it was granted and did not report
+        stays held for good (counted as spent, never refunded on a guess)."""
+        lease = node.lease
+        if lease is None or lease.lost:
+            return
+        if tally is not None:
+            self.report(node, tally)
+        ask = lease.asking
+        if ask is not None and ask.answer is None:
+            ask.answer = BudgetExceeded("no new work", 0, node.id, node.name)
+            wake(ask.waiter)
+        if lost:
+            lease.lost = True
+        else:
+            for name in lease.fields:
+                lease.granted[name] = lease.tally.used(name)
+            self._hold(node, lease)
+        self._unlive(node, lease)
+        self.changed_at(node)
+
+    # -- waiting for a change -------------------------------------------------------
+
+    async def changed(self) -> None:
+        """Wait until some lease's holds change (or, on a host, its limits grow)."""
+        waiter = new_waiter()
+        self._changed.append(waiter)
+        await park(waiter)
+
+    def notify(self, waiter: Waiter) -> None:
+        """Wake ``waiter`` at the next change (as ``changed`` would)."""
+        self._changed.append(waiter)
+
+    def changed_at(self, node: Node) -> None:
+        """Holds or limits on ``node``'s chain changed: serve whoever waits for them."""
+        waiters, self._changed = self._changed, []
+        for waiter in waiters:
+            wake(waiter)
+        self.supervisor.serve_chain(node)
+        self._serve()
+
+    # -- on a host: the top node of a leased subtree -------------------------------
+
+    def extend(self, node: Node, limits: Budget) -> None:
+        """The lease of ``node`` (a host's top node) grew to ``limits``."""
+        node.limits = limits
+        node.limited = True
+        self.changed_at(node)
+
+    def refuse(self, node: Node, error: BudgetExceeded) -> None:
+        """The tree above refused ``node``'s ask: stop its subtree with that reason."""
+        self.supervisor.stop_subtree(node, "budget_exceeded", str(error), error)
+        self.changed_at(node)
+
+    # -- the arithmetic -----------------------------------------------------------
+
+    def _serve(self) -> None:
+        asks = self._asks
+        while asks:
+            ask = asks[0]
+            if ask.answer is not None:
+                asks.popleft()
+                continue
+            got = self._grant(ask)
+            if got is None:
+                return
+            asks.popleft()
+            wake(ask.waiter)
+
+    def _grant(self, ask: _Ask) -> Budget | BudgetExceeded | None:
+        """Grant ``ask`` at least what it wants, or None when it must wait. A spent
+        limit answers it with the refusal (and stops that limit's node)."""
+        node = ask.node
+        lease = node.lease
+        assert lease is not None
+        supervisor = self.supervisor
+        want = ask.want
+        try:
+            if node.stop_status is not None:
+                raise supervisor.stopped(node)
+            grants = {}
+            wait = False
+            for name in lease.fields:
+                need: float = getattr(want, name)
+                grant = math.inf
+                for current in node.chain():
+                    limit = _limit(supervisor, current, name)
+                    if limit is None:
+                        continue
+                    settled = limit - _used(current, name)
+                    if need > settled + (_COST_EPSILON * limit if name == "cost" else 0):
+                        error = BudgetExceeded(
+                            name,
+                            limit,
+                            current.id,
+                            current.name,
+                            need=need if name in _MEASURED else None,
+                            left=settled if name in _MEASURED else None,
+                            need_detail=want.detail if name in _MEASURED else "",
+                        )
+                        supervisor.stop_subtree(current, "budget_exceeded", str(error), error)
+                        raise error
+                    free = settled - _reserved(current, name) - _held(current, name)
+                    if free < need:
+                        held = current.held
+                        if current.in_flight or (held is not None and held.leases):
+                            wait = True
+                            continue
+                        error = BudgetExceeded(name, limit, current.id, current.name, why=LOST_WHY)
+                        supervisor.stop_subtree(current, "budget_exceeded", str(error), error)
+                        raise error
+                    held = current.held
+                    parts = current.leaves - current.in_flight - (held.leases if held else 0)
+                    share = max(free, 0) / max(parts, 1)
+                    if name != "cost":
+                        share = math.floor(share)
+                    grant = min(grant, max(need, share), max(free, 0))
+                grants[name] = grant
+        except BudgetExceeded as error:
+            ask.answer = error
+            lease.asking = None
+            return error
+        if wait:
+            lease.asking = ask
+            return None
+        for name, grant in grants.items():
+            if grant != math.inf:
+                lease.granted[name] += grant
+        self._hold(node, lease)
+        self._live(node, lease)
+        lease.asking = None
+        limits = lease.limits()
+        ask.answer = limits
+        self.asks += 1
+        return limits
+
+    def _hold(self, node: Node, lease: Lease) -> None:
+        """Make the chain's holds match what ``lease`` was granted and not used."""
+        if lease.lost:
+            return
+        deltas = {}
+        for name in lease.fields:
+            new = max(lease.granted[name] - lease.tally.used(name), _zero(name))
+            delta = new - lease.hold[name]
+            if delta:
+                deltas[name] = delta
+                lease.hold[name] = new
+        if not deltas:
+            return
+        for current in node.chain():
+            held = current.held
+            if held is None:
+                held = current.held = Held()
+            for name, delta in deltas.items():
+                setattr(held, name, getattr(held, name) + delta)
+
+    @staticmethod
+    def _live(node: Node, lease: Lease) -> None:
+        if lease.live:
+            return
+        lease.live = True
+        for current in node.chain():
+            held = current.held
+            if held is None:
+                held = current.held = Held()
+            held.leases += 1
+
+    @staticmethod
+    def _unlive(node: Node, lease: Lease) -> None:
+        if not lease.live:
+            return
+        lease.live = False
+        for current in node.chain():
+            assert current.held is not None
+            current.held.leases -= 1
+
+
+#: Fields whose refusal says what was needed and what was left.
+_MEASURED = frozenset(("tokens", "input_tokens", "output_tokens", "cost"))
+LOST_WHY = "no room left: what is held is leased to a host that was lost"
+
+
+def _zero(name: str) -> float:
+    """Nothing, in the field's kind (a float for cost, an int for every count)."""
+    return 0.0 if name == "cost" else 0
+
+
+def _limit(supervisor: Supervisor, node: Node, name: str) -> float | None:
+    """``node``'s limit on field ``name`` (a runtime cap counts for agents)."""
+    budget = node.limits
+    value: float | None = getattr(budget, name) if budget is not None else None
+    if name == "agents":
+        caps = supervisor.caps
+        if (
+            caps is not None
+            and caps.agents is not None
+            and node.parent is supervisor.root
+            and (value is None or caps.agents < value)
+        ):
+            value = caps.agents
+    return value
+
+
+def _used(node: Node, name: str) -> float:
+    if name == "tokens":
+        return node.input_tokens + node.output_tokens
+    value: float = getattr(node, name)
+    return value
+
+
+def _reserved(node: Node, name: str) -> float:
+    if name == "tokens":
+        return node.reserved_input + node.reserved_output
+    if name == "input_tokens":
+        return node.reserved_input
+    if name == "output_tokens":
+        return node.reserved_output
+    if name == "cost":
+        return node.reserved_cost
+    return 0
+
+
+def _held(node: Node, name: str) -> float:
+    held = node.held
+    if held is None:
+        return 0
+    value: float = getattr(held, name)
+    return value
+
+
+def _over(node: Node) -> tuple[Node, str, float, float] | None:
+    """The first limit a report took ``node`` past (a remote estimate fell short)."""
+    budget = node.limits
+    assert budget is not None
+    for name in LEASED:
+        limit = getattr(budget, name)
+        if limit is None:
+            continue
+        used = _used(node, name)
+        slack = _COST_EPSILON * limit if name == "cost" else 0
+        if used > limit + slack:
+            return node, name, limit, used
+    return None
