@@ -21,7 +21,7 @@ import structlog
 from runtime import Caps, Node, NodeSnapshot, Price, Runtime
 from runtime.lowlevel import Want, new_waiter, park, wake
 
-from ._messages import Result, Task, exception_text
+from ._messages import ExecutionTrace, Result, Task, exception_text
 from ._remote import Ask, Deny, Done, Grant, Nodes, Start, Stop, Up, decode_down, encode, tally
 
 if TYPE_CHECKING:
@@ -210,11 +210,18 @@ class AgentHost:
             )
         finally:
             del self._runs[start.run]
-        traces = ()
+        traces: tuple[ExecutionTrace, ...] = ()
         if node.traces:
-            traces = tuple(execution.final_trace() for execution in node.traces)
+            # The top's executions hang from the parent in the whole tree.
+            traces = tuple(
+                msgspec.structs.replace(trace, parent_id=trace.parent_id or start.parent_id)
+                for trace in (execution.final_trace() for execution in node.traces)
+            )
             node.traces = None
-        self.post(Done(run=start.run, result=result, tally=tally(node), traces=traces))
+        nodes = _marked(supervisor.subtree(node), self.name, start.depth)
+        self.post(
+            Done(run=start.run, result=result, tally=tally(node), traces=traces, nodes=nodes)
+        )
 
     async def _snapshots(self) -> None:
         """Every ``SNAPSHOT_PERIOD``, the nodes of each running subtree that changed."""
@@ -223,27 +230,18 @@ class AgentHost:
             runtime = self.runtime
             if runtime is None or not self._runs:
                 continue
-            snapshot: list[NodeSnapshot] | None = None
+            supervisor = runtime.supervisor
             for run in list(self._runs.values()):
                 now = tally(run.node)
                 if now == run.sent and not run.node.children:
                     continue
                 run.sent = now
-                if snapshot is None:
-                    snapshot = list(runtime.tree().nodes)
-                nodes = _below(snapshot, run.node.id, self.name, run.depth)
+                nodes = _marked(supervisor.subtree(run.node), self.name, run.depth)
                 self.post(Nodes(run=run.run_id, tally=now, nodes=nodes))
 
 
-def _below(
-    snapshot: list[NodeSnapshot], top: str, host: str, depth: int
-) -> tuple[NodeSnapshot, ...]:
-    """The nodes under ``top`` (not itself), each marked with its host, at their depth
-    in the whole tree (``top`` is at ``depth`` there)."""
-    inside = {top}
-    found: list[NodeSnapshot] = []
-    for node in snapshot:  # parents come before their children
-        if node.parent_id in inside:
-            inside.add(node.id)
-            found.append(msgspec.structs.replace(node, host=host, depth=node.depth + depth - 1))
-    return tuple(found)
+def _marked(nodes: list[NodeSnapshot], host: str, depth: int) -> tuple[NodeSnapshot, ...]:
+    """Snapshots of a subtree's nodes, each marked with its host, at their depth in the
+    whole tree (the subtree's top is at ``depth`` there, and at 1 here)."""
+    replace = msgspec.structs.replace
+    return tuple(replace(node, host=host, depth=node.depth + depth - 1) for node in nodes)

@@ -198,6 +198,7 @@ class RemoteHosts:
             node_id=node.id,
             name=agent.name,
             depth=node.depth,
+            parent_id=node.parent.id if node.parent is not None else "",
             limits=limits,
             traces=node.traces is not None,
         )

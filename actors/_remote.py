@@ -73,8 +73,9 @@ class Start(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     text: str
     node_id: str
     name: str
-    #: The top node's depth in the whole tree.
+    #: The top node's depth in the whole tree, and its parent's id there.
     depth: int
+    parent_id: str
     #: The subtree's limits: its lease (depth and seconds included).
     limits: Budget
     #: Send the subtree's traces back with its ``Result`` (the driver stores them).
@@ -130,6 +131,8 @@ class Done(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     result: Result
     tally: Tally
     traces: tuple[ExecutionTrace, ...] = ()
+    #: The subtree's nodes below its top as they ended.
+    nodes: tuple[NodeSnapshot, ...] = ()
 
 
 Up = Ask | Nodes | Done
@@ -304,6 +307,9 @@ class RemoteChild:
             message = inbox.popleft()
             if isinstance(message, Done):
                 self.done = message
+                lease = node.lease
+                if lease is not None and message.nodes:
+                    lease.nodes = message.nodes
             elif isinstance(message, Lost):
                 self.lost = message
             elif isinstance(message, Ask):
@@ -346,8 +352,5 @@ class RemoteChild:
                 agent_id=node.id,
                 execution_id=node.id,
             )
-        lease = node.lease
-        if lease is not None:
-            lease.nodes = ()
         supervisor.close(node, result.status, result.stop_reason)
         return result

@@ -16,14 +16,16 @@ a request or a charge that only held headroom stands in the way of **waits** for
   whole chain; the hold shrinks by as much. A remote subtree never overshoots its
   lease, so nothing here overshoots either.
 - **Asks** (``ask``): the remote subtree ran out (an operation there needs more
-  than its lease has left). It reports and gives back everything it does not hold
-  in flight, and asks for at least what it needs. The ask is admitted exactly like
-  a request here: **spent** (the settled usage of a node of the chain leaves no room
-  for what it needs: that node stops with its subtree and the ask is refused with
-  the same ``BudgetExceeded``), or **waits** (first come, first served, while held
-  headroom stands in the way), or is **granted** at least what it needs and at most a
-  fair share of the free headroom (one part for each execution under the budget that
-  may ask next and holds none of it).
+  than its lease has left). It reports, gives back what it does not hold in flight
+  of the fields it asks for, and asks for at least what it needs of them. The ask is
+  admitted exactly like a request here: **spent** (the settled usage of a node of
+  the chain leaves no room for what it needs: that node stops with its subtree and
+  the ask is refused with the same ``BudgetExceeded``), or **waits** (first come,
+  first served, while held headroom stands in the way), or is **granted** at least
+  what it needs and at most a fair share of the free headroom (one part for each
+  execution under the budget that may ask next and holds none of it), and never
+  more than ``GROWTH`` times what it needs: a lease grows by a few operations at a
+  time, so a lost host takes little with it.
 - **Ends** (``end``): the subtree answered; its last report is charged and the rest of
   its hold comes back. Or the host was lost (``end(..., lost=True)``): what it was
   granted and never reported is **counted as spent**, never refunded on a guess; the
@@ -75,6 +77,8 @@ LEASED = (
     "steps",
     "agents",
 )
+#: A grant is at most this many times what the ask needs (and a fair share at most).
+GROWTH = 4
 #: Relative slack for comparing costs (floating point sums), as in admission.
 _COST_EPSILON = 1e-9
 
@@ -188,7 +192,7 @@ class Lender(Protocol):
 class Held:
     """The headroom leases hold on one node: the sum over the leases below it."""
 
-    __slots__ = (*LEASED, "leases")
+    __slots__ = (*LEASED, "holding", "leases", "lost")
 
     def __init__(self) -> None:
         self.tokens = 0
@@ -199,8 +203,18 @@ class Held:
         self.tool_calls = 0
         self.steps = 0
         self.agents = 0
-        #: Leases below this node that may still give something back.
+        #: Leases below this node that may still give something back (not ended, not
+        #: lost), and those of them holding a grant (not asking for more right now).
         self.leases = 0
+        self.holding = 0
+        #: Of what is held, what leases of lost hosts hold: it never comes back.
+        self.lost: Held | None = None
+
+    def alive(self, name: str) -> float:
+        """What leases that may still give something back hold of field ``name``."""
+        lost = self.lost
+        held: float = getattr(self, name)
+        return held - getattr(lost, name) if lost is not None else held
 
 
 class Lease:
@@ -212,6 +226,7 @@ class Lease:
         "fields",
         "granted",
         "hold",
+        "holding",
         "host",
         "live",
         "lost",
@@ -233,8 +248,10 @@ class Lease:
         #: What this lease holds on the chain now (granted, not reported used).
         self.hold: dict[str, float] = {name: _zero(name) for name in fields}
         self.tally = Tally()
-        #: Counted in ``Held.leases`` on the chain (it holds something that may return).
+        #: Counted in ``Held.leases`` (it may give back) and ``Held.holding`` (it holds a
+        #: grant and is not asking) on the chain.
         self.live = False
+        self.holding = False
         #: The ask waiting for headroom, if any: (want, waiter, answer).
         self.asking: _Ask | None = None
         self.lost = False
@@ -248,12 +265,14 @@ class Lease:
 
 
 class _Ask:
-    __slots__ = ("answer", "node", "waiter", "want")
+    __slots__ = ("answer", "fields", "node", "waiter", "want")
 
-    def __init__(self, node: Node, want: Want, waiter: Waiter) -> None:
+    def __init__(self, node: Node, want: Want, waiter: Waiter, fields: tuple[str, ...]) -> None:
         self.node = node
         self.want = want
         self.waiter = waiter
+        #: The leased fields it asks for.
+        self.fields = tuple(name for name in fields if getattr(want, name))
         self.answer: Budget | BudgetExceeded | None = None
 
 
@@ -263,6 +282,8 @@ class Ledger:
     def __init__(self, supervisor: Supervisor) -> None:
         self.supervisor = supervisor
         self._asks: deque[_Ask] = deque()
+        self._serving = False
+        self._freed: list[Node] = []
         self._changed: list[Waiter] = []
         #: Asks served and granted so far; asks that waited.
         self.asks = 0
@@ -291,6 +312,7 @@ class Ledger:
             depth = room if depth is None else min(depth, room)
         lease = Lease(fields, None if depth is None else max(depth, 0))
         node.lease = lease
+        self._count(node, lease, "live", 1)
         return lease
 
     async def ask(self, node: Node, tally: Tally, want: Want) -> Budget:
@@ -304,8 +326,12 @@ class Ledger:
         try:
             await park(got.waiter)
         except BaseException:
-            got.answer = got.answer or BudgetExceeded("no new work", 0, node.id, node.name)
-            self._serve()
+            if got.answer is None:
+                got.answer = BudgetExceeded("no new work", 0, node.id, node.name)
+                lease = node.lease
+                if lease is not None and lease.asking is got:
+                    lease.asking = None
+                self.serve()
             raise
         answer = got.answer
         if isinstance(answer, BudgetExceeded):
@@ -318,24 +344,25 @@ class Ledger:
         lease = node.lease
         assert lease is not None, f"{node!r} has no lease"
         self.report(node, tally)
-        # It gives back everything it does not hold in flight.
+        # It gives back what it does not hold in flight of the fields it asks for.
         for name in lease.fields:
-            lease.granted[name] = tally.used(name) + tally.reserved(name)
+            if getattr(want, name):
+                lease.granted[name] = tally.used(name) + tally.reserved(name)
         self._hold(node, lease)
-        self._unlive(node, lease)
-        ask = _Ask(node, want, new_waiter())
-        if self._asks:
+        self._count(node, lease, "holding", 0)
+        ask = _Ask(node, want, new_waiter(), lease.fields)
+        if not lease.live:
+            raise BudgetExceeded("no new work", 0, node.id, node.name)
+        lease.asking = ask
+        self._asks.append(ask)
+        self.changed_at(node)  # what it gave back may serve others; and it is served
+        answer = ask.answer
+        if answer is None:
             self.waits += 1
-            self._asks.append(ask)
             return ask
-        got = self._grant(ask)
-        if got is None:
-            self.waits += 1
-            self._asks.append(ask)
-            return ask
-        if isinstance(got, BudgetExceeded):
-            raise got
-        return got
+        if isinstance(answer, BudgetExceeded):
+            raise answer
+        return answer
 
     def report(self, node: Node, tally: Tally) -> None:
         """Charge what the remote subtree of ``node`` used since its last report."""
@@ -400,11 +427,19 @@ class Ledger:
             wake(ask.waiter)
         if lost:
             lease.lost = True
+            for current in node.chain():  # what it holds stays held: spent
+                held = current.held
+                assert held is not None
+                if held.lost is None:
+                    held.lost = Held()
+                for name in lease.fields:
+                    setattr(held.lost, name, getattr(held.lost, name) + lease.hold[name])
         else:
             for name in lease.fields:
                 lease.granted[name] = lease.tally.used(name)
             self._hold(node, lease)
-        self._unlive(node, lease)
+        self._count(node, lease, "holding", 0)
+        self._count(node, lease, "live", 0)
         self.changed_at(node)
 
     # -- waiting for a change -------------------------------------------------------
@@ -421,11 +456,13 @@ class Ledger:
 
     def changed_at(self, node: Node) -> None:
         """Holds or limits on ``node``'s chain changed: serve whoever waits for them."""
+        self._wake_changed()
+        self.supervisor.serve_chain(node)  # its requests, then the asks
+
+    def _wake_changed(self) -> None:
         waiters, self._changed = self._changed, []
         for waiter in waiters:
             wake(waiter)
-        self.supervisor.serve_chain(node)
-        self._serve()
 
     # -- on a host: the top node of a leased subtree -------------------------------
 
@@ -442,22 +479,77 @@ class Ledger:
 
     # -- the arithmetic -----------------------------------------------------------
 
-    def _serve(self) -> None:
-        asks = self._asks
-        while asks:
-            ask = asks[0]
-            if ask.answer is not None:
-                asks.popleft()
-                continue
-            got = self._grant(ask)
-            if got is None:
-                return
-            asks.popleft()
-            wake(ask.waiter)
+    @property
+    def asks_waiting(self) -> int:
+        """Asks waiting for headroom now."""
+        return len(self._asks)
 
-    def _grant(self, ask: _Ask) -> Budget | BudgetExceeded | None:
-        """Grant ``ask`` at least what it wants, or None when it must wait. A spent
-        limit answers it with the refusal (and stops that limit's node)."""
+    def serve(self) -> None:
+        """Answer the waiting asks that can be answered now, in order: an ask waits
+        behind an earlier one waiting for the same field on a node of its chain
+        (first come, first served per budget and field), never behind others.
+
+        An ask that waits gives back everything it does not hold in flight, of every
+        field: a waiting lease holds nothing another ask could wait for, so two asks
+        never wait for each other. (What it gives back may serve an ask before it in
+        line: the pass is repeated until nothing changes.)"""
+        if self._serving or not self._asks:
+            return
+        self._serving = True
+        try:
+            again = True
+            while again:
+                again = False
+                blocked: set[tuple[Node, str]] = set()
+                waiting: deque[_Ask] = deque()
+                for ask in self._asks:
+                    if ask.answer is not None:
+                        continue
+                    if blocked and any(
+                        (current, name) in blocked
+                        for current in ask.node.chain()
+                        for name in ask.fields
+                    ):
+                        again = self._give_back(ask) or again
+                        waiting.append(ask)
+                        continue
+                    got = self._grant(ask)
+                    if isinstance(got, (Budget, BudgetExceeded)):
+                        wake(ask.waiter)
+                    else:
+                        blocked.add(got)
+                        again = self._give_back(ask) or again
+                        waiting.append(ask)
+                self._asks = waiting
+        finally:
+            self._serving = False
+        freed, self._freed = self._freed, []
+        if freed:  # what waiting asks gave back may serve requests and charges here
+            self._wake_changed()
+            for node in freed:
+                self.supervisor.serve_chain(node)
+
+    def _give_back(self, ask: _Ask) -> bool:
+        """A waiting ask's lease gives back what it does not hold in flight, of every
+        field; True if that freed anything."""
+        node = ask.node
+        lease = node.lease
+        assert lease is not None
+        tally = lease.tally
+        freed = False
+        for name in lease.fields:
+            kept = tally.used(name) + tally.reserved(name)
+            if lease.granted[name] > kept:
+                lease.granted[name] = kept
+                freed = True
+        if freed:
+            self._hold(node, lease)
+            self._freed.append(node)
+        return freed
+
+    def _grant(self, ask: _Ask) -> Budget | BudgetExceeded | tuple[Node, str]:
+        """Grant ``ask`` at least what it wants, or the node (and field) it must wait
+        for. A spent limit answers it with the refusal (and stops that node)."""
         node = ask.node
         lease = node.lease
         assert lease is not None
@@ -466,10 +558,14 @@ class Ledger:
         try:
             if node.stop_status is not None:
                 raise supervisor.stopped(node)
+            if not lease.live:
+                raise BudgetExceeded("no new work", 0, node.id, node.name)
             grants = {}
-            wait = False
+            wait: tuple[Node, str] | None = None
             for name in lease.fields:
                 need: float = getattr(want, name)
+                if not need:
+                    continue  # not asked for: it keeps what it holds
                 grant = math.inf
                 for current in node.chain():
                     limit = _limit(supervisor, current, name)
@@ -489,33 +585,37 @@ class Ledger:
                         supervisor.stop_subtree(current, "budget_exceeded", str(error), error)
                         raise error
                     free = settled - _reserved(current, name) - _held(current, name)
-                    if free < need:
+                    if free + (_COST_EPSILON * limit if name == "cost" else 0) < need:
                         held = current.held
-                        if current.in_flight or (held is not None and held.leases):
-                            wait = True
+                        # Held by others that may give it back (not by this lease,
+                        # not by lost hosts), or by requests in flight here: wait.
+                        others = held.alive(name) - lease.hold[name] if held else 0
+                        if (current.in_flight and name in _RESERVED) or others > 0:
+                            wait = wait or (current, name)
                             continue
-                        error = BudgetExceeded(name, limit, current.id, current.name, why=LOST_WHY)
+                        lost = held is not None and held.lost and getattr(held.lost, name)
+                        why = LOST_WHY if lost else "no room left"
+                        error = BudgetExceeded(name, limit, current.id, current.name, why=why)
                         supervisor.stop_subtree(current, "budget_exceeded", str(error), error)
                         raise error
                     held = current.held
-                    parts = current.leaves - current.in_flight - (held.leases if held else 0)
-                    share = max(free, 0) / max(parts, 1)
+                    parts = current.leaves - current.in_flight - (held.holding if held else 0)
+                    share = min(max(free, 0) / max(parts, 1), GROWTH * need)
                     if name != "cost":
                         share = math.floor(share)
-                    grant = min(grant, max(need, share), max(free, 0))
+                    grant = min(grant, max(need, share))
                 grants[name] = grant
         except BudgetExceeded as error:
             ask.answer = error
             lease.asking = None
             return error
-        if wait:
-            lease.asking = ask
-            return None
+        if wait is not None:
+            return wait
         for name, grant in grants.items():
             if grant != math.inf:
                 lease.granted[name] += grant
         self._hold(node, lease)
-        self._live(node, lease)
+        self._count(node, lease, "holding", 1)
         lease.asking = None
         limits = lease.limits()
         ask.answer = limits
@@ -543,26 +643,22 @@ class Ledger:
                 setattr(held, name, getattr(held, name) + delta)
 
     @staticmethod
-    def _live(node: Node, lease: Lease) -> None:
-        if lease.live:
+    def _count(node: Node, lease: Lease, flag: str, on: int) -> None:
+        """Set ``lease``'s flag (``live``, ``holding``) and its count on the chain."""
+        if getattr(lease, flag) == bool(on):
             return
-        lease.live = True
+        setattr(lease, flag, bool(on))
+        counter = "leases" if flag == "live" else "holding"
+        step = 1 if on else -1
         for current in node.chain():
             held = current.held
             if held is None:
                 held = current.held = Held()
-            held.leases += 1
-
-    @staticmethod
-    def _unlive(node: Node, lease: Lease) -> None:
-        if not lease.live:
-            return
-        lease.live = False
-        for current in node.chain():
-            assert current.held is not None
-            current.held.leases -= 1
+            setattr(held, counter, getattr(held, counter) + step)
 
 
+#: Fields that requests in flight here hold (and may give back when they settle).
+_RESERVED = frozenset(("tokens", "input_tokens", "output_tokens", "cost", "requests"))
 #: Fields whose refusal says what was needed and what was left.
 _MEASURED = frozenset(("tokens", "input_tokens", "output_tokens", "cost"))
 LOST_WHY = "no room left: what is held is leased to a host that was lost"

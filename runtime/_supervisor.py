@@ -180,7 +180,7 @@ class Supervisor:
                     raise _over_cap("agents", caps.agents, top)
                 held = top.held
                 if held is not None and top.agents + held.agents + 1 > caps.agents:
-                    if not held.leases:
+                    if not held.alive("agents"):
                         raise _over_cap("agents", caps.agents, top)
                     blocked = True
         if blocked:
@@ -322,7 +322,7 @@ class Supervisor:
         """Headroom of ``node`` that leases hold stands in the way: wait for it while a
         lease may give some back; refuse when every lease holding it is lost."""
         held = node.held
-        if held is not None and held.leases:
+        if held is not None and held.alive(limit) > 0:
             return True
         if not stop:
             raise BudgetExceeded(limit, allowed, node.id, node.name, why=LOST_WHY)
@@ -564,12 +564,12 @@ class Supervisor:
                     if current.lender is not None and not current.in_flight:
                         current.lender.want(current, _want(need))
                         return current
-                    if not current.in_flight and not (held is not None and held.leases):
+                    if not current.in_flight and not (held is not None and held.alive(field) > 0):
                         # Nothing held could come back: spent.
                         allowed = getattr(budget, field)
-                        error = BudgetExceeded(
-                            field, allowed, current.id, current.name, why="no room left"
-                        )
+                        lost = held is not None and held.lost and getattr(held.lost, field)
+                        why = LOST_WHY if lost else "no room left"
+                        error = BudgetExceeded(field, allowed, current.id, current.name, why=why)
                         self.stop_subtree(current, "budget_exceeded", str(error), error)
                         raise error
                     return current
@@ -578,7 +578,7 @@ class Supervisor:
                     # that may ask next and holds none of it yet (all of it, alone).
                     held = current.held
                     parts = max(
-                        current.leaves - current.in_flight - (held.leases if held else 0), 1
+                        current.leaves - current.in_flight - (held.holding if held else 0), 1
                     )
                     mine = max(need.output, room // parts)
                     if mine < share:
@@ -687,12 +687,15 @@ class Supervisor:
         self.serve_chain(node)
 
     def serve_chain(self, node: Node) -> None:
-        """Serve the requests waiting on ``node``'s chain (its headroom changed)."""
+        """Serve the requests (and leases' asks) waiting on ``node``'s chain: its
+        headroom changed."""
         current: Node | None = node
         while current is not None:
             if current.waiters:
                 self._serve(current)
             current = current.parent
+        if self.ledger.asks_waiting:
+            self.ledger.serve()
 
     def settle(
         self, node: Node, reservation: Reservation, usage: Usage | None, *, model: str = ""
@@ -758,7 +761,7 @@ class Supervisor:
                 why=f"{_amount(used)} used: a request used more than its estimate",
             )
             self.stop_subtree(owner, "budget_exceeded", str(error), error)
-        if served:
+        if served or self.ledger.asks_waiting:
             self.serve_chain(node)
         charged = Usage(
             input_tokens=input_tokens,
@@ -783,6 +786,21 @@ class Supervisor:
         for node in sorted(self._finished, key=order):
             self.snapshot_nodes(nodes, node, now)
         return TreeSnapshot(nodes=tuple(nodes))
+
+    def subtree(self, top: Node) -> list[NodeSnapshot]:
+        """The nodes below ``top`` (live and recently finished), parents first."""
+        if not top.agents:
+            return []  # it opened none
+        now = self.now()
+        below: list[Node] = []
+        for node in [*self.nodes.values(), *self._finished]:
+            current = node.parent
+            while current is not None and current is not top:
+                current = current.parent
+            if current is top:
+                below.append(node)
+        below.sort(key=_parents_first)
+        return [self._snapshot(node, now) for node in below]
 
     def snapshot_nodes(self, nodes: list[NodeSnapshot], node: Node, now: float) -> None:
         """Append ``node``'s snapshot, then, for the top of a subtree that runs on

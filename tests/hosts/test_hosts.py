@@ -1,0 +1,210 @@
+"""Subtrees on other hosts keep every promise of a local tree (issue: scale-out).
+
+Each scenario runs on hosts in this process (``LocalHosts``) and on a real local Ray
+instance (``RayHosts``), on both backends of the driver: a tree spread over two hosts
+answers; one shared budget holds across hosts with zero overshoot and no premature
+stop; a deadline, a cancellation and a spent limit reach remote subtrees; a lost host
+answers ``failed`` and its leases count as spent; nothing hangs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from actors import Agent, LocalHosts, ScriptedModel, call, calls, reply
+from runtime import Budget, MemoryStore, Runtime
+
+from .conftest import MakeHosts
+from .trees import digger, lead, nested_worker, researcher, until
+
+
+async def test_a_tree_spread_over_two_hosts_answers(make_hosts: MakeHosts) -> None:
+    tasks = [f"topic {i}" for i in range(6)]
+    store = MemoryStore()
+    async with Runtime(hosts=make_hosts(2), store=store) as rt:
+        ref = await rt.spawn(lead(nested_worker(), tasks))
+        result = await ref.ask("Research six topics.")
+        tree = rt.tree()
+        outcomes = (await ref.trace())[-1].steps[0].outcomes
+    assert (result.status, result.text) == ("completed", "All done."), result.stop_reason
+    # Each worker's answer came back as its call's result, its helper's inside it.
+    assert [o.content for o in outcomes] == [f"{t}: found help with {t}" for t in tasks]
+    workers = [n for n in tree.nodes if n.name == "worker"]
+    helpers = [n for n in tree.nodes if n.name == "helper"]
+    assert sorted(n.host for n in workers) == ["default-0"] * 3 + ["default-1"] * 3
+    # A placed subtree stays whole on its host: each helper runs beside its worker.
+    by_id = {n.id: n for n in tree.nodes}
+    assert len(helpers) == 6
+    assert all(h.host == by_id[h.parent_id or ""].host for h in helpers)
+    assert all(h.depth == 3 and h.status == "completed" for h in helpers)
+    # One ledger: the lead's usage includes every remote execution's.
+    lead_node = tree.node(result.execution_id)
+    assert result.usage == lead_node.usage
+    assert lead_node.usage.requests == 2 + 6 * 2 + 6 * 2  # lead, workers, helpers
+    assert lead_node.usage.tool_calls == 6
+    # The driver's store holds every trace of the tree: the remote ones too.
+    stored = {record.id: record for record in await store.records()}
+    assert {n.id for n in workers + helpers} <= set(stored)
+    assert all(stored[n.id].parent_id == result.execution_id for n in workers)
+
+
+async def test_one_budget_across_hosts_overshoots_nothing_and_stops_nothing_early(
+    make_hosts: MakeHosts,
+) -> None:
+    # The demand of 40 children, measured without a budget, then given as the limit
+    # on every field at once (tokens with room for the last request's minimum output,
+    # 16, beyond its real 3): everything completes (no premature stop), nothing is over
+    # (no overshoot).
+    tasks = [f"t{i}" for i in range(40)]
+    async with Runtime(hosts=make_hosts(2)) as rt:
+        unlimited = await (await rt.spawn(lead(researcher(), tasks))).ask("go")
+    demand = unlimited.usage
+    budget = Budget(
+        tokens=demand.total_tokens + 16,
+        input_tokens=demand.input_tokens,
+        requests=demand.requests,
+        tool_calls=demand.tool_calls,
+        agents=len(tasks),
+        steps=1 + 2 * len(tasks) + 1,
+    )
+    async with Runtime(hosts=make_hosts(2), min_output_tokens=16) as rt:
+        result = await (await rt.spawn(lead(researcher(max_tokens=64), tasks, budget))).ask("go")
+        tree = rt.tree()
+        held = rt.tree().node(result.execution_id)
+    assert result.status == "completed", result.stop_reason
+    assert [n.status for n in tree.nodes if n.name == "worker"] == ["completed"] * 40
+    usage = held.usage
+    assert usage.total_tokens <= budget.tokens  # type: ignore[operator]
+    assert usage.input_tokens <= budget.input_tokens  # type: ignore[operator]
+    assert usage.requests <= budget.requests  # type: ignore[operator]
+    assert usage.tool_calls <= budget.tool_calls  # type: ignore[operator]
+    assert held.agents <= 40
+    assert held.steps <= budget.steps  # type: ignore[operator]
+
+
+async def test_a_spent_budget_stops_remote_subtrees_with_an_honest_reason(
+    make_hosts: MakeHosts,
+) -> None:
+    tasks = [f"t{i}" for i in range(20)]
+    budget = Budget(tokens=1_500)
+    async with Runtime(hosts=make_hosts(2), min_output_tokens=16) as rt:
+        ref = await rt.spawn(lead(researcher(max_tokens=32), tasks, budget))
+        result = await ref.ask("go")
+        tree = rt.tree()
+        lead_node = tree.node(result.execution_id)
+    assert result.status == "budget_exceeded"
+    assert result.stop_reason.startswith("tokens limit of 1,500 reached")
+    assert lead_node.usage.total_tokens <= 1_500  # zero overshoot across hosts
+    workers = [n for n in tree.nodes if n.name == "worker"]
+    assert {n.status for n in workers} <= {"completed", "budget_exceeded"}
+    assert any(n.status == "completed" for n in workers)  # it spent, then stopped
+    assert all(n.host for n in workers)
+    stopped = [n for n in workers if n.status == "budget_exceeded"]
+    assert all("(budget of lead" in n.stop_reason for n in stopped)
+
+
+async def test_a_deadline_reaches_remote_subtrees(make_hosts: MakeHosts) -> None:
+    tasks = [f"slow {i}" for i in range(4)]
+    async with Runtime(hosts=make_hosts(2)) as rt:
+        ref = await rt.spawn(lead(digger(), tasks, Budget(seconds=0.5)))
+        began = time.perf_counter()
+        result = await ref.ask("go")
+        waited = time.perf_counter() - began
+        tree = rt.tree()
+    assert result.status == "timed_out", result.stop_reason
+    assert waited < 5  # not the 30 s of the remote tools: they were stopped there
+    workers = [n for n in tree.nodes if n.name == "worker"]
+    assert [n.status for n in workers] == ["timed_out"] * 4
+    assert all("did not answer" not in n.stop_reason for n in workers)
+
+
+async def test_a_cancellation_reaches_remote_subtrees(make_hosts: MakeHosts) -> None:
+    tasks = [f"slow {i}" for i in range(4)]
+    async with Runtime(hosts=make_hosts(2)) as rt:
+        ref = await rt.spawn(lead(digger(), tasks))
+        async with anyio.create_task_group() as tg:
+            results = []
+
+            async def ask() -> None:
+                results.append(await ref.ask("go"))
+
+            tg.start_soon(ask)
+            await until(lambda: sum(n.name == "worker" for n in rt.tree().nodes) == 4)
+            await anyio.sleep(0.2)  # the remote tools are running
+            lead_node = next(n for n in rt.tree().nodes if n.name == "lead")
+            rt.supervisor.cancel(lead_node.id)
+            began = time.perf_counter()
+        waited = time.perf_counter() - began
+        tree = rt.tree()
+    assert results[0].status == "cancelled"
+    assert waited < 5
+    workers = [n for n in tree.nodes if n.name == "worker"]
+    assert [n.status for n in workers] == ["cancelled"] * 4
+    assert all("did not answer" not in n.stop_reason for n in workers)
+
+
+async def test_a_lost_host_answers_failed_and_its_leases_count_as_spent(
+    make_hosts: MakeHosts,
+) -> None:
+    # Workers alternate between the two hosts: the even ones (on default-0) dig
+    # slowly; default-0 is killed while they do.
+    tasks = [f"slow {i}" if i % 2 == 0 else f"quick {i}" for i in range(6)]
+    budget = Budget(tokens=100_000, tool_calls=50)
+    hosts = make_hosts(2)
+    async with Runtime(hosts=hosts) as rt:
+        ref = await rt.spawn(lead(digger(), tasks, budget))
+        async with anyio.create_task_group() as tg:
+            results = []
+
+            async def ask() -> None:
+                results.append(await ref.ask("go"))
+
+            tg.start_soon(ask)
+            await until(lambda: sum(n.name == "worker" for n in rt.tree().nodes) == 6)
+            await anyio.sleep(0.3)
+            hosts.kill("default-0")  # type: ignore[attr-defined]
+        tree = rt.tree()
+        lead_node = rt.supervisor.root  # the lead's execution has ended: its ancestor
+        held = lead_node.held
+    assert results[0].status == "completed", results[0].stop_reason
+    workers = {n.id: n for n in tree.nodes if n.name == "worker"}
+    lost = [n for n in workers.values() if n.host == "default-0"]
+    alive = [n for n in workers.values() if n.host == "default-1"]
+    assert [n.status for n in lost] == ["failed"] * 3
+    assert all("host 'default-0' lost" in n.stop_reason for n in lost)
+    assert [n.status for n in alive] == ["completed"] * 3
+    # What the lost subtrees were granted and never reported stays held: spent.
+    assert held is not None
+    assert held.leases == 0
+    assert held.tokens > 0
+
+
+async def test_an_agent_pinned_to_a_pool_runs_there(make_hosts: MakeHosts) -> None:
+    gpu_worker = researcher("gpu_worker", host="gpu")
+    lead_agent = Agent(
+        "lead",
+        ScriptedModel([calls(call("gpu_worker", task="render")), reply("ok")]),
+        subagents=[gpu_worker],
+    )
+    async with Runtime(hosts=make_hosts(pools={"default": 1, "gpu": 1})) as rt:
+        result = await (await rt.spawn(lead_agent)).ask("go")
+        node = next(n for n in rt.tree().nodes if n.name == "gpu_worker")
+    assert result.status == "completed", result.stop_reason
+    assert (node.host, node.status) == ("gpu-0", "completed")
+
+
+async def test_a_pool_with_no_host_refuses_the_call_clearly() -> None:
+    lead_agent = Agent(
+        "lead",
+        ScriptedModel([calls(call("w", task="x")), reply("ok")]),
+        subagents=[researcher("w", host="gpu")],
+    )
+    async with Runtime(hosts=LocalHosts(1)) as rt:
+        ref = await rt.spawn(lead_agent)
+        result = await ref.ask("go")
+        outcome = (await ref.trace())[-1].steps[0].outcomes[0]
+    assert result.status == "completed"
+    assert outcome.is_error
+    assert "runs on a host of pool 'gpu', and none is known (pools: default)" in outcome.content

@@ -1,0 +1,98 @@
+"""Agent trees for the host tests: module-level tools and models, so that Ray ships
+them by reference (a test's own closures would not import on a host)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+
+from actors import (
+    Agent,
+    AssistantMessage,
+    FunctionModel,
+    ModelRequest,
+    ScriptedModel,
+    UserMessage,
+    call,
+    calls,
+    reply,
+    tool,
+)
+from actors._models import Turn
+from runtime import Budget
+
+
+@tool
+async def lookup(topic: str) -> str:
+    """Look a topic up."""
+    return f"notes on {topic}"
+
+
+@tool
+async def dig(topic: str) -> str:
+    """Dig into a topic: slow when the topic says so ("slow ..." sleeps 30 s)."""
+    if topic.startswith("slow"):
+        await anyio.sleep(30)
+    return f"dug into {topic}"
+
+
+def _asked(request: ModelRequest) -> int:
+    return sum(isinstance(m, AssistantMessage) and bool(m.tool_calls) for m in request.messages)
+
+
+def _task(request: ModelRequest) -> str:
+    """The task of the execution: its one user message."""
+    for message in request.messages:
+        if isinstance(message, UserMessage):
+            return message.content
+    return ""
+
+
+async def research(request: ModelRequest) -> Turn:
+    """A worker: one lookup of its task, then an answer naming it."""
+    if _asked(request) == 0:
+        return call("lookup", topic=_task(request))
+    return reply(f"found {_task(request)}")
+
+
+async def delegate(request: ModelRequest) -> Turn:
+    """A worker with a helper of its own: asks it, then answers with its answer."""
+    if _asked(request) == 0:
+        return call("helper", task=f"help with {_task(request)}")
+    return reply(f"{_task(request)}: {request.messages[-1].content}")
+
+
+async def digging(request: ModelRequest) -> Turn:
+    """A worker that digs (slowly when its task says so), then answers."""
+    if _asked(request) == 0:
+        return call("dig", topic=_task(request))
+    return reply(f"dug {_task(request)}")
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Poll ``condition`` (the state of other hosts has no event to wait on here)."""
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError(f"not within {seconds} s")
+
+
+def lead(worker: Agent, tasks: list[str], budget: Budget | None = None) -> Agent:
+    """A lead that hands each task to ``worker`` at once, then answers "All done."."""
+    script = [calls(*(call(worker.name, task=t) for t in tasks)), reply("All done.")]
+    return Agent("lead", ScriptedModel(script), subagents=[worker], budget=budget)
+
+
+def researcher(name: str = "worker", **options: object) -> Agent:
+    return Agent(name, FunctionModel(research), tools=[lookup], **options)  # type: ignore[arg-type]
+
+
+def nested_worker() -> Agent:
+    helper = Agent("helper", FunctionModel(research), tools=[lookup])
+    return Agent("worker", FunctionModel(delegate), subagents=[helper])
+
+
+def digger() -> Agent:
+    return Agent("worker", FunctionModel(digging), tools=[dig])

@@ -1,0 +1,1152 @@
+"""Leases of headroom for subtrees on other hosts, at the supervisor level.
+
+No agents and no hosts: a test plays the host of a remote subtree by calling the
+ledger as a remote child's stand-in does (``ask``, ``report``, ``end``) on a node
+opened here, and plays local executions with ``reserve`` / ``settle`` / ``charge``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import anyio
+import pytest
+from anyio import wait_all_tasks_blocked
+from anyio.abc import TaskGroup
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from runtime import Budget, BudgetExceeded, Caps, Node, Reservation, Supervisor, Usage
+from runtime._ledger import GROWTH
+from runtime.lowlevel import LEASED, HeldUp, Lease, Tally, Want
+
+#: What a refusal says when only a lost host's lease stands in the way.
+LOST = "leased to a host that was lost"
+
+
+def started(budget: Budget | None = None, *, caps: Caps | None = None) -> Supervisor:
+    sup = Supervisor(budget, caps=caps)
+    sup.start()
+    return sup
+
+
+def children(sup: Supervisor, parent: Node, *names: str) -> list[Node]:
+    return [sup.open(parent, name=name, limits=None) for name in names]
+
+
+def leased(sup: Supervisor, parent: Node, name: str = "remote") -> Node:
+    """A child of ``parent`` whose subtree runs on another host."""
+    node = sup.open(parent, name=name, limits=None)
+    sup.ledger.open(node)
+    return node
+
+
+def held(node: Node, name: str) -> float:
+    """What leases below ``node`` hold of its ``name`` headroom."""
+    value: float = getattr(node.held, name) if node.held is not None else 0
+    return value
+
+
+def used(tokens: int = 0, *, requests: int = 0, tool_calls: int = 0) -> Tally:
+    """A remote subtree's tally: ``tokens`` used, half input and half output."""
+    usage = Usage(
+        input_tokens=tokens // 2,
+        output_tokens=tokens - tokens // 2,
+        requests=requests,
+        tool_calls=tool_calls,
+    )
+    return Tally(usage=usage, own=usage)
+
+
+class Task:
+    """The outcome of one awaitable run in the background by ``background``."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.value: object = None
+        self.error: BudgetExceeded | None = None
+
+
+def background(tg: TaskGroup, work: Callable[[], Awaitable[object]]) -> Task:
+    task = Task()
+
+    async def run() -> None:
+        try:
+            task.value = await work()
+        except BudgetExceeded as exc:
+            task.error = exc
+        task.done = True
+
+    tg.start_soon(run)
+    return task
+
+
+# -- a lease starts empty -------------------------------------------------------------
+
+
+async def test_a_lease_starts_empty_on_every_limited_field_of_the_chain() -> None:
+    sup = started(Budget(tokens=1_000, cost=1.0))
+    top = sup.open(sup.root, name="top", limits=Budget(tool_calls=5, steps=3))
+    lease = sup.ledger.open(sup.open(top, name="remote", limits=None))
+    limits = lease.limits()
+    assert lease.fields == ("tokens", "cost", "tool_calls", "steps")
+    assert limits == Budget(tokens=0, cost=0.0, tool_calls=0, steps=0)
+    assert isinstance(limits.tokens, int)
+    assert isinstance(limits.cost, float)
+    for node in (top, sup.root):  # nothing held yet, but a lease that may give back
+        assert node.held is not None
+        assert (node.held.leases, node.held.holding, node.held.lost) == (1, 0, None)
+        assert all(held(node, name) == 0 for name in LEASED)
+
+
+async def test_a_lease_on_a_chain_with_no_limits_grants_nothing_and_limits_nothing() -> None:
+    sup = started()
+    lease = sup.ledger.open(sup.open(sup.root, name="remote", limits=None))
+    assert lease.fields == ()
+    assert lease.limits() == Budget()
+
+
+@pytest.mark.parametrize(
+    ("root", "top", "caps", "depth"),
+    [
+        (Budget(depth=5), None, None, 3),
+        (Budget(depth=5), Budget(depth=3), None, 2),
+        (None, Budget(depth=1), None, 0),
+        (Budget(depth=5), Budget(depth=3), Caps(depth=3), 1),
+        (None, None, Caps(depth=8), 6),
+        (None, None, None, None),
+    ],
+)
+async def test_a_lease_carries_the_tightest_remaining_depth_of_budgets_and_caps(
+    root: Budget | None, top: Budget | None, caps: Caps | None, depth: int | None
+) -> None:
+    sup = started(root, caps=caps)
+    parent = sup.open(sup.root, name="top", limits=top)
+    lease = sup.ledger.open(sup.open(parent, name="remote", limits=None))  # at depth 2
+    assert lease.depth == depth
+    assert lease.limits().depth == depth
+
+
+async def test_the_runtime_cap_on_agents_is_leased_like_a_budget() -> None:
+    sup = started(caps=Caps(agents=50))
+    top = sup.open(sup.root, name="top", limits=None)
+    remote = leased(sup, top)
+    assert remote.lease is not None
+    assert remote.lease.fields == ("agents",)
+    assert remote.lease.limits().agents == 0
+    granted = await sup.ledger.ask(remote, Tally(), Want(agents=3))
+    # Alone under the cap, its fair share is all that is left (49: top has 1), but a
+    # grant is at most GROWTH times what it needs.
+    assert granted.agents == GROWTH * 3
+    assert held(top, "agents") == GROWTH * 3
+
+
+# -- asks are granted ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("want", "grant"),
+    [
+        (500, 2_000),  # a fair share is 2,500, GROWTH times 500 less
+        (1_000, 2_500),
+        (2_500, 2_500),
+        (4_000, 4_000),
+        (10_000, 10_000),
+    ],
+)
+async def test_an_ask_gets_what_it_wants_or_a_fair_share_if_more(want: int, grant: int) -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000))
+    remote = leased(sup, parent)
+    children(sup, parent, "a", "b", "c")  # 4 parts: 10,000 // 4 = 2,500
+    limits = await sup.ledger.ask(remote, Tally(), Want(tokens=want))
+    assert limits.tokens == grant
+    assert held(parent, "tokens") == grant
+    assert parent.held is not None
+    assert (parent.held.leases, parent.held.holding) == (1, 1)
+
+
+async def test_a_grant_is_at_most_growth_times_what_the_ask_needs() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000, cost=1.0))
+    remote = leased(sup, parent)  # alone: its fair share is all of it
+    limits = await sup.ledger.ask(remote, Tally(), Want(tokens=100, cost=0.01))
+    assert limits.tokens == GROWTH * 100
+    assert limits.cost == pytest.approx(GROWTH * 0.01)
+    assert held(parent, "tokens") == GROWTH * 100
+    # It used it all: the next grant grows by as little again, never by all there is.
+    limits = await sup.ledger.ask(remote, used(400), Want(tokens=300))
+    assert limits.tokens == 400 + GROWTH * 300
+    assert held(parent, "tokens") == GROWTH * 300
+
+
+async def test_an_ask_gets_only_the_fields_it_asks_for_the_others_keep_what_they_hold() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000, tool_calls=8))
+    remote = leased(sup, parent)
+    children(sup, parent, "a", "b", "c")  # 4 parts
+    limits = await sup.ledger.ask(remote, Tally(), Want(tokens=1_000))
+    assert (limits.tokens, limits.tool_calls) == (2_500, 0)  # no tool calls asked for
+    limits = await sup.ledger.ask(remote, used(500), Want(tool_calls=1))
+    # Tokens are not asked for: nothing given back, nothing more granted.
+    assert (limits.tokens, limits.tool_calls) == (2_500, 2)  # a fair share of 8
+    assert (held(parent, "tokens"), held(parent, "tool_calls")) == (2_000, 2)
+    limits = await sup.ledger.ask(remote, used(500, tool_calls=1), Want(tokens=3_000))
+    # Tool calls keep what they hold (one of two used), not topped up.
+    assert (limits.tokens, limits.tool_calls) == (500 + 3_000, 2)
+    assert (held(parent, "tokens"), held(parent, "tool_calls")) == (3_000, 1)
+
+
+async def test_executions_that_hold_headroom_are_not_counted_in_the_fair_share() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000))
+    first, second = leased(sup, parent, "first"), leased(sup, parent, "second")
+    local, _ = children(sup, parent, "local", "idle")
+    assert (await sup.ledger.ask(first, Tally(), Want(tokens=1_000))).tokens == 2_500
+    assert parent.held is not None
+    assert (parent.held.leases, parent.held.holding) == (2, 1)
+    reservation = sup.reserve_nowait(local, input_estimate=100, max_tokens=1_000)
+    assert (reservation.input, reservation.output) == (100, 1_000)
+    # Free: 10,000 - 2,500 held - 1,100 reserved; parts: 4 - first - local.
+    assert (await sup.ledger.ask(second, Tally(), Want(tokens=1_000))).tokens == 3_200
+    assert held(parent, "tokens") == 5_700
+    assert (parent.held.leases, parent.held.holding) == (2, 2)
+
+
+async def test_an_ask_charges_its_tally_and_gives_back_what_it_asks_for_and_does_not_use() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000))
+    remote = leased(sup, parent)
+    children(sup, parent, "a", "b", "c")
+    await sup.ledger.ask(remote, Tally(), Want(tokens=1_000))  # 2,500
+    tally = Tally(usage=Usage(input_tokens=200, output_tokens=100), reserved_output=400)
+    asking = sup.ledger.ask_nowait(remote, tally, Want(tokens=1_000))
+    assert isinstance(asking, Budget)
+    # 300 used, 400 in flight stay held; free 9,300 in 4 parts: 2,325 more.
+    assert (parent.input_tokens, parent.output_tokens) == (200, 100)
+    assert asking.tokens == 300 + 400 + 2_325
+    assert held(parent, "tokens") == 400 + 2_325
+    # A small ask gets GROWTH times what it needs of the same 9,300 free.
+    limits = await sup.ledger.ask(remote, tally, Want(tokens=100))
+    assert limits.tokens == 300 + 400 + GROWTH * 100
+    assert held(parent, "tokens") == 400 + GROWTH * 100
+
+
+# -- held headroom makes local work wait, never stop ----------------------------------
+
+
+async def test_a_request_waits_for_what_a_lease_holds_until_the_lease_ends() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tokens=900))
+    async with anyio.create_task_group() as tg:
+        request = background(tg, lambda: sup.reserve(local, input_estimate=100, max_tokens=200))
+        await wait_all_tasks_blocked()
+        assert sup.waiting == 1
+        assert local.waiting.startswith("waiting for budget: tokens of parent")
+        # What the subtree used replaces what it held: still no room.
+        sup.ledger.report(remote, used(300, requests=1))
+        await wait_all_tasks_blocked()
+        assert not request.done
+        sup.ledger.end(remote, used(400, requests=1))  # 500 of its 900 come back
+        await wait_all_tasks_blocked()
+        assert request.done
+    assert isinstance(request.value, Reservation)
+    assert request.value.max_tokens == 200
+    assert (sup.waiting, local.waiting, parent.stop_status) == (0, "", None)
+
+
+async def test_a_tool_call_held_up_only_by_a_lease_raises_held_up_and_stops_nothing() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tool_calls=4))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    assert (await sup.ledger.ask(remote, Tally(), Want(tool_calls=2))).tool_calls == 2
+    sup.charge(local, tool_calls=2)
+    with pytest.raises(HeldUp):
+        sup.charge(local, tool_calls=1)
+    assert (local.tool_calls, parent.tool_calls) == (2, 2)  # nothing charged
+    assert (parent.stop_status, local.stop_status) == (None, None)
+
+
+async def test_a_tool_call_with_no_settled_room_left_is_refused_and_stops_the_budget() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tool_calls=4))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tool_calls=2))
+    sup.charge(local, tool_calls=2)
+    sup.ledger.end(remote, used(tool_calls=2))
+    with pytest.raises(BudgetExceeded) as caught:
+        sup.charge(local, tool_calls=1)
+    assert (caught.value.limit, caught.value.node_id) == ("tool_calls", parent.id)
+    assert parent.stop_status == "budget_exceeded"
+
+
+async def test_charge_waiting_returns_once_the_lease_gives_back_what_it_held() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(steps=3))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(steps=3))
+    async with anyio.create_task_group() as tg:
+        charge = background(tg, lambda: sup.charge_waiting(local, steps=1))
+        await wait_all_tasks_blocked()
+        assert (charge.done, sup.waiting) == (False, 1)
+        assert "leased to subtrees on other hosts" in local.waiting
+        sup.ledger.end(remote, Tally(steps=2))
+        await wait_all_tasks_blocked()
+        assert charge.done
+    assert (local.steps, parent.steps) == (1, 3)
+    assert (sup.waiting, local.waiting) == (0, "")
+
+
+async def test_opening_a_child_held_up_only_by_a_lease_raises_held_up() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(agents=3))
+    remote = leased(sup, parent)
+    assert (await sup.ledger.ask(remote, Tally(), Want(agents=2))).agents == 2
+    with pytest.raises(HeldUp):
+        sup.open(parent, name="local", limits=None)
+    assert (parent.agents, len(parent.children)) == (1, 1)
+
+
+async def test_open_waiting_returns_once_the_lease_ends() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(agents=3))
+    remote = leased(sup, parent)
+    await sup.ledger.ask(remote, Tally(), Want(agents=2))
+    async with anyio.create_task_group() as tg:
+        opening = background(tg, lambda: sup.open_waiting(parent, name="local", limits=None))
+        await wait_all_tasks_blocked()
+        assert (opening.done, sup.waiting) == (False, 1)
+        sup.ledger.end(remote, Tally(agents=1))  # it opened one of its two
+        await wait_all_tasks_blocked()
+        assert opening.done
+    assert isinstance(opening.value, Node)
+    assert opening.value.parent is parent
+    assert parent.agents == 3
+
+
+async def test_opening_a_child_with_no_settled_room_left_is_refused_and_stops_nothing() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(agents=3))
+    remote = leased(sup, parent)
+    await sup.ledger.ask(remote, Tally(), Want(agents=2))
+    sup.ledger.end(remote, Tally(agents=2))
+    with pytest.raises(BudgetExceeded) as caught:
+        sup.open(parent, name="local", limits=None)
+    assert (caught.value.limit, caught.value.node_id) == ("agents", parent.id)
+    assert parent.stop_status is None
+
+
+# -- asks refused, asks waiting -------------------------------------------------------
+
+
+async def test_an_ask_that_settled_usage_cannot_fit_is_refused_and_stops_the_budget() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    reservation = sup.reserve_nowait(local, input_estimate=400, max_tokens=400)
+    assert reservation.output == 300  # a fair half of the 600 free
+    sup.settle(local, reservation, Usage(input_tokens=400, output_tokens=300))
+    with pytest.raises(BudgetExceeded) as caught:
+        await sup.ledger.ask(remote, Tally(), Want(tokens=500, detail="a model request"))
+    error = caught.value
+    assert (error.limit, error.allowed, error.node_id) == ("tokens", 1_000, parent.id)
+    assert (error.need, error.left, error.need_detail) == (500, 300, "a model request")
+    assert parent.stop_status == "budget_exceeded"
+    assert remote.stop_status == "budget_exceeded"
+    assert parent.stop_error is error
+
+
+async def test_an_ask_for_a_counter_that_settled_usage_cannot_fit_is_refused() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tool_calls=2))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    sup.charge(local, tool_calls=2)
+    with pytest.raises(BudgetExceeded) as caught:
+        sup.ledger.ask_nowait(remote, Tally(), Want(tool_calls=1))
+    assert (caught.value.limit, caught.value.need, caught.value.left) == ("tool_calls", None, None)
+    assert parent.stop_status == "budget_exceeded"
+
+
+async def test_an_ask_held_up_by_other_leases_waits_and_asks_are_served_in_order() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    first, second, third = (leased(sup, parent, name) for name in ("first", "second", "third"))
+    assert (await sup.ledger.ask(first, Tally(), Want(tokens=900))).tokens == 900
+    big = sup.ledger.ask_nowait(second, Tally(), Want(tokens=500))
+    small = sup.ledger.ask_nowait(third, Tally(), Want(tokens=50))  # would fit: in line
+    assert not isinstance(big, Budget)
+    assert not isinstance(small, Budget)
+    assert (big.answer, small.answer, sup.ledger.waits) == (None, None, 2)
+    sup.ledger.end(first, used(300))
+    assert isinstance(big.answer, Budget)
+    assert isinstance(small.answer, Budget)
+    # 700 free: second first gets its 500 (a third of 700 is less), then third a
+    # half of the 200 left (served first, third would have had a third of 700).
+    assert (big.answer.tokens, small.answer.tokens) == (500, 100)
+    assert parent.stop_status is None
+
+
+async def test_a_cancelled_ask_lets_the_asks_behind_it_be_served() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    first, second, third = (leased(sup, parent, name) for name in ("first", "second", "third"))
+    await sup.ledger.ask(first, Tally(), Want(tokens=900))
+    scope = anyio.CancelScope()
+
+    async def cancelled() -> None:
+        with scope:
+            await sup.ledger.ask(second, Tally(), Want(tokens=500))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cancelled)
+        await wait_all_tasks_blocked()
+        small = background(tg, lambda: sup.ledger.ask(third, Tally(), Want(tokens=50)))
+        await wait_all_tasks_blocked()
+        assert not small.done  # in line behind the big one
+        scope.cancel()
+        await wait_all_tasks_blocked()
+        assert small.done
+    assert isinstance(small.value, Budget)
+    assert small.value.tokens == 50
+    assert held(parent, "tokens") == 950
+
+
+async def test_ending_a_lease_answers_its_waiting_ask_with_no_new_work() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    first, second = leased(sup, parent, "first"), leased(sup, parent, "second")
+    await sup.ledger.ask(first, Tally(), Want(tokens=900))
+    async with anyio.create_task_group() as tg:
+        ask = background(tg, lambda: sup.ledger.ask(second, Tally(), Want(tokens=500)))
+        await wait_all_tasks_blocked()
+        sup.ledger.end(second, Tally())
+        await wait_all_tasks_blocked()
+        assert ask.done
+    assert ask.error is not None
+    assert (ask.error.limit, ask.error.node_id) == ("no new work", second.id)
+    assert parent.stop_status is None
+    assert held(parent, "tokens") == 900  # first still holds its lease
+
+
+# -- lost leases ------------------------------------------------------------------------
+
+
+async def test_a_lost_lease_keeps_what_it_was_granted_and_did_not_report_held_for_good() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    remote = leased(sup, parent)
+    children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tokens=900))
+    sup.ledger.report(remote, used(200))
+    sup.ledger.end(remote, None, lost=True)
+    assert held(parent, "tokens") == 700
+    assert parent.held is not None
+    assert parent.held.leases == 0
+    sup.ledger.end(remote, used(300))  # a late answer changes nothing
+    assert held(parent, "tokens") == 700
+    assert parent.input_tokens + parent.output_tokens == 200
+
+
+async def test_a_request_waiting_on_a_lease_is_refused_when_its_host_is_lost() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tokens=900))
+    async with anyio.create_task_group() as tg:
+        request = background(tg, lambda: sup.reserve(local, input_estimate=100, max_tokens=200))
+        await wait_all_tasks_blocked()
+        sup.ledger.end(remote, None, lost=True)
+        await wait_all_tasks_blocked()
+        assert request.done
+    assert request.error is not None
+    assert (request.error.limit, request.error.node_id) == ("tokens", parent.id)
+    assert parent.stop_status == "budget_exceeded"
+    assert sup.waiting == 0
+
+
+async def test_a_request_needing_what_a_lost_lease_holds_says_the_host_was_lost() -> None:
+    # Once failed: the refusal says only "no room left" (Supervisor._admit), where a tool
+    # call, a spawn or an ask refused for the same reason say the host was lost.
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tokens=900))
+    sup.ledger.end(remote, None, lost=True)
+    with pytest.raises(BudgetExceeded) as caught:
+        sup.reserve_nowait(local, input_estimate=100, max_tokens=200)
+    assert LOST in caught.value.why
+
+
+async def test_a_tool_call_needing_what_a_lost_lease_holds_is_refused_naming_the_host() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tool_calls=3))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tool_calls=3))
+    sup.ledger.end(remote, None, lost=True)
+    with pytest.raises(BudgetExceeded) as caught:
+        await sup.charge_waiting(local, tool_calls=1)
+    assert LOST in caught.value.why
+    assert parent.stop_status == "budget_exceeded"
+
+
+async def test_charge_waiting_on_a_lease_is_refused_when_its_host_is_lost() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tool_calls=3))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tool_calls=3))
+    async with anyio.create_task_group() as tg:
+        charge = background(tg, lambda: sup.charge_waiting(local, tool_calls=1))
+        await wait_all_tasks_blocked()
+        sup.ledger.end(remote, None, lost=True)
+        await wait_all_tasks_blocked()
+        assert charge.done
+    assert charge.error is not None
+    assert LOST in charge.error.why
+    assert sup.waiting == 0
+
+
+async def test_opening_a_child_needing_what_a_lost_lease_holds_is_refused_naming_the_host() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(agents=2))
+    remote = leased(sup, parent)
+    await sup.ledger.ask(remote, Tally(), Want(agents=1))
+    sup.ledger.end(remote, None, lost=True)
+    with pytest.raises(BudgetExceeded) as caught:
+        await sup.open_waiting(parent, name="local", limits=None)
+    assert LOST in caught.value.why
+    assert parent.stop_status is None  # a refused spawn stops nothing
+
+
+async def test_an_ask_needing_what_a_lost_lease_holds_is_refused_not_left_waiting() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    lost, other = leased(sup, parent, "lost"), leased(sup, parent, "other")
+    await sup.ledger.ask(lost, Tally(), Want(tokens=900))
+    sup.ledger.end(lost, None, lost=True)
+    with pytest.raises(BudgetExceeded) as caught:
+        sup.ledger.ask_nowait(other, Tally(), Want(tokens=500))
+    assert LOST in caught.value.why
+    assert parent.stop_status == "budget_exceeded"
+
+
+# -- reports ----------------------------------------------------------------------------
+
+
+async def test_a_report_charges_the_subtree_usage_on_the_whole_chain() -> None:
+    sup = started(Budget(tokens=5_000))
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=2_000, tool_calls=9))
+    remote = leased(sup, parent)
+    children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tokens=1_000, tool_calls=5))
+    usage = Usage(input_tokens=300, output_tokens=100, requests=2, tool_calls=3, cost=0.5)
+    own = Usage(input_tokens=100, output_tokens=50, requests=1, tool_calls=1, cost=0.25)
+    sup.ledger.report(remote, Tally(usage=usage, own=own, steps=4, own_steps=1, agents=2))
+    for node in (remote, parent, sup.root):
+        assert node.usage() == usage
+        assert node.steps == 4
+    assert (remote.agents, parent.agents, sup.root.agents) == (2, 4, 5)
+    assert sup.snapshot().node(remote.id).own_usage == own
+    assert remote.own_steps == 1
+    # The holds shrink by what was used: used and held add up to what was granted.
+    assert (held(parent, "tokens"), held(sup.root, "tokens")) == (600, 600)
+    assert held(parent, "tool_calls") == 2
+
+
+async def test_a_report_charges_only_what_changed_since_the_last_one() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=2_000))
+    remote = leased(sup, parent)
+    children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tokens=1_000))
+    sup.ledger.report(remote, used(400))
+    sup.ledger.report(remote, used(400))
+    sup.ledger.report(remote, used(500))
+    assert (parent.input_tokens + parent.output_tokens, held(parent, "tokens")) == (500, 500)
+
+
+async def test_an_over_report_stops_the_budget_it_went_past() -> None:
+    # The remote estimate fell short: its subtree used more than its lease.
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tokens=1_000))
+    sup.ledger.report(remote, used(1_200))
+    assert parent.stop_status == "budget_exceeded"
+    assert local.stop_status == "budget_exceeded"
+    error = parent.stop_error
+    assert error is not None
+    assert (error.limit, error.allowed, error.node_id) == ("tokens", 1_000, parent.id)
+    assert "1,200 used: a request used more than its estimate" in str(error)
+    assert held(parent, "tokens") == 0  # it used all it held, and more
+
+
+async def test_ending_a_lease_gives_back_everything_it_did_not_use() -> None:
+    sup = started(Budget(tokens=5_000))
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=2_000))
+    remote = leased(sup, parent)
+    await sup.ledger.ask(remote, Tally(), Want(tokens=1_000))
+    sup.ledger.end(remote, used(300))
+    for node in (parent, sup.root):
+        assert (held(node, "tokens"), node.input_tokens + node.output_tokens) == (0, 300)
+        assert node.held is not None
+        assert node.held.leases == 0
+
+
+# -- found by these tests: each asserts what should happen (and once failed) ----------
+
+
+async def test_an_ask_held_up_by_a_local_request_is_granted_when_the_request_settles() -> None:
+    # Once failed: settle (and release) serve the requests waiting on the chain, never the
+    # ledger's asks; the ask waits until some lease reports or ends, maybe forever.
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    reservation = sup.reserve_nowait(local, input_estimate=100, max_tokens=800)
+    assert reservation.output == 450  # a fair half of the 900 free
+    async with anyio.create_task_group() as tg:
+        ask = background(tg, lambda: sup.ledger.ask(remote, Tally(), Want(tokens=500)))
+        await wait_all_tasks_blocked()
+        assert not ask.done  # 450 free: it waits for the request in flight
+        sup.settle(local, reservation, Usage(input_tokens=100, output_tokens=100))
+        await wait_all_tasks_blocked()
+        done = ask.done
+        tg.cancel_scope.cancel()
+    assert done, "the ask still waits with 800 tokens free"
+
+
+async def test_an_ask_never_waits_behind_an_ask_for_another_budget() -> None:
+    # Once failed: the ledger keeps one line for the whole tree, so an ask for a budget with
+    # all its headroom free waits behind an ask held up under another budget.
+    sup = started()
+    busy = sup.open(sup.root, name="busy", limits=Budget(tokens=1_000))
+    idle = sup.open(sup.root, name="idle", limits=Budget(tokens=1_000))
+    holder, waiting = leased(sup, busy, "holder"), leased(sup, busy, "waiting")
+    other = leased(sup, idle, "other")
+    await sup.ledger.ask(holder, Tally(), Want(tokens=900))
+    async with anyio.create_task_group() as tg:
+        background(tg, lambda: sup.ledger.ask(waiting, Tally(), Want(tokens=500)))
+        await wait_all_tasks_blocked()
+        ask = background(tg, lambda: sup.ledger.ask(other, Tally(), Want(tokens=100)))
+        await wait_all_tasks_blocked()
+        done = ask.done
+        tg.cancel_scope.cancel()
+    assert done, "an ask for an idle budget waits behind another budget's ask"
+
+
+async def test_a_request_waiting_on_a_lease_is_admitted_when_an_ask_gives_headroom_back() -> None:
+    # Once failed: an ask gives back what its subtree does not hold in flight, but nothing
+    # serves the requests (or wakes the charges) waiting for it; they wait until the
+    # next report or end of some lease.
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tokens=900))
+    async with anyio.create_task_group() as tg:
+        request = background(tg, lambda: sup.reserve(local, input_estimate=100, max_tokens=200))
+        await wait_all_tasks_blocked()
+        assert not request.done
+        # It used none of its 900 tokens: it gives them back, asking for a few more.
+        assert isinstance(sup.ledger.ask_nowait(remote, Tally(), Want(tokens=10)), Budget)
+        await wait_all_tasks_blocked()
+        done = request.done
+        tg.cancel_scope.cancel()
+    assert done, "the request still waits though the lease gave its 900 tokens back"
+
+
+async def test_an_ask_for_tool_calls_is_not_refused_by_float_noise_in_a_spent_cost() -> None:
+    # Once failed: the ask's wait check on free headroom has no slack for sums of floats
+    # (its refusal check does): cost used 0.1 + 0.2 of 0.3 leaves -5.6e-17 free, less
+    # than the 0 it needs, and the tool-call ask is refused, the budget stopped, "held
+    # by a host that was lost", though no host was lost.
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(cost=0.3, tool_calls=4))
+    remote, spender = leased(sup, parent, "remote"), leased(sup, parent, "spender")
+    await sup.ledger.ask(spender, Tally(), Want(cost=0.3))
+    sup.ledger.report(spender, Tally(usage=Usage(cost=0.1)))
+    sup.ledger.end(spender, Tally(usage=Usage(cost=0.1 + 0.2)))
+    assert 0.3 < parent.cost < 0.3 * (1 + 1e-9)  # within the limit's slack: not over
+    assert parent.stop_status is None
+    limits = sup.ledger.ask_nowait(remote, Tally(), Want(tool_calls=1))
+    assert isinstance(limits, Budget)
+    assert limits.tool_calls is not None
+    assert limits.tool_calls >= 1
+
+
+async def test_a_request_is_not_refused_for_what_an_asking_lease_holds_in_flight() -> None:
+    # Once failed: a lease whose ask waits (here for the runtime's tool calls, held by a
+    # lease in another subtree) no longer counts in ``Held.leases``, though what its
+    # request in flight holds will come back; a local request needing it is refused
+    # "no room left" and its budget stopped, though nothing was lost.
+    sup = started(Budget(tool_calls=2))
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    elsewhere = leased(sup, sup.open(sup.root, name="other", limits=None), "elsewhere")
+    await sup.ledger.ask(elsewhere, Tally(), Want(tool_calls=2))
+    await sup.ledger.ask(remote, Tally(), Want(tokens=900))
+    # Its request of 900 is in flight there when a tool call needs one more.
+    in_flight = Tally(usage=Usage(requests=1), reserved_output=900)
+    asking = sup.ledger.ask_nowait(remote, in_flight, Want(tool_calls=1))
+    assert not isinstance(asking, Budget)  # waits for the runtime's tool calls
+    with contextlib.suppress(anyio.WouldBlock):  # right: wait for what comes back
+        sup.reserve_nowait(local, input_estimate=50, max_tokens=100)
+    assert parent.stop_status is None
+
+
+async def test_an_ask_queued_behind_another_is_answered_when_its_lease_ends() -> None:
+    # Once failed: an ask queued behind others is not its lease's ``asking`` (only one tried
+    # and told to wait is), so ``end`` leaves it unanswered; once the line moves it is
+    # granted, and the lease of a subtree that ended holds headroom (and counts as
+    # live, so requests needing it wait, never refused) for good.
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    first, second, third = (leased(sup, parent, name) for name in ("first", "second", "third"))
+    await sup.ledger.ask(first, Tally(), Want(tokens=900))
+    waiting = sup.ledger.ask_nowait(second, Tally(), Want(tokens=500))
+    queued = sup.ledger.ask_nowait(third, Tally(), Want(tokens=50))
+    assert not isinstance(waiting, Budget)
+    assert not isinstance(queued, Budget)
+    sup.ledger.end(third, Tally())
+    sup.ledger.end(first, Tally())
+    sup.ledger.end(second, Tally())
+    assert (held(parent, "tokens"), parent.held.leases if parent.held else 0) == (0, 0)
+    assert isinstance(queued.answer, BudgetExceeded)
+
+
+async def test_an_ask_is_not_refused_for_what_a_lease_waiting_on_its_own_ask_holds() -> None:
+    # Once failed: while its ask waits, a lease is not counted in ``Held.leases``, and what
+    # it still holds (its request in flight, then what that request did not use: not
+    # given back before its next ask) is taken for what a lost host holds. The ask in
+    # front is refused "leased to a host that was lost" and the budget stopped, with
+    # 675 tokens settled-free and no host lost. (Found by the property test below.)
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000, tool_calls=10))
+    first, second = leased(sup, parent, "first"), leased(sup, parent, "second")
+    assert (await sup.ledger.ask(second, Tally(), Want(tokens=660))).tokens == 660
+    in_flight = Tally(usage=Usage(requests=1), reserved_output=650)
+    sup.ledger.report(second, in_flight)
+    waiting = sup.ledger.ask_nowait(first, Tally(), Want(tokens=360))
+    assert not isinstance(waiting, Budget)  # 340 free
+    # A tool call there needs one more while its request is in flight: in line.
+    sup.ledger.ask_nowait(second, in_flight, Want(tool_calls=1))
+    # Its request ends, using half of what it held.
+    sup.ledger.report(second, Tally(usage=Usage(output_tokens=325, requests=1)))
+    assert not isinstance(waiting.answer, BudgetExceeded), str(waiting.answer)
+    assert parent.stop_status is None
+
+
+# -- found under earlier rules: each asserts what should happen ----------------------------
+
+
+async def test_two_asks_each_waiting_for_what_the_other_holds_are_not_both_left_waiting() -> None:
+    # Once failed: an ask gave back only the fields it asked for, so each lease held,
+    # unused, what the other asked for, and both waited forever. Now an ask that must
+    # wait gives back everything it does not hold in flight: the other is served.
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000, tool_calls=4))
+    first, second = leased(sup, parent, "first"), leased(sup, parent, "second")
+    assert (await sup.ledger.ask(first, Tally(), Want(tokens=600))).tokens == 600
+    assert (await sup.ledger.ask(second, Tally(), Want(tool_calls=3))).tool_calls == 4
+    calls = sup.ledger.ask_nowait(first, Tally(), Want(tool_calls=2))  # 0 free: it waits
+    assert not isinstance(calls, Budget)
+    assert first.lease is not None
+    assert first.lease.hold["tokens"] == 0  # given back
+    tokens = sup.ledger.ask_nowait(second, Tally(), Want(tokens=500))
+    assert isinstance(tokens, Budget)
+    assert tokens.tokens == 500
+    # The first waits for tool calls the second holds and may use: not for each other.
+    assert calls.answer is None
+    sup.ledger.end(second, Tally())
+    answer: object = calls.answer  # (mypy keeps it None from the line above)
+    assert isinstance(answer, Budget)
+    assert answer.tool_calls is not None
+    assert answer.tool_calls >= 2
+
+
+async def test_an_ask_for_free_headroom_never_waits_behind_an_ask_for_what_it_holds() -> None:
+    # Once failed: asks were served in order per budget node, whatever the field: second's
+    # ask for tool calls, all free, waits behind first's ask for tokens on the same
+    # budget, and that one waits for the tokens second holds (not asked for, so not
+    # given back). Neither is ever answered. (Found by the property test's operations;
+    # the line-up of test_an_ask_is_not_refused_for_what_a_lease_waiting_on_its_own_ask_holds.)
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000, tool_calls=10))
+    first, second = leased(sup, parent, "first"), leased(sup, parent, "second")
+    assert (await sup.ledger.ask(second, Tally(), Want(tokens=660))).tokens == 660
+    waiting = sup.ledger.ask_nowait(first, Tally(), Want(tokens=360))
+    assert not isinstance(waiting, Budget)  # 340 free
+    calls = sup.ledger.ask_nowait(second, Tally(), Want(tool_calls=1))  # 10 free
+    assert isinstance(calls, Budget), "an ask for free tool calls waits behind tokens"
+
+
+# -- the invariants, under random operations ---------------------------------------------
+
+
+class Pending(Protocol):
+    """An ask waiting in the ledger's line (what ``ask_nowait`` hands back)."""
+
+    answer: Budget | BudgetExceeded | None
+
+
+@dataclass
+class Remote:
+    """A remote subtree as its host runs it: never past its lease."""
+
+    node: Node
+    limits: Budget
+    input_tokens: int = 0
+    output_tokens: int = 0
+    in_flight: int = 0  # the output tokens its request in flight holds there
+    requests: int = 0
+    tool_calls: int = 0
+    steps: int = 0
+    agents: int = 0
+    want: Want = field(default_factory=Want)
+    asking: Pending | None = None
+    ended: bool = False
+    lost: bool = False
+    granted: bool = False  # some ask of it was granted
+
+    def tally(self) -> Tally:
+        usage = Usage(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            requests=self.requests,
+            tool_calls=self.tool_calls,
+        )
+        return Tally(
+            usage=usage,
+            own=usage,
+            steps=self.steps,
+            own_steps=self.steps,
+            agents=self.agents,
+            reserved_output=self.in_flight,
+        )
+
+    def room(self, name: str) -> int:
+        """What its lease has left of ``name`` (a large number for no limit)."""
+        limit: int | None = getattr(self.limits, name)
+        if limit is None:
+            return 10**6
+        if name == "tokens":
+            return limit - self.input_tokens - self.output_tokens - self.in_flight
+        spent: int = getattr(self, name)
+        return limit - spent
+
+    def settle(self) -> None:
+        """Its request in flight there ends, using half of what it held."""
+        self.output_tokens += self.in_flight // 2
+        self.in_flight = 0
+
+    def use(self, tokens: int, tool_calls: int, extra: int) -> None:
+        """Work within its lease: a request (still in flight when ``extra`` is odd),
+        tool calls, ``extra % 3`` steps, and a subagent when ``extra >= 3``."""
+        tokens = min(tokens, self.room("tokens"))
+        if tokens and self.room("requests") >= 1:
+            self.requests += 1
+            if extra % 2:
+                self.in_flight += tokens
+            else:
+                self.input_tokens += tokens // 2
+                self.output_tokens += tokens - tokens // 2
+        self.tool_calls += min(tool_calls, self.room("tool_calls"))
+        self.steps += min(extra % 3, self.room("steps"))
+        if extra >= 3 and self.room("agents") >= 1:
+            self.agents += 1
+
+
+@dataclass
+class World:
+    sup: Supervisor
+    limited: list[Node]
+    locals: list[Node]
+    remotes: list[Remote]
+    reservations: list[tuple[Node, Reservation]] = field(default_factory=list)
+    spawned: int = 0
+
+    def nodes(self) -> list[Node]:
+        return [*self.limited, *self.locals, *(remote.node for remote in self.remotes)]
+
+
+def build() -> World:
+    """The runtime's budget over two subtrees: ``parent``, with a budget of its own,
+    two remote children and two local ones; ``other``, with none, one of each."""
+    sup = Supervisor(Budget(tokens=1_500, tool_calls=6), min_output_tokens=16)
+    sup.start()
+    parent = sup.open(
+        sup.root,
+        name="parent",
+        limits=Budget(tokens=1_000, requests=6, tool_calls=5, steps=6, agents=7),
+    )
+    other = sup.open(sup.root, name="other", limits=None)
+    remotes = []
+    for name, under in (("r0", parent), ("r1", parent), ("r2", other)):
+        node = sup.open(under, name=name, limits=None)
+        remotes.append(Remote(node, sup.ledger.open(node).limits()))
+    local_nodes = [
+        sup.open(under, name=name, limits=None)
+        for name, under in (("l0", parent), ("l1", parent), ("l2", other))
+    ]
+    return World(sup, [sup.root, parent], local_nodes, remotes)
+
+
+def below(node: Node, top: Node) -> bool:
+    return any(current is top for current in node.chain())
+
+
+def spent(node: Node, name: str) -> float:
+    """Settled usage (requests in flight count: they will happen)."""
+    if name == "tokens":
+        return node.input_tokens + node.output_tokens
+    value: float = getattr(node, name)
+    return value
+
+
+def reserved(node: Node, name: str) -> float:
+    return node.reserved_input + node.reserved_output if name == "tokens" else 0
+
+
+def leases(world: World, node: Node, *, lost: bool = False) -> list[Lease]:
+    """The leases below ``node`` (only those of lost hosts: ``lost``)."""
+    found = []
+    for remote in world.remotes:
+        lease = remote.node.lease
+        assert lease is not None
+        if below(remote.node, node) and (remote.lost or not lost):
+            found.append(lease)
+    return found
+
+
+def holds(world: World, node: Node, name: str, *, lost: bool = False) -> float:
+    """What the leases below ``node`` hold of ``name`` (only lost ones: ``lost``)."""
+    return sum((lease.hold.get(name, 0) for lease in leases(world, node, lost=lost)), 0.0)
+
+
+def check_ledger(world: World) -> None:
+    """Zero overshoot, holds never negative, and every node's holds adding up."""
+    for node in world.nodes():
+        budget = node.limits
+        for name in LEASED:
+            limit = getattr(budget, name) if budget is not None else None
+            if limit is not None:
+                total = spent(node, name) + reserved(node, name) + held(node, name)
+                assert total <= limit, (node, name, total, limit)
+            assert held(node, name) >= 0, (node, name)
+            assert held(node, name) == holds(world, node, name), (node, name)
+        # A lease may give back from its opening until it ends or is lost; it holds a
+        # grant once it has one, while it asks for nothing more.
+        below_node = [remote for remote in world.remotes if below(remote.node, node)]
+        live = [remote for remote in below_node if not remote.ended]
+        holding = [remote for remote in live if remote.granted and remote.asking is None]
+        assert (node.held.leases if node.held is not None else 0) == len(live), node
+        assert (node.held.holding if node.held is not None else 0) == len(holding), node
+    for lease in leases(world, world.sup.root):
+        assert min(lease.hold.values(), default=0) >= 0, lease.hold
+
+
+def check_honest(
+    world: World, error: BudgetExceeded, need: Mapping[str, float], *, stops: bool = True
+) -> None:
+    """A refusal only when settled usage, and what lost hosts hold for good, leave
+    less than what was needed. (A refusal on a node stopped before only says so.)"""
+    owner = world.sup.nodes.get(error.node_id, world.sup.root)
+    assert owner.id == error.node_id, error
+    if stops and owner.stop_error is not error:
+        return
+    name = error.limit
+    lost = holds(world, owner, name, lost=True)
+    if "lost" in error.why or error.why == "no room left":
+        assert lost > 0, f"{error}: no host was lost"
+    needed = error.need if error.need is not None else need.get(name, 0)
+    assert spent(owner, name) + lost + needed > error.allowed, (str(error), need)
+    if error.left is not None:
+        assert error.left == error.allowed - spent(owner, name), error
+
+
+def want_of(want: Want) -> dict[str, float]:
+    return {name: getattr(want, name) for name in LEASED}
+
+
+def end(world: World, remote: Remote) -> None:
+    remote.settle()
+    world.sup.ledger.end(remote.node, remote.tally())
+    remote.ended = True
+    remote.asking = None
+
+
+def answered(world: World) -> None:
+    """Hand each answered ask's answer to its host, as its stand-in would (checking
+    every refusal before a refused subtree ends and reports)."""
+    while True:
+        refused = []
+        for remote in world.remotes:
+            ask = remote.asking
+            if remote.ended or ask is None or ask.answer is None:
+                continue
+            remote.asking = None
+            if isinstance(ask.answer, Budget):
+                remote.limits, remote.granted = ask.answer, True
+            else:
+                check_honest(world, ask.answer, want_of(remote.want))
+                refused.append(remote)
+        if not refused:
+            return
+        for remote in refused:
+            end(world, remote)  # its subtree stops and answers
+
+
+def on_host(world: World, kind: str, remote: Remote, amount: int, calls: int, extra: int) -> None:
+    ledger = world.sup.ledger
+    node = remote.node
+    if kind == "use":
+        remote.settle()
+        if remote.asking is None:  # waiting for an answer, it only settles
+            remote.use(amount * 50, calls, extra)
+        ledger.report(node, remote.tally())
+    elif kind == "ask" and remote.asking is None:
+        # A host asks for tokens only with nothing of its own in flight, and for the
+        # request with them (an ask is granted only the fields it asks for).
+        tokens = 0 if remote.in_flight else amount * 60
+        remote.want = Want(
+            tokens=tokens,
+            requests=1 if tokens else 0,
+            tool_calls=calls,
+            steps=extra % 3,
+            agents=extra // 3,
+        )
+        try:
+            got = ledger.ask_nowait(node, remote.tally(), remote.want)
+        except BudgetExceeded as exc:
+            check_honest(world, exc, want_of(remote.want))
+            end(world, remote)
+        else:
+            if isinstance(got, Budget):
+                remote.limits, remote.granted = got, True
+            else:
+                remote.asking = got
+    elif kind == "end":
+        end(world, remote)
+    elif kind == "lose":
+        ledger.end(node, None, lost=True)
+        remote.ended = remote.lost = True
+
+
+def here(world: World, kind: str, node: Node, amount: int, calls: int, extra: int) -> None:
+    sup = world.sup
+    stops = [current.stop_status for current in world.nodes()]
+    if kind == "reserve":
+        max_tokens = (calls + 1) * 100
+        try:
+            reservation = sup.reserve_nowait(
+                node, input_estimate=amount * 15, max_tokens=max_tokens
+            )
+        except anyio.WouldBlock:
+            assert [current.stop_status for current in world.nodes()] == stops
+        except BudgetExceeded as exc:
+            need = {"tokens": amount * 15 + min(16, max_tokens), "requests": 1}
+            check_honest(world, exc, need)
+        else:
+            world.reservations.append((node, reservation))
+    elif kind == "settle" and world.reservations:
+        node, reservation = world.reservations.pop(amount % len(world.reservations))
+        output = reservation.output * extra // 5
+        sup.settle(node, reservation, Usage(input_tokens=reservation.input, output_tokens=output))
+    elif kind == "charge":
+        try:
+            sup.charge(node, steps=extra % 3, tool_calls=calls)
+        except HeldUp:
+            assert [current.stop_status for current in world.nodes()] == stops
+        except BudgetExceeded as exc:
+            check_honest(world, exc, {"steps": extra % 3, "tool_calls": calls})
+    elif kind == "spawn":
+        world.spawned += 1
+        try:
+            sup.open(node, name=f"s{world.spawned}", limits=None)
+        except HeldUp:
+            pass
+        except BudgetExceeded as exc:
+            check_honest(world, exc, {"agents": 1}, stops=False)
+        assert [current.stop_status for current in world.nodes()] == stops  # never stops
+
+
+#: (what, whose, an amount, tool calls, and a small number more: steps, agents...)
+Op = tuple[str, int, int, int, int]
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                *("use", "use", "ask", "ask", "ask", "end", "lose"),
+                *("reserve", "reserve", "settle", "settle", "charge", "spawn"),
+            ]
+        ),
+        st.integers(0, 5),
+        st.integers(0, 15),
+        st.integers(0, 3),
+        st.integers(0, 5),
+    ),
+    min_size=5,
+    max_size=40,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=operations)
+# Found by this test (each once failed; see the two tests above it):
+# an ended lease's queued ask granted later, its hold never back;
+@example(ops=[("ask", 0, 0, 0, 0), ("ask", 1, 14, 0, 0), ("ask", 0, 0, 0, 0)])
+# a refusal "leased to a host that was lost" with no host lost.
+@example(
+    ops=[
+        ("ask", 1, 11, 0, 0),
+        ("use", 1, 13, 0, 1),
+        ("ask", 0, 6, 0, 0),
+        ("ask", 1, 0, 0, 0),
+        ("use", 1, 0, 0, 0),
+    ]
+)
+async def test_leases_never_overshoot_never_refuse_early_and_give_everything_back(
+    ops: list[Op],
+) -> None:
+    world = build()
+    check_ledger(world)
+    for kind, whose, amount, calls, extra in ops:
+        if kind in ("use", "ask", "end", "lose"):
+            remote = world.remotes[whose % len(world.remotes)]
+            if not remote.ended:
+                on_host(world, kind, remote, amount, calls, extra)
+        else:
+            node = world.locals[whose % len(world.locals)]
+            here(world, kind, node, amount, calls, extra)
+        answered(world)
+        check_ledger(world)
+    for node, reservation in world.reservations:
+        world.sup.settle(node, reservation, None)
+        answered(world)
+    for remote in world.remotes:
+        if not remote.ended:
+            end(world, remote)
+            answered(world)
+        check_ledger(world)
+    lost = any(remote.lost for remote in world.remotes)
+    for node in world.limited:
+        assert (node.held.leases if node.held is not None else 0) == 0
+        for name in LEASED:
+            assert held(node, name) == (holds(world, node, name, lost=True) if lost else 0)
