@@ -219,9 +219,7 @@ class AgentHost:
             )
             node.traces = None
         nodes = _marked(supervisor.subtree(node), self.name, start.depth)
-        self.post(
-            Done(run=start.run, result=result, tally=tally(node), traces=traces, nodes=nodes)
-        )
+        self.post(Done(run=start.run, result=result, tally=tally(node), traces=traces, nodes=nodes))
 
     async def _snapshots(self) -> None:
         """Every ``SNAPSHOT_PERIOD``, the nodes of each running subtree that changed."""

@@ -10,6 +10,7 @@ imports ``actors`` and ``runtime`` to measure them, never the other way round.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import pathlib
 import sys
 import tempfile
@@ -24,6 +25,18 @@ from ._harness import RESULTS, Row, print_rows, write_results
 
 Workload = tuple[str, Callable[[bool], Awaitable[list[Row]]]]
 
+
+async def _scaleout(quick: bool) -> list[Row]:
+    """Scale-out on Ray: Ray is an extra (``fractor[ray]``), imported only here, and
+    without it the workload reports nothing rather than failing the suite."""
+    if importlib.util.find_spec("ray") is None:
+        print("skipped: Ray is not installed (pip install 'fractor[ray]')", end=" ")
+        return []
+    from . import scaleout
+
+    return await scaleout.run(quick=quick)
+
+
 WORKLOADS: list[Workload] = [
     ("W1 fan-out", lambda quick: w1_fanout.run(quick=quick)),
     ("W2 sequential steps", lambda quick: w2_steps.run(quick=quick)),
@@ -31,6 +44,7 @@ WORKLOADS: list[Workload] = [
     ("W4 mailbox round trips", lambda quick: w4_mailbox.run(quick=quick)),
     ("Scale", lambda quick: scale.run(quick=quick)),
     ("Budget", lambda quick: budget.run(quick=quick)),
+    ("Scale-out on Ray", _scaleout),
 ]
 
 
@@ -40,7 +54,7 @@ async def suite(quick: bool, only: str | None = None, backend: str = "asyncio") 
     One workload runs here; several run each in a process of its own (see above).
     """
     rows: list[Row] = []
-    chosen = [w for w in WORKLOADS if only is None or w[0].lower().startswith(only.lower())]
+    chosen = _chosen(only)
     for index, (name, run) in enumerate(chosen, 1):
         began = time.perf_counter()
         print(f"[{index}/{len(chosen)}] {name} ...", flush=True, end=" ")
@@ -51,6 +65,17 @@ async def suite(quick: bool, only: str | None = None, backend: str = "asyncio") 
         print(f"{time.perf_counter() - began:.1f} s", flush=True)
     print()
     return rows
+
+
+def _chosen(only: str | None) -> list[Workload]:
+    """The workloads ``only`` names: the one it names in full, else every one whose
+    name it starts (so "Scale" is the Scale workload, not "Scale-out on Ray" too: a
+    workload in a process of its own is run by its full name)."""
+    if only is None:
+        return list(WORKLOADS)
+    wanted = only.lower()
+    exact = [w for w in WORKLOADS if w[0].lower() == wanted]
+    return exact or [w for w in WORKLOADS if w[0].lower().startswith(wanted)]
 
 
 async def _in_own_process(name: str, quick: bool, backend: str) -> list[Row]:
@@ -79,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prog", default=parser.prog, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = [name for name, _ in WORKLOADS]
-    if args.only is not None and not any(
-        name.lower().startswith(args.only.lower()) for name in names
-    ):
+    if args.only is not None and not _chosen(args.only):
         message = f"--only {args.only!r} matches no workload; the workloads: {', '.join(names)}"
         print(f"{args.prog}: {message}", file=sys.stderr)
         return 2

@@ -369,8 +369,8 @@ class Ledger:
         lease = node.lease
         assert lease is not None
         last = lease.tally
-        if tally == last:
-            return
+        if tally == last or not lease.live:
+            return  # (a report that comes after the end is older than the end's)
         lease.tally = tally
         d_input = tally.usage.input_tokens - last.usage.input_tokens
         d_output = tally.usage.output_tokens - last.usage.output_tokens

@@ -34,11 +34,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import ray
 import sniffio
 
 from runtime import Runtime
+from runtime.lowlevel import Waiter, new_waiter, park, wake
 
 from .._host import AgentHost, HostConfig
 from .._hosts import DEFAULT_POOL, HostLink, Placement, RemoteHosts
@@ -89,16 +91,19 @@ class _Host:
         await self.host.ready()
         return self.config.name
 
-    async def start(self, data: bytes, key: int, boxed: list[Any]) -> None:
-        agent = self.agents.get(key)
-        if agent is None:
-            agent = self.agents[key] = await boxed[0]
-        assert self.host is not None
-        self.host.start(data, agent)
-
-    async def down(self, data: bytes) -> None:
-        assert self.host is not None
-        self.host.down(data)
+    async def send(self, items: list[tuple[int, bytes]], agents: dict[int, list[Any]]) -> None:
+        """Messages in their order: ``(key, data)`` starts a subtree with the agent of
+        ``key`` (its object in ``agents``, fetched once), ``(0, data)`` goes down."""
+        for key, boxed in agents.items():
+            if key not in self.agents:
+                self.agents[key] = await boxed[0]
+        host = self.host
+        assert host is not None
+        for key, data in items:
+            if key:
+                host.start(data, self.agents[key])
+            else:
+                host.down(data)
 
     async def drain(self, timeout: float) -> bytes:
         assert self.host is not None
@@ -109,17 +114,42 @@ _RayHost = ray.remote(_Host)
 
 
 class _RayLink(HostLink):
+    """One host: what goes to it is queued and sent by one task, in one Ray call per
+    turn of the driver's loop (a step that starts 200 subtrees makes one call)."""
+
     def __init__(self, name: str, pool: str, actor: Any, hosts: RayHosts) -> None:
         super().__init__(name, pool)
         self.actor = actor
         self.hosts = hosts
+        self.queued: list[tuple[int, bytes]] = []
+        self.agents: dict[int, list[Any]] = {}
+        self.waiter: Waiter | None = None
 
     def start(self, run_id: int, agent: Agent, data: bytes) -> None:
         key, ref = self.hosts.ship(agent)
-        self.actor.start.remote(data, key, [ref])
+        self.agents[key] = [ref]
+        self._queue(key, data)
 
     def send(self, data: bytes) -> None:
-        self.actor.down.remote(data)
+        self._queue(0, data)
+
+    def _queue(self, key: int, data: bytes) -> None:
+        self.queued.append((key, data))
+        if self.waiter is not None:
+            wake(self.waiter)
+
+    async def sender(self) -> None:
+        while True:
+            if not self.queued:
+                self.waiter = new_waiter()
+                try:
+                    await park(self.waiter)
+                finally:
+                    self.waiter = None
+            await anyio.lowlevel.checkpoint()  # let the step queue all it starts
+            items, self.queued = self.queued, []
+            agents, self.agents = self.agents, {}
+            self.actor.send.remote(items, agents)
 
 
 class RayHosts(RemoteHosts):
@@ -183,6 +213,7 @@ class RayHosts(RemoteHosts):
         for link in links:
             assert isinstance(link, _RayLink)
             await self._get(link.actor.ready.remote())
+            task_group.start_soon(link.sender)
         return links
 
     async def _get(self, ref: Any) -> Any:

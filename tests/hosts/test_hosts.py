@@ -14,7 +14,7 @@ import time
 import anyio
 
 from actors import Agent, LocalHosts, ScriptedModel, call, calls, reply
-from runtime import Budget, MemoryStore, Runtime
+from runtime import Budget, Caps, MemoryStore, Runtime
 
 from .conftest import MakeHosts
 from .trees import digger, lead, nested_worker, researcher, until
@@ -82,6 +82,44 @@ async def test_one_budget_across_hosts_overshoots_nothing_and_stops_nothing_earl
     assert usage.tool_calls <= budget.tool_calls  # type: ignore[operator]
     assert held.agents <= 40
     assert held.steps <= budget.steps  # type: ignore[operator]
+
+
+async def test_500_concurrent_children_on_two_hosts_share_one_budget_exactly(
+    make_hosts: MakeHosts,
+) -> None:
+    # The case: 500 children across 2 hosts under one budget on every field,
+    # sized to their demand: none stops early, nothing is over, every lease comes back.
+    tasks = [f"t{i}" for i in range(500)]
+    caps = Caps(agents=None)
+    async with Runtime(hosts=make_hosts(2), caps=caps) as rt:
+        demand = (await (await rt.spawn(lead(researcher(max_tokens=64), tasks))).ask("go")).usage
+    budget = Budget(
+        tokens=demand.total_tokens + 16,
+        output_tokens=demand.output_tokens + 16,
+        requests=demand.requests,
+        tool_calls=demand.tool_calls,
+        agents=500,
+        steps=1 + 2 * 500 + 1,
+    )
+    async with Runtime(hosts=make_hosts(2), caps=caps, min_output_tokens=16) as rt:
+        ref = await rt.spawn(lead(researcher(max_tokens=64), tasks, budget))
+        result = await ref.ask("go")
+        tree = rt.tree()
+        root = rt.supervisor.root
+        asks = rt.supervisor.ledger.asks
+    assert result.status == "completed", result.stop_reason
+    workers = [n for n in tree.nodes if n.name == "worker"]
+    assert [n.status for n in workers] == ["completed"] * 500
+    assert {n.host for n in workers} == {"default-0", "default-1"}
+    node = tree.node(result.execution_id)
+    assert node.usage.total_tokens <= budget.tokens  # type: ignore[operator]
+    assert node.usage.output_tokens <= budget.output_tokens  # type: ignore[operator]
+    assert node.usage.requests <= budget.requests  # type: ignore[operator]
+    assert node.usage.tool_calls <= budget.tool_calls  # type: ignore[operator]
+    assert (node.agents, node.steps) == (500, 1002)
+    assert asks >= 500  # each remote subtree leased its share
+    assert root.held is not None
+    assert (root.held.leases, root.held.tokens, root.held.steps, root.held.agents) == (0, 0, 0, 0)
 
 
 async def test_a_spent_budget_stops_remote_subtrees_with_an_honest_reason(
