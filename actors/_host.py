@@ -18,11 +18,24 @@ import anyio
 import msgspec
 import structlog
 
-from runtime import Caps, Node, NodeSnapshot, Price, Runtime
+from runtime import Caps, Event, Node, NodeSnapshot, Price, Runtime
 from runtime.lowlevel import Want, new_waiter, park, wake
 
 from ._messages import ExecutionTrace, Result, Task, exception_text
-from ._remote import Ask, Deny, Done, Grant, Nodes, Start, Stop, Up, decode_down, encode, tally
+from ._remote import (
+    Ask,
+    Deny,
+    Done,
+    Events,
+    Grant,
+    Nodes,
+    Start,
+    Stop,
+    Up,
+    decode_down,
+    encode,
+    tally,
+)
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -49,7 +62,7 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Run:
-    __slots__ = ("asking", "depth", "node", "run_id", "sent")
+    __slots__ = ("asking", "depth", "node", "parent_id", "run_id", "sent")
 
     def __init__(self, run_id: int, node: Node, depth: int) -> None:
         self.run_id = run_id
@@ -59,6 +72,8 @@ class _Run:
         self.asking = False
         #: The last tally sent up in a snapshot.
         self.sent: Any = None
+        #: Its top node's parent in the whole tree (set when its events are observed).
+        self.parent_id = ""
 
 
 class _Lender:
@@ -94,6 +109,10 @@ class AgentHost:
         self._task_group: Any = None
         #: Stops that came before their subtree started (a transport may reorder).
         self._early: dict[int, Stop] = {}
+        #: Subtrees whose trees observe their events (forwarded while any does), by
+        #: their top node's id.
+        self._observed: dict[str, _Run] = {}
+        self._events: list[Event] = []
         #: Subtrees run so far.
         self.started = 0
 
@@ -167,13 +186,14 @@ class AgentHost:
 
     async def drain(self, timeout: float = math.inf) -> bytes:
         """What goes up, batched; waits up to ``timeout`` for something to send."""
-        if not self._outbox:
+        if not self._outbox and not self._events:
             self._waiter = new_waiter()
             try:
                 with anyio.move_on_after(timeout):
                     await park(self._waiter)
             finally:
                 self._waiter = None
+        self._flush_events()
         batch, self._outbox = self._outbox, []
         return encode(batch)
 
@@ -186,6 +206,8 @@ class AgentHost:
         )
         run = self._runs[start.run] = _Run(start.run, node, start.depth)
         node.lender = _Lender(self, run)
+        if start.events:
+            self._observe(run, start.parent_id)
         if start.traces:
             node.traces = []
         early = self._early.pop(start.run, None)
@@ -210,6 +232,10 @@ class AgentHost:
             )
         finally:
             del self._runs[start.run]
+            if self._observed.pop(node.id, None) is not None and not self._observed:
+                runtime.event_bus.tap = None
+                runtime.event_bus.active = runtime.event_bus.log_events
+            self._flush_events()
         traces: tuple[ExecutionTrace, ...] = ()
         if node.traces:
             # The top's executions hang from the parent in the whole tree.
@@ -220,6 +246,43 @@ class AgentHost:
             node.traces = None
         nodes = _marked(supervisor.subtree(node), self.name, start.depth)
         self.post(Done(run=start.run, result=result, tally=tally(node), traces=traces, nodes=nodes))
+
+    def _observe(self, run: _Run, parent_id: str) -> None:
+        """Forward the events of ``run``'s subtree, at their place in the whole tree."""
+        run.parent_id = parent_id
+        self._observed[run.node.id] = run
+        runtime = self.runtime
+        assert runtime is not None
+        runtime.event_bus.tap = self._tap
+        runtime.event_bus.active = True
+
+    def _tap(self, event: Event) -> None:
+        run = self._observed.get(event.execution_id)
+        if run is None:  # below a top: find it
+            runtime = self.runtime
+            assert runtime is not None
+            node = runtime.supervisor.nodes.get(event.execution_id)
+            while node is not None and node.id not in self._observed:
+                node = node.parent
+            if node is None:
+                return  # not of an observed subtree
+            run = self._observed[node.id]
+        elif event.parent_id == "root":
+            event = msgspec.structs.replace(event, parent_id=run.parent_id)
+        event = msgspec.structs.replace(event, depth=event.depth + run.depth - 1)
+        if not self._events:
+            self.post_soon()
+        self._events.append(event)
+
+    def post_soon(self) -> None:
+        """Send the events gathered so far with the next batch up."""
+        if self._waiter is not None:
+            wake(self._waiter)
+
+    def _flush_events(self) -> None:
+        if self._events:
+            events, self._events = tuple(self._events), []
+            self._outbox.append(Events(events=events))
 
     async def _snapshots(self) -> None:
         """Every ``SNAPSHOT_PERIOD``, the nodes of each running subtree that changed."""

@@ -32,7 +32,7 @@ from runtime import Node, Runtime, Supervisor
 
 from ._host import AgentHost, HostConfig
 from ._messages import exception_text
-from ._remote import Lost, RemoteChild, RemoteReply, Start, decode_up, encode
+from ._remote import Events, Lost, RemoteChild, RemoteReply, Start, decode_up, encode
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -201,6 +201,7 @@ class RemoteHosts:
             parent_id=node.parent.id if node.parent is not None else "",
             limits=limits,
             traces=node.traces is not None,
+            events=self.runtime is not None and self.runtime.event_bus.active,
         )
         child = RemoteChild(link, run_id, node, supervisor)
         try:
@@ -220,6 +221,9 @@ class RemoteHosts:
             while True:
                 data = await self._receive(link)
                 for message in decode_up(data):
+                    if isinstance(message, Events):
+                        self._publish(link, message)
+                        continue
                     child = link.runs.get(message.run)
                     if child is not None:
                         child.deliver(message)
@@ -229,6 +233,18 @@ class RemoteHosts:
             log.warning("host lost", host=link.name, error=reason, running=len(link.runs))
             for child in list(link.runs.values()):
                 child.deliver(Lost(reason))
+
+    def _publish(self, link: HostLink, message: Events) -> None:
+        """A host's events, into this runtime's: marked with the host, at this
+        runtime's time."""
+        runtime = self.runtime
+        if runtime is None or not runtime.event_bus.active:
+            return
+        bus = runtime.event_bus
+        now = bus.now()
+        replace = msgspec.structs.replace
+        for event in message.events:
+            bus.publish(replace(event, at=now, detail={**event.detail, "host": link.name}))
 
 
 class _LocalLink(HostLink):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import msgspec
 
-from runtime import Budget, BudgetExceeded, Node, NodeSnapshot, Usage
+from runtime import Budget, BudgetExceeded, Event, Node, NodeSnapshot, Usage
 from runtime.lowlevel import Refusal, Tally, Want, new_waiter, park, wake
 
 from ._messages import ExecutionTrace, Result
@@ -45,6 +45,7 @@ __all__ = [
     "Deny",
     "Done",
     "Down",
+    "Events",
     "Grant",
     "Nodes",
     "RemoteChild",
@@ -80,6 +81,8 @@ class Start(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     limits: Budget
     #: Send the subtree's traces back with its ``Result`` (the driver stores them).
     traces: bool = False
+    #: Send the subtree's events up as they happen (the driver's are observed).
+    events: bool = False
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -135,7 +138,14 @@ class Done(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     nodes: tuple[NodeSnapshot, ...] = ()
 
 
-Up = Ask | Nodes | Done
+class Events(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Up: events of the host's subtrees whose trees observe theirs, in order."""
+
+    events: tuple[Event, ...]
+    run: int = 0
+
+
+Up = Ask | Nodes | Done | Events
 
 _encoder = msgspec.msgpack.Encoder()
 _up = msgspec.msgpack.Decoder(list[Up])
@@ -320,7 +330,7 @@ class RemoteChild:
                 else:
                     answer = Grant(run=self.run_id, limits=limits)
                 self.link.send(encode([answer]))
-            else:
+            elif isinstance(message, Nodes):
                 lease = node.lease
                 assert lease is not None
                 lease.nodes = message.nodes

@@ -101,6 +101,9 @@ class EventBus:
         self._now: Callable[[], float] = anyio.current_time
         #: True when anyone listens: event sites check this before building an event.
         self.active = log_events
+        #: Also called with every event when set (a host forwarding its events to the
+        #: tree it works for); makes the bus active.
+        self.tap: Callable[[Event], None] | None = None
 
     def start(self) -> None:
         self._now = clock()
@@ -128,6 +131,20 @@ class EventBus:
             depth=depth,
             detail=detail,
         )
+        if self.tap is not None:
+            self.tap(event)
+        self.publish(event)
+
+    def now(self) -> float:
+        """Seconds since the runtime started (an event's ``at``)."""
+        return self._now() - self._origin
+
+    def publish(self, event: Event) -> None:
+        """Publish one event to every subscriber (and the log, if enabled); for an
+        event made elsewhere (by a host, for this tree), as it is."""
+        kind, detail = event.kind, event.detail
+        agent, agent_id, execution_id = event.agent, event.agent_id, event.execution_id
+        parent_id, depth = event.parent_id, event.depth
         if self.log_events:
             log.info(
                 kind,
@@ -162,7 +179,7 @@ class EventBus:
             yield subscription
         finally:
             del self._subscribers[subscription]
-            self.active = self.log_events or bool(self._subscribers)
+            self.active = self.log_events or bool(self._subscribers) or self.tap is not None
             send.close()
             receive.close()
 

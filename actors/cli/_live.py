@@ -131,6 +131,8 @@ def _label(node: NodeSnapshot, steps: int, frame: int) -> Text:
     if node.waiting and node.status == "running":
         status = Text("⧗ waiting for budget", style="bold yellow")
     label = Text.assemble((node.name, "bold"), "  ", status, "  ")
+    if node.host:  # a subtree placed on another host (Runtime(hosts=...))
+        label = Text.assemble((node.name, "bold"), (f" @{node.host}", "cyan"), "  ", status, "  ")
     label.append_text(
         Text(" · ", style="dim").join(Text(p) if isinstance(p, str) else p for p in parts)
     )

@@ -194,8 +194,13 @@ class RayHosts(RemoteHosts):
     async def _open(self, runtime: Runtime, task_group: TaskGroup) -> list[HostLink]:
         self._asyncio = sniffio.current_async_library() == "asyncio"
         if not ray.is_initialized():
-            options = {"include_dashboard": False, "log_to_driver": False, **self.init}
-            await anyio.to_thread.run_sync(lambda: ray.init(address=self.address, **options))
+            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if self.address is None:  # a new instance, on this machine only
+                options.update(address="local", _node_ip_address="127.0.0.1")
+            else:
+                options["address"] = self.address
+            options.update(self.init)
+            await anyio.to_thread.run_sync(lambda: ray.init(**options))
             self._owns_ray = True
         links: list[HostLink] = []
         for pool_name, pool in self.pools.items():

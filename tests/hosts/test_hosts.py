@@ -246,3 +246,30 @@ async def test_a_pool_with_no_host_refuses_the_call_clearly() -> None:
     assert result.status == "completed"
     assert outcome.is_error
     assert "runs on a host of pool 'gpu', and none is known (pools: default)" in outcome.content
+
+
+async def test_events_of_remote_executions_reach_the_driver_with_their_host(
+    make_hosts: MakeHosts,
+) -> None:
+    async with Runtime(hosts=make_hosts(2)) as rt:
+        ref = await rt.spawn(lead(nested_worker(), ["a", "b"]))
+        async with rt.events() as subscription:
+            result = await ref.ask("go")
+            # A host sends a subtree's events before its answer: all are here.
+            events = []
+            while (event := subscription.receive_nowait()) is not None:
+                events.append(event)
+    assert result.status == "completed", result.stop_reason
+    remote = [e for e in events if e.agent in ("worker", "helper")]
+    # Each remote execution's events, in its order, at its place in the whole tree.
+    for agent, depth in (("worker", 2), ("helper", 3)):
+        ends = [e for e in remote if e.agent == agent and e.kind == "execution_end"]
+        assert len(ends) == 2
+        assert all(e.depth == depth for e in remote if e.agent == agent)
+    assert {e.detail["host"] for e in remote} == {"default-0", "default-1"}
+    tools = [e for e in remote if e.kind == "tool_start"]
+    assert [e.agent for e in tools] == ["helper", "helper"]
+    workers = {e.execution_id for e in remote if e.agent == "worker"}
+    lead_id = result.execution_id
+    assert all(e.parent_id == lead_id for e in remote if e.agent == "worker")
+    assert all(e.parent_id in workers for e in remote if e.agent == "helper")

@@ -215,6 +215,15 @@ def test_render_tree_shows_each_node_and_limits() -> None:
     assert out.count("r0") == out.count("r1") == out.count("r2") == 1
 
 
+def test_a_node_on_another_host_shows_its_host() -> None:
+    tree = snapshot(fanout=2)
+    remote = msgspec.structs.replace(tree.node("root/lead/r1"), host="default-1")
+    tree = TreeSnapshot(nodes=tuple(remote if n.id == remote.id else n for n in tree.nodes))
+    out = render(tree)
+    assert "└── r1 @default-1  ✔ completed  2 steps" in out
+    assert "r0 @" not in out
+
+
 def test_render_tree_counts_the_children_it_leaves_out() -> None:
     tree = snapshot(fanout=30)
     busy = msgspec.structs.replace(tree.node("root/lead/r20"), status="running")
