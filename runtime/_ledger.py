@@ -42,226 +42,23 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-import msgspec
-
-from ._budget import Budget, Usage
+from ._budget import Budget
 from ._exceptions import BudgetExceeded
+from ._lease import LEASED, LOST_WHY, Held, Lease, Tally, Want, zero
 from ._waiter import Waiter, new_waiter, park, wake
 
 if TYPE_CHECKING:
     from ._supervisor import Supervisor
-    from ._tree import Node, NodeSnapshot
+    from ._tree import Node
 
-__all__ = [
-    "LEASED",
-    "Held",
-    "HeldUp",
-    "Lease",
-    "Ledger",
-    "Lender",
-    "Refusal",
-    "Tally",
-    "Want",
-]
+__all__ = ["GROWTH", "Ledger"]
 
-#: The fields a lease grants (``Budget`` fields); depth and seconds travel as they are.
-LEASED = (
-    "tokens",
-    "input_tokens",
-    "output_tokens",
-    "cost",
-    "requests",
-    "tool_calls",
-    "steps",
-    "agents",
-)
 #: A grant is at most this many times what the ask needs (and a fair share at most).
 GROWTH = 4
 #: Relative slack for comparing costs (floating point sums), as in admission.
 _COST_EPSILON = 1e-9
-
-
-class HeldUp(Exception):
-    """A charge must wait: the headroom it needs is held by a lease (or, on a host,
-    the lease ran out and more was asked for). Retry after ``Ledger.changed``."""
-
-
-class Tally(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """What a remote subtree used so far: its top node's totals (requests in flight
-    are counted, as everywhere), its own usage, and what requests in flight hold."""
-
-    usage: Usage = Usage()
-    own: Usage = Usage()
-    steps: int = 0
-    own_steps: int = 0
-    agents: int = 0
-    reserved_input: int = 0
-    reserved_output: int = 0
-    reserved_cost: float = 0.0
-
-    def used(self, field: str) -> float:
-        usage = self.usage
-        if field == "tokens":
-            return usage.input_tokens + usage.output_tokens
-        if field in ("steps", "agents"):
-            return int(getattr(self, field))
-        value: float = getattr(usage, field)
-        return value
-
-    def reserved(self, field: str) -> float:
-        if field == "tokens":
-            return self.reserved_input + self.reserved_output
-        if field == "input_tokens":
-            return self.reserved_input
-        if field == "output_tokens":
-            return self.reserved_output
-        if field == "cost":
-            return self.reserved_cost
-        return 0
-
-
-class Want(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """The least headroom an operation waiting on a host needs, field by field
-    (0: this field is not what it waits for)."""
-
-    tokens: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
-    requests: int = 0
-    tool_calls: int = 0
-    steps: int = 0
-    agents: int = 0
-    #: What it is, in words ("a model request of 2,212 input + 256 output").
-    detail: str = ""
-
-    def merge(self, other: Want) -> Want:
-        """The larger of two wants, field by field."""
-        fields = {name: max(getattr(self, name), getattr(other, name)) for name in LEASED}
-        return Want(**fields, detail=other.detail or self.detail)
-
-
-class Refusal(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """A ``BudgetExceeded`` as it crosses between hosts."""
-
-    limit: str
-    allowed: float
-    node_id: str
-    node_name: str
-    need: float | None = None
-    left: float | None = None
-    need_detail: str = ""
-    why: str = ""
-
-    @classmethod
-    def of(cls, error: BudgetExceeded) -> Refusal:
-        return cls(
-            limit=error.limit,
-            allowed=error.allowed,
-            node_id=error.node_id,
-            node_name=error.node_name,
-            need=error.need,
-            left=error.left,
-            need_detail=error.need_detail,
-            why=error.why,
-        )
-
-    def error(self) -> BudgetExceeded:
-        return BudgetExceeded(
-            self.limit,
-            self.allowed,
-            self.node_id,
-            self.node_name,
-            need=self.need,
-            left=self.left,
-            need_detail=self.need_detail,
-            why=self.why,
-        )
-
-
-class Lender(Protocol):
-    """Where a host's subtree asks for more headroom when its lease runs out."""
-
-    def want(self, node: Node, want: Want) -> None:
-        """Ask (without waiting) for at least ``want`` more; the answer comes later
-        as ``Ledger.extend`` or ``Ledger.refuse``."""
-
-
-class Held:
-    """The headroom leases hold on one node: the sum over the leases below it."""
-
-    __slots__ = (*LEASED, "holding", "leases", "lost")
-
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.cost = 0.0
-        self.requests = 0
-        self.tool_calls = 0
-        self.steps = 0
-        self.agents = 0
-        #: Leases below this node that may still give something back (not ended, not
-        #: lost), and those of them holding a grant (not asking for more right now).
-        self.leases = 0
-        self.holding = 0
-        #: Of what is held, what leases of lost hosts hold: it never comes back.
-        self.lost: Held | None = None
-
-    def alive(self, name: str) -> float:
-        """What leases that may still give something back hold of field ``name``."""
-        lost = self.lost
-        held: float = getattr(self, name)
-        return held - getattr(lost, name) if lost is not None else held
-
-
-class Lease:
-    """The lease of one remote subtree, on its node here."""
-
-    __slots__ = (
-        "asking",
-        "depth",
-        "fields",
-        "granted",
-        "hold",
-        "holding",
-        "host",
-        "live",
-        "lost",
-        "nodes",
-        "tally",
-    )
-
-    def __init__(self, fields: tuple[str, ...], depth: int | None) -> None:
-        #: The host the subtree runs on (its name, for snapshots and reasons).
-        self.host = ""
-        #: The last snapshot of the subtree's nodes below its top, from its host.
-        self.nodes: tuple[NodeSnapshot, ...] = ()
-        #: The limited fields of the chain: the only ones leased.
-        self.fields = fields
-        #: How much deeper the subtree may grow below its top node (None: no limit).
-        self.depth = depth
-        #: The remote limits: what was granted in all, field by field.
-        self.granted: dict[str, float] = {name: _zero(name) for name in fields}
-        #: What this lease holds on the chain now (granted, not reported used).
-        self.hold: dict[str, float] = {name: _zero(name) for name in fields}
-        self.tally = Tally()
-        #: Counted in ``Held.leases`` (it may give back) and ``Held.holding`` (it holds a
-        #: grant and is not asking) on the chain.
-        self.live = False
-        self.holding = False
-        #: The ask waiting for headroom, if any: (want, waiter, answer).
-        self.asking: _Ask | None = None
-        self.lost = False
-
-    def limits(self) -> Budget:
-        """The remote subtree's limits: its lease, as a ``Budget``."""
-        fields: dict[str, float] = {}
-        for name, value in self.granted.items():
-            fields[name] = value if name == "cost" else int(value)
-        return Budget(depth=self.depth, **fields)  # type: ignore[arg-type]
 
 
 class _Ask:
@@ -628,7 +425,7 @@ class Ledger:
             return
         deltas = {}
         for name in lease.fields:
-            new = max(lease.granted[name] - lease.tally.used(name), _zero(name))
+            new = max(lease.granted[name] - lease.tally.used(name), zero(name))
             delta = new - lease.hold[name]
             if delta:
                 deltas[name] = delta
@@ -661,12 +458,6 @@ class Ledger:
 _RESERVED = frozenset(("tokens", "input_tokens", "output_tokens", "cost", "requests"))
 #: Fields whose refusal says what was needed and what was left.
 _MEASURED = frozenset(("tokens", "input_tokens", "output_tokens", "cost"))
-LOST_WHY = "no room left: what is held is leased to a host that was lost"
-
-
-def _zero(name: str) -> float:
-    """Nothing, in the field's kind (a float for cost, an int for every count)."""
-    return 0.0 if name == "cost" else 0
 
 
 def _limit(supervisor: Supervisor, node: Node, name: str) -> float | None:

@@ -60,7 +60,8 @@ from ._admission import (
 )
 from ._budget import Budget, Caps, Price, Usage
 from ._exceptions import BudgetExceeded, InvalidUsage
-from ._ledger import LOST_WHY, HeldUp, Ledger, Want
+from ._lease import LOST_WHY, HeldUp, Want
+from ._ledger import Ledger
 from ._tree import Cancellable, EndStatus, Node, NodeSnapshot, TreeSnapshot
 from ._waiter import clock, new_waiter, park, wake
 

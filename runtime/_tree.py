@@ -19,7 +19,7 @@ from ._exceptions import BudgetExceeded
 
 if TYPE_CHECKING:
     from ._admission import Wait
-    from ._ledger import Held, Lease, Lender
+    from ._lease import Held, Lease, Lender
 
 __all__ = [
     "Cancellable",

@@ -17,14 +17,14 @@ And the ledger's parts, for a layer that runs subtrees on other hosts (see
 messages that cross between hosts: ``Tally``, ``Want``, ``Refusal``.
 """
 
-from ._ledger import LEASED as LEASED
-from ._ledger import HeldUp as HeldUp
-from ._ledger import Lease as Lease
+from ._lease import LEASED as LEASED
+from ._lease import HeldUp as HeldUp
+from ._lease import Lease as Lease
+from ._lease import Lender as Lender
+from ._lease import Refusal as Refusal
+from ._lease import Tally as Tally
+from ._lease import Want as Want
 from ._ledger import Ledger as Ledger
-from ._ledger import Lender as Lender
-from ._ledger import Refusal as Refusal
-from ._ledger import Tally as Tally
-from ._ledger import Want as Want
 from ._waiter import Waiter as Waiter
 from ._waiter import clock as clock
 from ._waiter import new_waiter as new_waiter

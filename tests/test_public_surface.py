@@ -10,7 +10,7 @@ import pytest
 #: Names a package re-exports from the kernel on purpose (one definition, two homes).
 REEXPORTED = {"actors": {"Usage"}}
 #: Where a surface's own names are defined, when not under its own name.
-HOMES = {"runtime.lowlevel": ("runtime._waiter", "runtime._ledger")}
+HOMES = {"runtime.lowlevel": ("runtime._waiter", "runtime._lease", "runtime._ledger")}
 
 
 @pytest.mark.parametrize(
