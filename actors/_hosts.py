@@ -32,7 +32,16 @@ from runtime import Node, Runtime, Supervisor
 
 from ._host import AgentHost, HostConfig
 from ._messages import exception_text
-from ._remote import Events, Lost, RemoteChild, RemoteReply, Start, decode_up, encode
+from ._remote import (
+    Events,
+    HostUnavailable,
+    Lost,
+    RemoteChild,
+    RemoteReply,
+    Start,
+    decode_up,
+    encode,
+)
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -47,10 +56,6 @@ Placement = Literal["round_robin", "least_loaded"]
 _PLACEMENTS = ("round_robin", "least_loaded")
 #: The pool the children of top-level executions are placed in.
 DEFAULT_POOL = "default"
-
-
-class HostUnavailable(Exception):
-    """No live host can take a subtree pinned to a pool."""
 
 
 class HostLink:
@@ -185,6 +190,18 @@ class RemoteHosts:
     ) -> RemoteReply:
         """Run ``agent`` on ``text`` on ``link``'s host as the subtree of ``node`` (just
         opened here), followed by a ``RemoteChild`` in ``task_group``."""
+        child = RemoteChild(self, agent, text, node, supervisor)
+        self.start_on(child, link)
+        task_group.start_soon(child.run, name=f"remote {node.id}")
+        return child.reply
+
+    def start_on(self, child: RemoteChild, link: HostLink) -> None:
+        """Start ``child``'s subtree on ``link``'s host, under a new lease of its node
+        (a subtree placed again after its host was lost starts afresh)."""
+        node = child.node
+        supervisor = child.supervisor
+        if child.link is not None:
+            child.link.finished(child.run_id)
         lease = supervisor.ledger.open(node)
         lease.host = link.name
         limits = lease.limits()
@@ -194,25 +211,23 @@ class RemoteHosts:
         run_id = next(self._runs)
         start = Start(
             run=run_id,
-            text=text,
+            text=child.text,
             node_id=node.id,
-            name=agent.name,
+            name=child.agent.name,
             depth=node.depth,
             parent_id=node.parent.id if node.parent is not None else "",
             limits=limits,
             traces=node.traces is not None,
             events=self.runtime is not None and self.runtime.event_bus.active,
         )
-        child = RemoteChild(link, run_id, node, supervisor)
         try:
-            link.start(run_id, agent, encode([start]))
+            link.start(run_id, child.agent, encode([start]))
         except BaseException:
             supervisor.ledger.end(node, None)
             raise
+        child.link, child.run_id = link, run_id
         link.runs[run_id] = child
         link.placed += 1
-        task_group.start_soon(child.run, name=f"remote {node.id}")
-        return child.reply
 
     async def _pump(self, link: HostLink) -> None:
         """Hand each message of ``link``'s host to its subtree's stand-in, until the
@@ -323,7 +338,5 @@ def _pools(count: int, pools: dict[str, int] | None) -> dict[str, int]:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a pool's name must be a non-empty string, got {name!r}")
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-            raise ValueError(
-                f"pool {name!r} must have a whole number >= 1 of hosts, got {number!r}"
-            )
+            raise ValueError(f"pool {name!r} needs a whole number of hosts >= 1, got {number!r}")
     return dict(pools)

@@ -38,7 +38,8 @@ from ._messages import ExecutionTrace, Result
 if TYPE_CHECKING:
     from runtime import Supervisor
 
-    from ._hosts import HostLink
+    from ._agent import Agent
+    from ._hosts import HostLink, RemoteHosts
 
 __all__ = [
     "Ask",
@@ -47,6 +48,7 @@ __all__ = [
     "Down",
     "Events",
     "Grant",
+    "HostUnavailable",
     "Nodes",
     "RemoteChild",
     "RemoteReply",
@@ -182,6 +184,10 @@ def tally(node: Node) -> Tally:
 # -- the stand-in -----------------------------------------------------------------------
 
 
+class HostUnavailable(Exception):
+    """No live host can take a subtree pinned to a pool."""
+
+
 class Lost(msgspec.Struct, frozen=True):
     """(Here only) the subtree's host was lost: why."""
 
@@ -231,22 +237,33 @@ class RemoteChild:
     """Stands in for a child actor whose subtree runs on ``link``'s host."""
 
     __slots__ = (
+        "agent",
         "done",
+        "hosts",
         "inbox",
         "link",
         "lost",
         "node",
+        "placed_again",
         "reply",
         "run_id",
         "supervisor",
+        "text",
         "waiter",
     )
 
-    def __init__(self, link: HostLink, run_id: int, node: Node, supervisor: Supervisor) -> None:
-        self.link = link
-        self.run_id = run_id
+    def __init__(
+        self, hosts: RemoteHosts, agent: Agent, text: str, node: Node, supervisor: Supervisor
+    ) -> None:
+        self.hosts = hosts
+        self.agent = agent
+        self.text = text
+        self.link: HostLink | None = None
+        self.run_id = 0
         self.node = node
         self.supervisor = supervisor
+        #: How many times its subtree was placed again after its host was lost.
+        self.placed_again = 0
         self.reply = RemoteReply()
         self.inbox: collections.deque[Up | Lost] = collections.deque()
         self.waiter: Any = None
@@ -290,10 +307,43 @@ class RemoteChild:
             raise
         self.reply.set_result(self._finish())
 
+    def _place_again(self, lost: Lost) -> bool:
+        """Its host was lost: run the subtree again on another host if its agent's
+        restart policy allows (``max_restarts`` placements at most); what the lost one
+        held stays counted as spent."""
+        node = self.node
+        if self.placed_again >= self.agent.restart.max_restarts or node.stop_status is not None:
+            return False
+        parent = node.parent
+        assert parent is not None
+        try:
+            link = self.hosts.place(parent, self.agent, self.supervisor)
+        except HostUnavailable:
+            return False
+        if link is None:
+            return False
+        self.placed_again += 1
+        runtime = self.hosts.runtime
+        if runtime is not None and runtime.event_bus.active:
+            runtime.event_bus.emit(
+                "restart",
+                agent=self.agent.name,
+                agent_id=node.id,
+                execution_id=node.id,
+                parent_id=parent.id,
+                depth=node.depth,
+                reason=lost.reason,
+                restarts=self.placed_again,
+                host=link.name,
+            )
+        self.hosts.start_on(self, link)
+        return True
+
     def _stop(self, status: str, reason: str) -> None:
         error = self.node.stop_error
         refusal = Refusal.of(error) if error is not None else None
         stop = Stop(run=self.run_id, status=status, reason=reason, refusal=refusal)  # type: ignore[arg-type]
+        assert self.link is not None
         self.link.send(encode([stop]))
 
     async def _follow_shielded(self) -> None:
@@ -321,7 +371,8 @@ class RemoteChild:
                 if lease is not None and message.nodes:
                     lease.nodes = message.nodes
             elif isinstance(message, Lost):
-                self.lost = message
+                if not self._place_again(message):
+                    self.lost = message
             elif isinstance(message, Ask):
                 try:
                     limits = await ledger.ask(node, message.tally, message.want)
@@ -329,6 +380,7 @@ class RemoteChild:
                     answer: Grant | Deny = Deny(run=self.run_id, refusal=Refusal.of(exc))
                 else:
                     answer = Grant(run=self.run_id, limits=limits)
+                assert self.link is not None
                 self.link.send(encode([answer]))
             elif isinstance(message, Nodes):
                 lease = node.lease
@@ -341,7 +393,9 @@ class RemoteChild:
         node = self.node
         supervisor = self.supervisor
         done = self.done
-        self.link.finished(self.run_id)
+        link = self.link
+        assert link is not None
+        link.finished(self.run_id)
         if done is not None:
             result = done.result
             if node.traces is not None and done.traces:
@@ -352,7 +406,7 @@ class RemoteChild:
                 supervisor.ledger.end(node, None, lost=True)
             else:  # its answer did not come in time: what it held stays held
                 status, reason = supervisor.why_stopped(node)
-                reason = f"{reason}; the host {self.link.name!r} did not answer the stop"
+                reason = f"{reason}; the host {link.name!r} did not answer the stop"
                 supervisor.ledger.end(node, None, lost=True)
             result = Result(
                 text=f"[{status}] {reason}",

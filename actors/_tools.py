@@ -27,7 +27,9 @@ offered to the model, and ``run``, which also answers calls to unknown tools.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from time import perf_counter
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
@@ -194,14 +196,21 @@ class Tool(Generic[P, R]):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled as its function and options (for an agent shipped to another host:
-        its compiled decoders are rebuilt there). A limiter bounds calls in this
-        process only: a tool with one stays here."""
+        """Pickled by reference when it is what its module names (``@tool`` on a
+        module-level function: imported again there), else as its function and
+        options (for an agent shipped to another host: its compiled decoders are
+        rebuilt there). A limiter bounds calls in this process only: a tool with one
+        stays here."""
         if self.limiter is not None:
             raise TypeError(
                 f"tool {self.name!r} has a limiter, which bounds calls in one process: it "
                 "cannot run on another host (give the agent there a tool of its own)"
             )
+        module_name = getattr(self.fn, "__module__", None)
+        qualname = getattr(self.fn, "__qualname__", "")
+        module = sys.modules.get(module_name) if module_name else None
+        if module is not None and "." not in qualname and getattr(module, qualname, None) is self:
+            return (_named, (module_name, qualname))
         return (
             _rebuilt,
             (
@@ -345,6 +354,12 @@ def _truncate(content: str, limit: int) -> str:
     # (``total``), then report the exact count, which is never longer.
     keep = limit - len(f"\n[... truncated {total:,} characters of {total:,}]")
     return f"{content[:keep]}\n[... truncated {total - keep:,} characters of {total:,}]"
+
+
+def _named(module: str, name: str) -> Tool[..., Any]:
+    """A module-level tool, by its module and name (``Tool.__reduce__``)."""
+    found: Tool[..., Any] = getattr(importlib.import_module(module), name)
+    return found
 
 
 def _rebuilt(

@@ -10,14 +10,16 @@ answers ``failed`` and its leases count as spent; nothing hangs.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import anyio
+import pytest
 
-from actors import Agent, LocalHosts, ScriptedModel, call, calls, reply
+from actors import Agent, LocalHosts, RestartPolicy, ScriptedModel, call, calls, reply, tool
 from runtime import Budget, Caps, MemoryStore, Runtime
 
 from .conftest import MakeHosts
-from .trees import digger, lead, nested_worker, researcher, until
+from .trees import SLOW, digger, lead, nested_worker, researcher, until
 
 
 async def test_a_tree_spread_over_two_hosts_answers(make_hosts: MakeHosts) -> None:
@@ -273,3 +275,96 @@ async def test_events_of_remote_executions_reach_the_driver_with_their_host(
     lead_id = result.execution_id
     assert all(e.parent_id == lead_id for e in remote if e.agent == "worker")
     assert all(e.parent_id in workers for e in remote if e.agent == "helper")
+
+
+def digging(rt: Runtime) -> int:
+    """How many workers have started their tool (as their hosts last reported)."""
+    return sum(n.usage.tool_calls for n in rt.tree().nodes if n.name == "worker")
+
+
+async def test_a_subtree_of_a_lost_host_is_placed_again_if_its_restart_policy_allows() -> None:
+    # In this process, so that the test can make the digs quick once the host died.
+    tasks = [f"slow {i}" for i in range(4)]
+    hosts = LocalHosts(2)
+    worker = digger(restart=RestartPolicy(max_restarts=1))
+    try:
+        async with Runtime(hosts=hosts, budget=Budget(tokens=100_000)) as rt:
+            ref = await rt.spawn(lead(worker, tasks))
+            async with rt.events() as subscription:
+                async with anyio.create_task_group() as tg:
+                    results = []
+
+                    async def ask() -> None:
+                        results.append(await ref.ask("go"))
+
+                    tg.start_soon(ask)
+                    await until(lambda: digging(rt) == 4)
+                    SLOW["digs"] = False  # what runs again is quick
+                    hosts.kill("default-0")
+                restarts = []
+                while (event := subscription.receive_nowait()) is not None:
+                    if event.kind == "restart":
+                        restarts.append(event)
+            tree = rt.tree()
+            held = rt.supervisor.root.held
+    finally:
+        SLOW["digs"] = True
+    # The two workers of the lost host ran again on the other one, and answered.
+    assert results[0].status == "completed", results[0].stop_reason
+    workers = [n for n in tree.nodes if n.name == "worker"]
+    assert [n.status for n in workers] == ["completed"] * 4
+    assert sorted(n.host for n in workers) == ["default-1"] * 4
+    assert len(restarts) == 2
+    assert all("host 'default-0' lost" in e.detail["reason"] for e in restarts)
+    assert {e.detail["host"] for e in restarts} == {"default-1"}
+    # What the lost leases held stays spent; the rest came back.
+    assert held is not None
+    assert held.lost is not None
+    assert held.tokens == held.lost.tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: LocalHosts(0), r"pool 'default' needs a whole number of hosts >= 1, got 0"),
+        (lambda: LocalHosts(2, placement="random"), r"placement must be one of"),  # type: ignore[arg-type]
+        (lambda: LocalHosts(pools={"": 1}), r"a pool's name must be a non-empty string"),
+        (lambda: Runtime(hosts=object()), r"hosts must implement runtime.Hosts"),  # type: ignore[arg-type]
+        (lambda: researcher("w", host=""), r"host must name a pool of hosts, got ''"),
+    ],
+)
+def test_bad_hosts_are_refused_at_once_with_what_to_do(make: Any, message: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+def test_bad_ray_pools_are_refused_at_once(ray_instance: None) -> None:
+    from actors.integrations.ray import HostPool, RayHosts
+
+    with pytest.raises(ValueError, match=r"HostPool.count must be a whole number >= 1, got 0"):
+        HostPool(count=0)
+    with pytest.raises(ValueError, match=r"HostPool.num_gpus must be a finite number >= 0"):
+        HostPool(num_gpus=-1)
+    with pytest.raises(TypeError, match=r"pool 'gpu' must be a HostPool, got int"):
+        RayHosts(pools={"gpu": 1})  # type: ignore[dict-item]
+
+
+def test_a_tool_with_a_limiter_is_not_shipped_to_another_host() -> None:
+    import pickle
+
+    async def measure(site: str) -> str:
+        return site
+
+    limited = tool(measure, name="limited", limiter=anyio.CapacityLimiter(2))
+    with pytest.raises(TypeError, match=r"tool 'limited' has a limiter, which bounds calls in one"):
+        pickle.dumps(limited)
+
+
+def test_an_agent_ships_whole_and_is_rebuilt_on_arrival() -> None:
+    import pickle
+
+    agent = nested_worker()
+    again = pickle.loads(pickle.dumps(agent))
+    assert again.name == agent.name
+    assert [s.name for s in again.specs] == [s.name for s in agent.specs]
+    assert again.subagents_by_name["helper"].toolbox.direct.keys() == {"lookup"}

@@ -29,11 +29,18 @@ async def lookup(topic: str) -> str:
     return f"notes on {topic}"
 
 
+#: Whether "slow ..." topics are slow (a test in this process may make them quick).
+SLOW = {"digs": True}
+
+
 @tool
 async def dig(topic: str) -> str:
     """Dig into a topic: slow when the topic says so ("slow ..." sleeps 30 s)."""
     if topic.startswith("slow"):
-        await anyio.sleep(30)
+        for _ in range(3_000):  # 30 s, unless a test in this process ends it sooner
+            if not SLOW["digs"]:
+                break
+            await anyio.sleep(0.01)
     return f"dug into {topic}"
 
 
@@ -94,5 +101,5 @@ def nested_worker() -> Agent:
     return Agent("worker", FunctionModel(delegate), subagents=[helper])
 
 
-def digger() -> Agent:
-    return Agent("worker", FunctionModel(digging), tools=[dig])
+def digger(**options: object) -> Agent:
+    return Agent("worker", FunctionModel(digging), tools=[dig], **options)  # type: ignore[arg-type]
