@@ -18,8 +18,8 @@ import anyio
 import msgspec
 import structlog
 
-from runtime import Caps, Event, Node, NodeSnapshot, Price, Runtime
-from runtime.lowlevel import Want, new_waiter, park, wake
+from runtime import Caps, Event, Node, NodeSnapshot, Price, Runtime, Usage
+from runtime.lowlevel import Tally, Want, new_waiter, park, wake
 
 from ._messages import ExecutionTrace, Result, Task, exception_text
 from ._remote import (
@@ -201,9 +201,17 @@ class AgentHost:
         runtime = self.runtime
         assert runtime is not None
         supervisor = runtime.supervisor
-        node = supervisor.open(
-            supervisor.root, name=start.name, limits=start.limits, node_id=start.node_id
-        )
+        try:
+            if start.node_id in supervisor.nodes:
+                raise ValueError(f"a subtree with node id {start.node_id!r} runs here already")
+            node = supervisor.open(
+                supervisor.root, name=start.name, limits=start.limits, node_id=start.node_id
+            )
+        except Exception as exc:  # it answers all the same: nothing waits for it forever
+            reason = f"the host {self.name!r} could not run it: {exception_text(exc)}"
+            failed = _failed(reason, start.node_id, Usage())
+            self.post(Done(run=start.run, result=failed, tally=Tally()))
+            return
         run = self._runs[start.run] = _Run(start.run, node, start.depth)
         node.lender = _Lender(self, run)
         if start.events:
@@ -222,14 +230,7 @@ class AgentHost:
             reason = f"the host {self.name!r} could not run it: {exception_text(exc)}"
             log.warning("subtree failed on its host", host=self.name, node_id=node.id, error=reason)
             supervisor.close(node, "failed", reason)
-            result = Result(
-                text=f"[failed] {reason}",
-                status="failed",
-                stop_reason=reason,
-                usage=node.usage(),
-                agent_id=node.id,
-                execution_id=node.id,
-            )
+            result = _failed(reason, node.id, node.usage())
         finally:
             del self._runs[start.run]
             if self._observed.pop(node.id, None) is not None and not self._observed:
@@ -299,6 +300,18 @@ class AgentHost:
                 run.sent = now
                 nodes = _marked(supervisor.subtree(run.node), self.name, run.depth)
                 self.post(Nodes(run=run.run_id, tally=now, nodes=nodes))
+
+
+def _failed(reason: str, node_id: str, usage: Usage) -> Result:
+    """The answer of a subtree this host could not run."""
+    return Result(
+        text=f"[failed] {reason}",
+        status="failed",
+        stop_reason=reason,
+        usage=usage,
+        agent_id=node_id,
+        execution_id=node_id,
+    )
 
 
 def _marked(nodes: list[NodeSnapshot], host: str, depth: int) -> tuple[NodeSnapshot, ...]:

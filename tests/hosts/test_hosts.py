@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from actors import Agent, LocalHosts, RestartPolicy, ScriptedModel, call, calls, reply, tool
@@ -368,3 +369,28 @@ def test_an_agent_ships_whole_and_is_rebuilt_on_arrival() -> None:
     assert again.name == agent.name
     assert [s.name for s in again.specs] == [s.name for s in agent.specs]
     assert again.subagents_by_name["helper"].toolbox.direct.keys() == {"lookup"}
+
+
+async def test_a_subtree_its_host_cannot_run_still_answers_failed() -> None:
+    # Driven by hand, as a transport would: two subtrees with one node id on one host.
+    from actors._host import AgentHost, HostConfig
+    from actors._remote import Done, Start, decode_up, encode
+
+    host = AgentHost(HostConfig(name="h"))
+    start = Start(
+        run=1, text="t", node_id="w#1.x", name="worker", depth=2, parent_id="lead", limits=Budget()
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(host.serve)
+        await host.ready()
+        host.start(encode([start, msgspec.structs.replace(start, run=2)]), digger())
+        answers: dict[int, Done] = {}
+        while len(answers) < 2:
+            for message in decode_up(await host.drain(timeout=5)):
+                if isinstance(message, Done):
+                    answers[message.run] = message
+        tg.cancel_scope.cancel()
+    statuses = sorted(answer.result.status for answer in answers.values())
+    assert statuses == ["completed", "failed"]
+    failed = next(a for a in answers.values() if a.result.status == "failed")
+    assert failed.result.stop_reason.startswith("the host 'h' could not run it: ")
