@@ -211,18 +211,15 @@ class Tool(Generic[P, R]):
         module = sys.modules.get(module_name) if module_name else None
         if module is not None and "." not in qualname and getattr(module, qualname, None) is self:
             return (_named, (module_name, qualname))
-        return (
-            _rebuilt,
-            (
-                self.fn,
-                self.name,
-                self.description,
-                self.timeout,
-                self.retries,
-                self.retry_delay,
-                self.max_result_chars,
-            ),
-        )
+        options = {
+            "name": self.name,
+            "description": self.description,
+            "timeout": self.timeout,
+            "retries": self.retries,
+            "retry_delay": self.retry_delay,
+            "max_result_chars": self.max_result_chars,
+        }
+        return (_rebuilt, (self.fn, options))
 
     def __repr__(self) -> str:
         kind = "async" if self.is_async else "sync"
@@ -362,25 +359,9 @@ def _named(module: str, name: str) -> Tool[..., Any]:
     return found
 
 
-def _rebuilt(
-    fn: Callable[..., Any],
-    name: str,
-    description: str,
-    timeout: float | None,
-    retries: int,
-    retry_delay: float,
-    max_result_chars: int,
-) -> Tool[..., Any]:
+def _rebuilt(fn: Callable[..., Any], options: dict[str, Any]) -> Tool[..., Any]:
     """A tool again, from what ``Tool.__reduce__`` kept."""
-    return Tool(
-        fn,
-        name=name,
-        description=description,
-        timeout=timeout,
-        retries=retries,
-        retry_delay=retry_delay,
-        max_result_chars=max_result_chars,
-    )
+    return Tool(fn, **options)
 
 
 class _ToolDecorator(Protocol):

@@ -114,6 +114,32 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value * 1000:,.2f} ms"
 
 
+def single(
+    workload: str,
+    unit: str,
+    ours: float,
+    raw: float,
+    *,
+    ratio: float,
+    target: str = "unjudged",
+    holds: bool = False,
+) -> Row:
+    """A row of one figure a side (min and max are that figure)."""
+    return Row(
+        workload=workload,
+        unit=unit,
+        fractor=ours,
+        baseline=raw,
+        fractor_min=ours,
+        fractor_max=ours,
+        baseline_min=raw,
+        baseline_max=raw,
+        ratio=ratio,
+        target=target,
+        holds=holds,
+    )
+
+
 def judged(row: Row, target: str, holds: bool) -> Row:
     """The same figures, judged against an absolute target instead of the ratio."""
     return msgspec.structs.replace(row, target=target, holds=holds)

@@ -24,7 +24,7 @@ from actors import Agent, ModelResponse, ToolCall, tool
 from runtime import Budget, Runtime
 
 from ._common import _USAGE, CycleModel, fanout_turns
-from ._harness import Row, judged, summarize
+from ._harness import Row, judged, single, summarize
 
 __all__ = ["run"]
 
@@ -38,19 +38,8 @@ def rss_mib() -> float:
 
 
 def _row(workload: str, unit: str, ours: float, raw: float, target: str, holds: bool) -> Row:
-    return Row(
-        workload=workload,
-        unit=unit,
-        fractor=ours,
-        baseline=raw,
-        fractor_min=ours,
-        fractor_max=ours,
-        baseline_min=raw,
-        baseline_max=raw,
-        ratio=raw / ours if ours else 1.0,
-        target=target,
-        holds=holds,
-    )
+    ratio = raw / ours if ours else 1.0
+    return single(workload, unit, ours, raw, ratio=ratio, target=target, holds=holds)
 
 
 async def _idle_memory(count: int) -> Row:

@@ -51,7 +51,7 @@ from actors.integrations.ray import RayHosts
 from runtime import Budget, MemoryStore, Runtime, Usage
 
 from ._common import _USAGE, CycleModel, fanout_turns, raw_execution
-from ._harness import Row, compare, judged, summarize
+from ._harness import Row, compare, judged, single, summarize
 
 __all__ = ["run"]
 
@@ -330,19 +330,9 @@ def _single(
     workload: str, unit: str, ours: float, raw: float, *, ratio: float | None = None
 ) -> Row:
     """A row of one figure a side (unjudged); ``ratio`` is ours / raw unless given."""
-    return Row(
-        workload=workload,
-        unit=unit,
-        fractor=ours,
-        baseline=raw,
-        fractor_min=ours,
-        fractor_max=ours,
-        baseline_min=raw,
-        baseline_max=raw,
-        ratio=ratio if ratio is not None else ours / raw if raw else 1.0,
-        target="unjudged",
-        holds=False,
-    )
+    if ratio is None:
+        ratio = ours / raw if raw else 1.0
+    return single(workload, unit, ours, raw, ratio=ratio)
 
 
 async def _scaleout(children: int, repeats: int) -> list[Row]:

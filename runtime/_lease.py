@@ -31,6 +31,7 @@ __all__ = [
     "Refusal",
     "Tally",
     "Want",
+    "reserved_of",
     "zero",
 ]
 
@@ -75,15 +76,7 @@ class Tally(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return value
 
     def reserved(self, field: str) -> float:
-        if field == "tokens":
-            return self.reserved_input + self.reserved_output
-        if field == "input_tokens":
-            return self.reserved_input
-        if field == "output_tokens":
-            return self.reserved_output
-        if field == "cost":
-            return self.reserved_cost
-        return 0
+        return reserved_of(self, field)
 
 
 class Want(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -229,6 +222,19 @@ class Lease:
 
 
 LOST_WHY = "no room left: what is held is leased to a host that was lost"
+
+
+def reserved_of(holder: Tally | Node, name: str) -> float:
+    """What requests in flight hold of field ``name``, on a node or in a tally."""
+    if name == "tokens":
+        return holder.reserved_input + holder.reserved_output
+    if name == "input_tokens":
+        return holder.reserved_input
+    if name == "output_tokens":
+        return holder.reserved_output
+    if name == "cost":
+        return holder.reserved_cost
+    return 0
 
 
 def zero(name: str) -> float:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 from ._budget import Budget
 from ._exceptions import BudgetExceeded
-from ._lease import LEASED, LOST_WHY, Held, Lease, Tally, Want, zero
+from ._lease import LEASED, LOST_WHY, Held, Lease, Tally, Want, reserved_of, zero
 from ._waiter import Waiter, new_waiter, park, wake
 
 if TYPE_CHECKING:
@@ -198,15 +198,7 @@ class Ledger:
         node.own_steps = tally.own_steps
         self._hold(node, lease)
         if over is not None:
-            owner, name, allowed, used = over
-            error = BudgetExceeded(
-                name,
-                allowed,
-                owner.id,
-                owner.name,
-                why=f"{used:,} used: a request used more than its estimate",
-            )
-            self.supervisor.stop_subtree(owner, "budget_exceeded", str(error), error)
+            self.supervisor.stop_over(over)
         self.changed_at(node)
 
     def end(self, node: Node, tally: Tally | None, *, lost: bool = False) -> None:
@@ -381,7 +373,7 @@ class Ledger:
                         )
                         supervisor.stop_subtree(current, "budget_exceeded", str(error), error)
                         raise error
-                    free = settled - _reserved(current, name) - _held(current, name)
+                    free = settled - reserved_of(current, name) - _held(current, name)
                     if free + (_COST_EPSILON * limit if name == "cost" else 0) < need:
                         held = current.held
                         # Held by others that may give it back (not by this lease,
@@ -481,18 +473,6 @@ def _used(node: Node, name: str) -> float:
         return node.input_tokens + node.output_tokens
     value: float = getattr(node, name)
     return value
-
-
-def _reserved(node: Node, name: str) -> float:
-    if name == "tokens":
-        return node.reserved_input + node.reserved_output
-    if name == "input_tokens":
-        return node.reserved_input
-    if name == "output_tokens":
-        return node.reserved_output
-    if name == "cost":
-        return node.reserved_cost
-    return 0
 
 
 def _held(node: Node, name: str) -> float:

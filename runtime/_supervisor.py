@@ -753,15 +753,7 @@ class Supervisor:
         node.own_cost += cost
         node.own_requests += extra_requests
         if over is not None:
-            owner, field, allowed, used = over
-            error = BudgetExceeded(
-                field,
-                allowed,
-                owner.id,
-                owner.name,
-                why=f"{_amount(used)} used: a request used more than its estimate",
-            )
-            self.stop_subtree(owner, "budget_exceeded", str(error), error)
+            self.stop_over(over)
         if served or self.ledger.asks_waiting:
             self.serve_chain(node)
         charged = Usage(
@@ -774,6 +766,19 @@ class Supervisor:
         if problem:
             raise InvalidUsage(model, problem, charged)
         return charged
+
+    def stop_over(self, over: tuple[Node, str, float, float]) -> None:
+        """Usage went past a limit (a request, here or on a host, used more than its
+        estimate): stop that limit's node with its subtree."""
+        owner, field, allowed, used = over
+        error = BudgetExceeded(
+            field,
+            allowed,
+            owner.id,
+            owner.name,
+            why=f"{_amount(used)} used: a request used more than its estimate",
+        )
+        self.stop_subtree(owner, "budget_exceeded", str(error), error)
 
     # -- observing --------------------------------------------------------------------
 
