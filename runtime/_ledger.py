@@ -191,11 +191,16 @@ class Ledger:
             if current.limits is not None:
                 over = _over(current) or over
             current = current.parent
-        own = tally.own
-        node.own_input, node.own_output = own.input_tokens, own.output_tokens
-        node.own_cached, node.own_cost = own.cached_tokens, own.cost
-        node.own_requests, node.own_tool_calls = own.requests, own.tool_calls
-        node.own_steps = tally.own_steps
+        # Its own usage grows by as much (a subtree placed again after its host was
+        # lost reports from zero under a new lease: what the lost one reported stays).
+        own, was = tally.own, last.own
+        node.own_input += own.input_tokens - was.input_tokens
+        node.own_output += own.output_tokens - was.output_tokens
+        node.own_cached += own.cached_tokens - was.cached_tokens
+        node.own_cost += own.cost - was.cost
+        node.own_requests += own.requests - was.requests
+        node.own_tool_calls += own.tool_calls - was.tool_calls
+        node.own_steps += tally.own_steps - last.own_steps
         self._hold(node, lease)
         if over is not None:
             self.supervisor.stop_over(over)

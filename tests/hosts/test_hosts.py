@@ -315,6 +315,10 @@ async def test_a_subtree_of_a_lost_host_is_placed_again_if_its_restart_policy_al
     workers = [n for n in tree.nodes if n.name == "worker"]
     assert [n.status for n in workers] == ["completed"] * 4
     assert sorted(n.host for n in workers) == ["default-1"] * 4
+    # A worker placed again has no children: all of its usage is its own, the part
+    # the lost run reported (its tool call) included.
+    assert all(n.usage == n.own_usage for n in workers)
+    assert sorted(n.usage.tool_calls for n in workers) == [1, 1, 2, 2]
     assert len(restarts) == 2
     assert all("host 'default-0' lost" in e.detail["reason"] for e in restarts)
     assert {e.detail["host"] for e in restarts} == {"default-1"}

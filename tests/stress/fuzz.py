@@ -1,9 +1,9 @@
 """A fault-injection fuzz: random agent trees full of faults, then DESIGN.md section 5.
 
-``python -m tests.stress.fuzz --trees 2000 [--seed N] [--backend asyncio|trio|both]``
-runs that many trees (seeds ``N``, ``N + 1``, ...), prints progress every 100 and a
-summary, and exits non-zero on any violation. ``tests/stress/test_fuzz.py`` runs a
-bounded number of them in the suite.
+``python -m tests.stress.fuzz --trees 2000 [--seed N] [--backend asyncio|trio|both]
+[--hosts plan|always|never]`` runs that many trees (seeds ``N``, ``N + 1``, ...),
+prints progress every 100 and a summary, and exits non-zero on any violation.
+``tests/stress/test_fuzz.py`` runs a bounded number of them in the suite.
 
 Each tree is drawn from one ``random.Random(seed)``: one or two top-level agents,
 each the root of up to twelve more, three levels below it at most and up to five
@@ -24,6 +24,12 @@ through the supervisor; a whole actor cancelled (and, when persistent in a
 ``MemoryStore`` or ``SQLiteStore``, respawned from the store). Then a probe ask on
 every agent. Latencies are 0 to 10 ms: a tree takes a fraction of a second.
 
+One tree in three (``--hosts always``: every tree; ``never``: none) runs across two
+hosts in this process (``LocalHosts(2)``): the children of its top-level executions
+run there, each subtree under a lease of the budgets above it; in half of those, one
+host is killed mid-run, as a crash would. Every invariant below is checked of the
+whole tree across hosts (see ``fuzz_tree`` for what a host changes).
+
 The modules: ``fuzz_plan`` (what a seed decides), ``fuzz_faults`` (the tools and
 the models), ``fuzz_tree`` (one tree run and checked), ``fuzz_checks`` (the checks).
 The invariants are checked throughout:
@@ -33,16 +39,21 @@ The invariants are checked throughout:
    that delegated to it;
 2. between executions the buffer is empty and the conversation is exactly one task
    and one final answer per execution (refused turns stay out), matching the traces
-   and the ``Result``s; the stored state equals the live conversation;
+   and the ``Result``s; the stored state equals the live conversation; a store
+   holds the trace of every execution of the tree as it ended, under its parent;
 3. in every request, every tool result follows its call with its id, no call lacks
    one, ids are unique;
 4. usage sums and limits on every node of tree snapshots taken at every model
-   request, at every ``execution_end`` event and at the end; every ``Result``'s usage
-   within the budgets that were set, and its node carrying them;
+   request, at every ``execution_end`` event and at the end (and of each host's own
+   tree, and, here, settled usage plus what leases hold within every limit); every
+   ``Result``'s usage is its node's, within the budgets that were set, and its node
+   carries them; every event puts its execution where the tree does;
 5. every ask got exactly one reply (a ``Result``, or ``AskTimeout`` / the caller's
    cancellation / ``ActorStopped`` where those apply); nothing runs, waits or is
-   pending once the asks are answered; no task outlives the ``Runtime``; the probe
-   after cancellations works; a tree that hangs is reported as a deadlock;
+   pending once the asks are answered, on any host; no task outlives the ``Runtime``;
+   no lease outlives its subtree, and only a lost host's leases still hold anything;
+   a lost host's subtrees answer ``failed``, saying so; the probe after
+   cancellations works; a tree that hangs is reported as a deadlock;
 6. requests, conversations, traces, results, tasks, events, snapshots, statistics
    and stored states and traces round-trip through msgspec JSON and MessagePack.
 
@@ -71,7 +82,7 @@ import anyio
 import structlog
 
 from .fuzz_faults import faults
-from .fuzz_plan import FAULT_KINDS, make_plan
+from .fuzz_plan import FAULT_KINDS, HostsMode, make_plan
 from .fuzz_tree import TreeReport, TreeRun
 
 __all__ = ["FAULT_KINDS", "Summary", "TreeReport", "main", "render", "run_tree", "run_trees"]
@@ -81,11 +92,16 @@ TREE_TIMEOUT = 30.0
 
 
 async def run_tree(
-    seed: int, *, timeout: float = TREE_TIMEOUT, skip: frozenset[str] = frozenset()
+    seed: int,
+    *,
+    timeout: float = TREE_TIMEOUT,
+    skip: frozenset[str] = frozenset(),
+    hosts: HostsMode = "plan",
 ) -> TreeReport:
     """Run tree ``seed`` on the running backend and report what it broke; ``skip``
-    names model and garbage faults not to inject."""
-    plan = make_plan(seed)
+    names model and garbage faults not to inject; ``hosts`` which trees run across
+    hosts (as the plan draws, all, none)."""
+    plan = make_plan(seed, hosts)
     run = TreeRun(plan, anyio_backend_name(), skip)
     token = faults.set(run.faults)
     began = time.perf_counter()
@@ -150,6 +166,7 @@ async def run_trees(
     progress: int = 0,
     watchdog: bool = False,
     skip: frozenset[str] = frozenset(),
+    hosts: HostsMode = "plan",
 ) -> Summary:
     """Run every tree of ``seeds`` in turn on the running backend."""
     summary = Summary(backend=anyio_backend_name())
@@ -157,7 +174,7 @@ async def run_trees(
     for seed in seeds:
         timer = _watchdog(seed, summary.backend, 2 * timeout + 10) if watchdog else None
         try:
-            report = await run_tree(seed, timeout=timeout, skip=skip)
+            report = await run_tree(seed, timeout=timeout, skip=skip, hosts=hosts)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -209,6 +226,11 @@ def render(summary: Summary) -> str:
         "  statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.statuses.items())),
         "  limits tripped: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.limits.items())),
         "  faults hit: " + ", ".join(f"{k} {summary.faults[k]}" for k in FAULT_KINDS),
+        f"  hosts: {summary.faults['hosts']} trees across hosts, "
+        f"{summary.faults['remote_subtree']} subtrees placed on hosts, "
+        f"{summary.faults['host_kill']} hosts killed, {summary.faults['host_lost']} subtrees "
+        f"lost, {summary.faults['placed_again']} placed again, "
+        f"{summary.faults['lost_running']} nodes left running as a lost host last sent them",
     ]
     missed = [kind for kind in FAULT_KINDS if not summary.faults[kind]]
     if missed:
@@ -245,6 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a model or garbage fault not to inject (to look past a known violation)",
     )
     parser.add_argument(
+        "--hosts",
+        choices=["plan", "always", "never"],
+        default="plan",
+        help="which trees run across hosts: one in three as drawn (plan), all, none",
+    )
+    parser.add_argument(
         "--log", action="store_true", help="show the runtime's warnings (hidden by default)"
     )
     args = parser.parse_args(argv)
@@ -261,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress=100,
                 watchdog=True,
                 skip=frozenset(args.skip),
+                hosts=args.hosts,
             ),
             backend=backend,
         )

@@ -9,13 +9,21 @@ actor boundary.
 
 Every text an agent writes carries its marker ``<name>`` (see ``marker``), so a
 child's text found where it does not belong shows.
+
+Across hosts, what a host changes is said where it applies: the driver sees a
+remote subtree's nodes as its host last sent them, while the subtree's top node
+here is charged by every report, so the top's usage may be ahead of its children
+(``lagging``); and the driver's ledger holds headroom leased to the hosts: on each
+limited node, settled usage plus what leases hold stays within the limit
+(``check_held``), and once every subtree has answered, all that leases still hold
+is what hosts that were lost took with them (``check_leases_returned``).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -34,6 +42,9 @@ from actors import (
 from runtime import (
     Budget,
     Caps,
+    Event,
+    Node,
+    NodeSnapshot,
     TreeSnapshot,
     Usage,
     decode_json,
@@ -41,17 +52,23 @@ from runtime import (
     encode_json,
     encode_msgpack,
 )
+from runtime.lowlevel import LEASED
 
 __all__ = [
     "NOT_STARTED",
     "STATUSES",
     "check_conversation",
+    "check_events",
+    "check_held",
+    "check_leases_returned",
     "check_pairs",
     "check_request",
     "check_result",
+    "check_stored_traces",
     "check_tree",
     "marker",
     "markers_in",
+    "remote_tops",
     "round_trip",
 ]
 
@@ -271,13 +288,27 @@ def _diff(got: Sequence[Message], expected: Sequence[Message]) -> str:
 # -- invariant 4 -------------------------------------------------------------------------
 
 
+def remote_tops(tree: TreeSnapshot) -> list[NodeSnapshot]:
+    """The tops of the subtrees placed on hosts: nodes on a host whose parent is here."""
+    here = {node.id for node in tree.nodes if not node.host}
+    return [node for node in tree.nodes if node.host and node.parent_id in here]
+
+
 def check_tree(
-    tree: TreeSnapshot, *, caps: Caps | None, seconds_slack: float, where: str
+    tree: TreeSnapshot,
+    *,
+    caps: Caps | None,
+    seconds_slack: float,
+    where: str,
+    lagging: Collection[str] = (),
 ) -> list[str]:
     """4: every node's usage is its own plus its children's, and no node is over any
     limit of its ``Budget``: usage fields, steps, agents, depth below it, and
     seconds (its subtree ends within ``seconds_slack`` of its deadline). A node's
-    depth is within the runtime's caps."""
+    depth is within the runtime's caps; a child starts no earlier than its parent.
+
+    A node in ``lagging`` (the top of a subtree on another host, whose children are
+    as their host last sent them) may be ahead of its children, never behind."""
     found: list[str] = []
     nodes = {node.id: node for node in tree.nodes}
     children: dict[str, list[str]] = {}
@@ -286,14 +317,25 @@ def check_tree(
             children.setdefault(node.parent_id, []).append(node.id)
     for node in tree.nodes:
         total = sum((nodes[c].usage for c in children.get(node.id, ())), node.own_usage)
+        ahead = node.id in lagging
         found.extend(
             f"4: {where}: {node.id} has {field}={getattr(node.usage, field)}, "
             f"own + children = {getattr(total, field)}"
             for field in USAGE_FIELDS
             if getattr(node.usage, field) != getattr(total, field)
+            and not (ahead and getattr(node.usage, field) > getattr(total, field))
         )
-        if not math.isclose(node.usage.cost, total.cost, rel_tol=1e-9, abs_tol=1e-12):
+        if not (
+            math.isclose(node.usage.cost, total.cost, rel_tol=1e-9, abs_tol=1e-12)
+            or (ahead and node.usage.cost > total.cost)
+        ):
             found.append(f"4: {where}: {node.id} cost {node.usage.cost} != {total.cost}")
+        parent = nodes.get(node.parent_id) if node.parent_id is not None else None
+        if parent is not None and node.started < parent.started:
+            found.append(
+                f"4: {where}: {node.id} (host {node.host!r}) started at {node.started:.6f}, "
+                f"before its parent {parent.id} (host {parent.host!r}) at {parent.started:.6f}"
+            )
         if node.status not in STATUSES and node.status != "running":
             found.append(f"4: {where}: {node.id} has status {node.status!r}")
         if caps is not None and caps.depth is not None and node.depth > caps.depth:
@@ -360,6 +402,85 @@ def _check_below(
     return found
 
 
+def check_events(
+    tree: TreeSnapshot, events: Iterable[Event], *, moved: Collection[str] = ()
+) -> list[str]:
+    """4: each event of an execution in the tree says where that execution is: its
+    depth, its parent, its host (a remote one's events come from its host). Not
+    ``spawn`` (an actor spawned for a call names the calling execution) nor
+    ``restart`` events (an agent's restart names no place); and, for the executions
+    in ``moved`` (placed again after their host was lost), not the host."""
+    found = []
+    nodes = {node.id: node for node in tree.nodes}
+    for event in events:
+        node = nodes.get(event.execution_id)
+        if node is None or event.kind in ("spawn", "restart"):
+            continue
+        # A top-level execution's parent is named "root" by some events, "" by others.
+        parent = "" if node.parent_id in (None, "root") else node.parent_id
+        said = "" if event.parent_id == "root" else event.parent_id
+        host = event.detail.get("host", "")
+        if (event.depth, said) != (node.depth, parent) or (
+            host != node.host and node.id not in moved
+        ):
+            found.append(
+                f"4: a {event.kind} event of {node.id} puts it at depth {event.depth} under "
+                f"{event.parent_id!r} on {host!r}; its node is at depth {node.depth} under "
+                f"{parent!r} on {node.host!r}"
+            )
+    return found
+
+
+def _node_used(node: Node, name: str) -> float:
+    if name == "tokens":
+        return node.input_tokens + node.output_tokens
+    value: float = getattr(node, name)
+    return value
+
+
+def check_held(nodes: Iterable[Node], where: str) -> list[str]:
+    """4 with leases: on every limited node, settled usage plus what the leases of
+    subtrees on other hosts hold of it (lost hosts' included) is within the limit:
+    headroom granted to a host is spent as surely as headroom used here."""
+    found = []
+    for node in nodes:
+        limits, held = node.limits, node.held
+        if limits is None or held is None:
+            continue
+        for name in LEASED:
+            limit = getattr(limits, name)
+            if limit is None:
+                continue
+            used, holds = _node_used(node, name), getattr(held, name)
+            slack = 1e-9 * limit if name == "cost" else 0
+            if used + holds > limit + slack:
+                found.append(
+                    f"4: {where}: {node.id} used {used} {name} and leases hold {holds}, "
+                    f"over its limit of {limit}"
+                )
+    return found
+
+
+def check_leases_returned(root: Node, *, lost: bool) -> list[str]:
+    """4 after every subtree answered: no lease is live, and all that leases still
+    hold is what the leases of lost hosts took (nothing, unless a host was ``lost``)."""
+    held = root.held
+    if held is None:
+        return []
+    found = []
+    if held.leases or held.holding:
+        found.append(f"4: {held.leases} leases ({held.holding} holding) outlive their subtrees")
+    gone = held.lost
+    if gone is not None and not lost:
+        found.append("4: leases count as lost, and no host was")
+    for name in LEASED:
+        left = getattr(held, name)
+        taken = getattr(gone, name) if gone is not None else 0
+        if not math.isclose(left, taken, rel_tol=1e-9, abs_tol=1e-12):
+            found.append(f"4: leases still hold {left} {name}, lost hosts took {taken}")
+    return found
+
+
 # -- invariants 4 and 5 on one reply --------------------------------------------------------
 
 
@@ -373,7 +494,8 @@ def check_result(
 ) -> list[str]:
     """One ``Result`` of a top-level ask: a known status and a text; the node it names
     ended as it says, carries the limits that were set (``expected``: the agent's
-    budget merged with the ask's) and its usage is within every one of ``budgets``."""
+    budget merged with the ask's) and the Result's usage is that node's (the whole
+    tree's) and within every one of ``budgets``."""
     found: list[str] = []
     if result.status not in STATUSES or not result.text:
         found.append(f"5: {where}: a Result with status {result.status!r}, text {result.text!r}")
@@ -394,14 +516,49 @@ def check_result(
         )
     if node.limits != expected:
         found.append(f"4: {where}: node limits {node.limits}, set {expected}")
+    # Its usage is the whole tree's: remote subtrees' included, charged here by
+    # their reports.
     found.extend(
-        f"4: {where}: the Result's {field} is more than its node's"
+        f"4: {where}: the Result's {field} is {getattr(result.usage, field)}, "
+        f"its node's {getattr(node.usage, field)}"
         for field in USAGE_FIELDS
-        if getattr(result.usage, field) > getattr(node.usage, field)
+        if getattr(result.usage, field) != getattr(node.usage, field)
     )
+    if not math.isclose(result.usage.cost, node.usage.cost, rel_tol=1e-9, abs_tol=1e-12):
+        found.append(f"4: {where}: the Result's cost is {result.usage.cost}, its node's other")
     for budget in budgets:
         if budget is not None:
             found.extend(over_limits(result.usage, budget, where))
+    return found
+
+
+def check_stored_traces(
+    tree: TreeSnapshot, traces: Iterable[ExecutionTrace], *, lost: Collection[str] = ()
+) -> list[str]:
+    """2: a store holds the trace of every execution of the tree, remote ones
+    included, as the execution ended (status, reason) and under its parent; but for
+    the executions in ``lost`` (of a host that was lost: their traces were there)."""
+    found = []
+    by_id = {trace.execution_id: trace for trace in traces}
+    for node in tree.nodes:
+        if node.parent_id is None or node.id in lost:
+            continue
+        trace = by_id.get(node.id)
+        where = f"the stored trace of {node.id}" + (f" (host {node.host!r})" if node.host else "")
+        if trace is None:
+            found.append(f"2: {where} is missing ({node.status}: {node.stop_reason!r:.120})")
+            continue
+        parent = "" if node.parent_id == "root" else node.parent_id
+        if (trace.status, trace.stop_reason, trace.parent_id) != (
+            node.status,
+            node.stop_reason,
+            parent,
+        ):
+            found.append(
+                f"2: {where} says {trace.status} ({trace.stop_reason!r:.120}) under "
+                f"{trace.parent_id!r}; its node {node.status} ({node.stop_reason!r:.120})"
+                f" under {parent!r}"
+            )
     return found
 
 

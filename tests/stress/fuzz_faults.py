@@ -14,6 +14,10 @@ a final answer, tool calls, subagent calls, a model error or garbage, with 0 to
 10 ms of latency. ``FaultyModel`` wraps the fake to break what the fake itself
 would have made right (blank call ids, output past ``max_tokens``).
 
+``Hosts`` are ``LocalHosts`` that tell the fuzz each placement, so that it can
+kill a host right when a subtree was placed there (``LocalHosts.kill``: as a
+crash would).
+
 Each fault counts itself in the ``Counter`` of the running tree (``faults``), a
 context variable: actors run in tasks that copy the context of the one that spawned
 them, and worker threads get a copy too.
@@ -28,6 +32,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -36,6 +41,7 @@ from actors import (
     AssistantMessage,
     FinishReason,
     FunctionModel,
+    LocalHosts,
     ModelRequest,
     ModelResponse,
     ProviderError,
@@ -52,7 +58,20 @@ from runtime import Usage
 from .fuzz_checks import marker
 from .fuzz_plan import GARBAGE, Plan, Spec
 
-__all__ = ["LATENCIES", "MODEL", "PROBE", "TOOLS", "FaultyModel", "Script", "faults"]
+if TYPE_CHECKING:
+    from actors._hosts import HostLink
+    from actors._remote import RemoteChild
+
+__all__ = [
+    "LATENCIES",
+    "MODEL",
+    "PROBE",
+    "TOOLS",
+    "FaultyModel",
+    "Hosts",
+    "Script",
+    "faults",
+]
 
 #: The name of every fake model (its price is set on the runtime).
 MODEL = "fuzz"
@@ -407,3 +426,26 @@ class FaultyModel:
 
     async def aclose(self) -> None:
         await self.fake.aclose()
+
+
+# -- hosts that die ----------------------------------------------------------------------------
+
+
+class Hosts(LocalHosts):
+    """``LocalHosts`` that tell each placement (``wait_placed``)."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self._placed = anyio.Event()
+
+    def start_on(self, child: RemoteChild, link: HostLink) -> None:
+        super().start_on(child, link)
+        self._placed.set()
+        self._placed = anyio.Event()
+
+    async def wait_placed(self, name: str, count: int) -> HostLink:
+        """Wait until ``count`` subtrees were placed on host ``name``; its link."""
+        link = next(link for link in self.links if link.name == name)
+        while link.placed < count:
+            await self._placed.wait()
+        return link

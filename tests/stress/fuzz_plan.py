@@ -5,10 +5,13 @@ agents (``Spec``), each the root of up to twelve more, three levels deep at most
 up to five subagents per agent, each with its tools, budget, output cap, retry and
 restart policies, escalation, tool concurrency, stop condition and number of steps;
 the runtime's budget, caps, token settings and store; and the rounds of things done
-from outside (``Op``). What each model answers is drawn later, per request, from the
-seed too (``tests.stress.fuzz_faults``). ``FAULT_KINDS`` names every fault the fuzz
-counts; each tree favours one of the faults a model draws (``Plan.focus``) so that a
-few dozen trees hit them all.
+from outside (``Op``). Whether the tree runs across hosts (``Plan.hosts``: its
+top-level executions' children placed on ``LocalHosts``) and whether, and when, one
+of them is killed (``Kill``) is drawn from a generator of its own, seeded apart, so
+that every other draw of a seed is the same with hosts or without. What each model
+answers is drawn later, per request, from the seed too (``tests.stress.fuzz_faults``).
+``FAULT_KINDS`` names every fault the fuzz counts; each tree favours one of the
+faults a model draws (``Plan.focus``) so that a few dozen trees hit them all.
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ __all__ = [
     "DRAWN",
     "FAULT_KINDS",
     "GARBAGE",
+    "HOSTS",
+    "HOST_KINDS",
     "TOOL_POOL",
+    "HostsMode",
+    "Kill",
     "Op",
     "OpKind",
     "Plan",
@@ -85,8 +92,16 @@ FAULT_KINDS = (
     "cancelled",
     "failed",
     "refused_turn",
+    "hosts",
+    "remote_subtree",
+    "host_kill",
+    "host_lost",
+    "placed_again",
 )
 GARBAGE = tuple(kind.removeprefix("garbage_") for kind in FAULT_KINDS if "garbage_" in kind)
+#: What only a tree across hosts hits: a subtree placed on a host, a kill, a subtree
+#: lost with its host, and one placed again on the other host.
+HOST_KINDS = ("hosts", "remote_subtree", "host_kill", "host_lost", "placed_again")
 #: The faults a model draws per request; each tree favours one of them (``Plan.focus``).
 DRAWN = tuple(kind for kind in FAULT_KINDS if kind.startswith(("model_", "garbage_")))
 
@@ -148,6 +163,25 @@ class Op:
     pick: float = 0.0
 
 
+#: How many hosts a tree that runs across hosts has (``LocalHosts(HOSTS)``).
+HOSTS = 2
+#: Which trees run across hosts: as each seed's plan draws (one in three), all, none.
+HostsMode = Literal["plan", "always", "never"]
+
+
+@dataclass(frozen=True)
+class Kill:
+    """One host killed mid-run, as a crash would (``LocalHosts.kill``)."""
+
+    #: Its index in the default pool (``default-<host>``).
+    host: int
+    #: The kill waits until this many subtrees were placed on that host (0: it does
+    #: not wait; no kill if that never happens).
+    placed: int
+    #: Seconds after that (or after the runtime started).
+    delay: float
+
+
 @dataclass(frozen=True)
 class Plan:
     seed: int
@@ -164,6 +198,10 @@ class Plan:
     #: The model or garbage fault this tree draws more often than the others, so that
     #: a few dozen trees hit every one of them.
     focus: str
+    #: Hosts the children of top-level executions are placed on (0: none, all here).
+    hosts: int = 0
+    #: The host killed mid-run, if one is.
+    kill: Kill | None = None
 
 
 def _budget(rng: random.Random, *, top: bool = False) -> Budget:
@@ -263,8 +301,23 @@ def _rounds(rng: random.Random, tops: int) -> tuple[tuple[Op, ...], ...]:
     return tuple(rounds)
 
 
-def make_plan(seed: int) -> Plan:
-    """Everything about tree ``seed`` that is decided before it runs."""
+def _hosts(seed: int, mode: HostsMode) -> tuple[int, Kill | None]:
+    """Whether tree ``seed`` runs across hosts, and the kill of one, if any: drawn
+    apart from the rest of its plan."""
+    rng = random.Random(f"{seed}|hosts")
+    drawn = rng.random() < 1 / 3
+    if mode == "never" or (mode == "plan" and not drawn):
+        return 0, None
+    if rng.random() < 0.5:
+        return HOSTS, None
+    placed = rng.choice([0, 1, 1, 1, 2, 3])
+    delay = rng.choice([0.0, rng.uniform(0.0, 0.01)]) if placed else rng.uniform(0.0, 0.2)
+    return HOSTS, Kill(host=rng.randrange(HOSTS), placed=placed, delay=delay)
+
+
+def make_plan(seed: int, hosts: HostsMode = "plan") -> Plan:
+    """Everything about tree ``seed`` that is decided before it runs; ``hosts``: which
+    trees run across hosts (as drawn, or all, or none)."""
     rng = random.Random(seed)
     focus = DRAWN[seed % len(DRAWN)]
     runtime_budget = _budget(rng, top=True) if rng.random() < 0.25 else None
@@ -283,6 +336,7 @@ def make_plan(seed: int) -> Plan:
     caps = Caps()
     if rng.random() < 0.15:
         caps = Caps(depth=rng.randint(1, 3), agents=rng.randint(1, 20), steps=rng.randint(1, 5))
+    host_count, kill = _hosts(seed, hosts)
     return Plan(
         seed=seed,
         tops=tops,
@@ -295,4 +349,6 @@ def make_plan(seed: int) -> Plan:
         observe=rng.random() < 0.5,
         rounds=_rounds(rng, count),
         focus=focus,
+        hosts=host_count,
+        kill=kill,
     )

@@ -13,16 +13,29 @@ traces, and that nothing is left running, waiting or pending, no task included.
 
 Tree snapshots are also checked at every model request and, when the plan observes
 the tree's events, at every ``execution_end``; every event is round-tripped.
+
+**Across hosts** (``Plan.hosts``): the runtime places the children of its top-level
+executions on ``LocalHosts``, and every check above holds of the whole tree as the
+driver sees it, plus what hosts add: each host's own tree keeps the invariants too
+(its subtrees' tops within their leases), settled usage plus what leases hold stays
+within every limit here, a placed subtree stays whole on its host, and once the
+runtime ends no lease is live and all they still hold is what lost hosts took. When
+the plan kills a host (``Plan.kill``), each subtree running there answers ``failed``
+with "host '<name>' lost" in its reason, unless its agent's restart policy placed it
+again on the other host (or its answer was already on its way); a lost subtree's
+nodes stay in the driver's tree as their host last sent them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import traceback
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -43,12 +56,14 @@ from actors import (
     StepRecord,
     Task,
 )
+from actors._host import AgentHost
 from runtime import (
     ActorStopped,
     AskTimeout,
     Budget,
     Event,
     MemoryStore,
+    Node,
     Price,
     Runtime,
     RuntimeStatistics,
@@ -59,17 +74,25 @@ from runtime import (
 
 from .fuzz_checks import (
     check_conversation,
+    check_events,
+    check_held,
+    check_leases_returned,
     check_pairs,
     check_request,
     check_result,
+    check_stored_traces,
     check_tree,
     decode_struct,
     marker,
+    remote_tops,
     round_trip,
 )
-from .fuzz_faults import MODEL, PROBE, TOOLS, FaultyModel, Script
+from .fuzz_faults import MODEL, PROBE, TOOLS, FaultyModel, Hosts, Script
 from .fuzz_faults import _hit as hit
-from .fuzz_plan import ASKS, Op, Plan, Spec
+from .fuzz_plan import ASKS, Kill, Op, Plan, Spec
+
+if TYPE_CHECKING:
+    from actors._remote import RemoteChild
 
 __all__ = ["PRICE", "SECONDS_SLACK", "TreeReport", "TreeRun"]
 
@@ -78,6 +101,8 @@ PRICE = Price(input_per_million=1_000, output_per_million=4_000)
 SECONDS_SLACK = 2.0
 #: How a budget's refusal names its limit.
 _LIMIT = re.compile(r"^(\w+) limit of")
+#: How a subtree of a lost host says so (naming its host).
+_LOST = re.compile(r"host '([^']*)' lost")
 
 
 @dataclass
@@ -132,6 +157,13 @@ class TreeRun:
         self.tops: list[Top] = []
         #: (top, the ask's budget, its Result): checked against the final tree.
         self.results: list[tuple[Spec, Budget | None, Result]] = []
+        self.hosts: Hosts | None = None
+        #: The host the plan killed ("" until it is), and the stand-ins of the subtrees
+        #: that ran on it then, by node id.
+        self.killed = ""
+        self.doomed: dict[str, RemoteChild] = {}
+        #: Every event seen (when the plan observes them).
+        self.events: list[Event] = []
 
     def _note_ancestors(self, spec: Spec, above: frozenset[str]) -> None:
         self.ancestors[spec.name] = above
@@ -147,13 +179,48 @@ class TreeRun:
             self.snapshot("a snapshot at a model request")
 
     def snapshot(self, where: str) -> None:
-        assert self.rt is not None
+        """Invariant 4 on the tree as the driver sees it, on what leases hold here, and
+        on each live host's own tree."""
+        rt = self.rt
+        assert rt is not None
         self.report.snapshots += 1
+        tree = rt.tree()
+        # A subtree's top here is charged by every report; its nodes below are as
+        # their host last sent them: the top may be ahead of them.
+        lagging = {node.id for node in remote_tops(tree)}
         self.violate(
             check_tree(
-                self.rt.tree(), caps=self.plan.caps, seconds_slack=SECONDS_SLACK, where=where
+                tree,
+                caps=self.plan.caps,
+                seconds_slack=SECONDS_SLACK,
+                where=where,
+                lagging=lagging,
             )
         )
+        if self.hosts is None:
+            return
+        self.violate(check_held(list(rt.supervisor.nodes.values()), where))
+        for name, host in self.live_hosts():
+            assert host.runtime is not None
+            self.violate(
+                check_tree(
+                    host.runtime.tree(),
+                    caps=None,
+                    seconds_slack=SECONDS_SLACK,
+                    where=f"{where}, on host {name!r}",
+                )
+            )
+
+    def live_hosts(self) -> list[tuple[str, AgentHost]]:
+        """The hosts of the tree that were not killed, by name."""
+        if self.hosts is None:
+            return []
+        found = []
+        for link in self.hosts.links:
+            host = getattr(link, "host", None)
+            if isinstance(host, AgentHost) and link.name != self.killed:
+                found.append((link.name, host))
+        return found
 
     def build(self, spec: Spec) -> Agent:
         script = Script(spec, self.plan, skip=self.skip, on_request=self.at_request)
@@ -199,7 +266,11 @@ class TreeRun:
         if store is not None:
             hit(f"store_{plan.store}")
         self.store = store
+        if plan.hosts:
+            hit("hosts")
+            self.hosts = Hosts(plan.hosts)
         rt = self.rt = Runtime(
+            hosts=self.hosts,
             budget=plan.runtime_budget,
             prices={MODEL: PRICE},
             grace=1.0,
@@ -211,20 +282,35 @@ class TreeRun:
         async with rt, anyio.create_task_group() as tg:
             if plan.observe:
                 await tg.start(self._watch)
+            if self.hosts is not None and plan.kill is not None:
+                tg.start_soon(self._kill, self.hosts, plan.kill)
             await self._drive()
             tg.cancel_scope.cancel()
         await self._after(rt, before)
 
     async def _watch(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        """Invariants 6 on every event and 4 on the tree at every ``execution_end``."""
+        """Invariants 6 on every event and 4 on the tree at every ``execution_end``;
+        every event is kept, to be checked against the final tree."""
         assert self.rt is not None
         async with self.rt.events(10_000) as events:
             task_status.started()
             async for event in events:
                 hit("events")
+                self.events.append(event)
                 self.violate(round_trip(event, Event, f"a {event.kind} event"))
                 if event.kind == "execution_end":
                     self.snapshot("a snapshot at an execution_end event")
+
+    async def _kill(self, hosts: Hosts, kill: Kill) -> None:
+        """Kill one host at the plan's moment, as a crash would (first, if the plan
+        says so, wait until enough subtrees were placed there)."""
+        name = f"default-{kill.host}"
+        link = await hosts.wait_placed(name, kill.placed)
+        await anyio.sleep(kill.delay)
+        self.doomed = {child.node.id: child for child in link.runs.values()}
+        self.killed = name
+        hit("host_kill")
+        hosts.kill(name)
 
     # -- from outside ------------------------------------------------------------------------
 
@@ -375,6 +461,11 @@ class TreeRun:
         statistics = rt.statistics()
         if statistics.pending_asks or statistics.budget_waiting:
             self.violate([f"5: {where}: {statistics!r}"])
+        for name, host in self.live_hosts():
+            assert host.runtime is not None
+            statistics = host.runtime.statistics()
+            if statistics.pending_asks or statistics.budget_waiting:
+                self.violate([f"5: {where}, on host {name!r}: {statistics!r}"])
         for top in self.tops:
             if top.cancelled:
                 continue
@@ -404,6 +495,10 @@ class TreeRun:
         live = [top for top in self.tops if not top.cancelled]
         if rt.statistics().live_actors != len(live):
             return False
+        for _, host in self.live_hosts():
+            assert host.runtime is not None
+            if host.load or host.runtime.statistics().live_actors:
+                return False
         return all(top.ref.statistics().queued == 0 for top in live)
 
     async def _check_stored(self, top: Top, messages: tuple[Message, ...]) -> None:
@@ -445,9 +540,23 @@ class TreeRun:
     async def _after(self, rt: Runtime, before: set[int]) -> None:
         tree = rt.tree()
         where = "the final tree"
+        # The subtrees of a lost host stay as it last sent them. One placed again
+        # shows its new run's nodes, and its top keeps what the lost run reported as
+        # used: either top may be ahead of its children.
+        lost = {node.id for node in remote_tops(tree) if node.host == self.killed}
+        below_lost = _below(tree, lost)
         self.violate(
-            check_tree(tree, caps=self.plan.caps, seconds_slack=SECONDS_SLACK, where=where)
+            check_tree(
+                tree,
+                caps=self.plan.caps,
+                seconds_slack=SECONDS_SLACK,
+                where=where,
+                lagging=lost,
+            )
         )
+        self.violate(check_events(tree, self.events, moved=self.doomed.keys()))
+        if self.hosts is not None:
+            self._check_hosts(tree, rt.supervisor.root)
         self.violate(round_trip(tree, TreeSnapshot, "the final tree"))
         statistics = rt.statistics()
         self.violate(round_trip(statistics, RuntimeStatistics, "the statistics"))
@@ -464,7 +573,9 @@ class TreeRun:
                 continue
             self.report.executions += 1
             self.report.statuses[node.status] += 1
-            if node.status == "running":
+            if node.status == "running" and node.id in below_lost:
+                hit("lost_running")  # as its lost host last sent it
+            elif node.status == "running":
                 self.violate([f"5: {node.id} still runs after the runtime"])
             elif node.status != "completed":
                 hit(node.status)
@@ -502,8 +613,70 @@ class TreeRun:
                 )
                 self.violate(round_trip(request, ModelRequest, f"a request of {name}"))
         if self.store is not None:
+            stored = []
             for record in await self.store.records(kind="trace", limit=None):
                 self.violate(decode_struct(record.data, ExecutionTrace, "a stored trace"))
+                with contextlib.suppress(msgspec.DecodeError):  # reported just above
+                    stored.append(msgspec.json.decode(record.data, type=ExecutionTrace))
+            # A lost subtree's traces were on its host: they are lost with it.
+            self.violate(check_stored_traces(tree, stored, lost=lost | below_lost))
+
+    def _check_hosts(self, tree: TreeSnapshot, root: Node) -> None:
+        """After the runtime, across hosts: placement, lost subtrees, and leases."""
+        assert self.hosts is not None
+        names = {link.name for link in self.hosts.links}
+        by_id = {node.id: node for node in tree.nodes}
+        for node in tree.nodes:
+            parent = by_id.get(node.parent_id or "")
+            if parent is None:
+                continue
+            if parent.id == "root":  # a top-level execution runs here
+                wrong = node.host != ""
+            elif parent.parent_id == "root":  # its children are placed on the hosts
+                wrong = node.host not in names
+            else:  # a placed subtree stays whole on its host
+                wrong = node.host != parent.host
+            if wrong:
+                self.violate([f"5: {node.id} runs on {node.host!r}, its parent on {parent.host!r}"])
+        tops = remote_tops(tree)
+        self.faults["remote_subtree"] += len(tops)
+        for node in tops:
+            said = _LOST.search(node.stop_reason)
+            if said is not None and said.group(1) != self.killed:
+                self.violate([f"5: {node.id} answered {node.stop_reason!r:.200}, no host was lost"])
+        for node_id, child in self.doomed.items():
+            doomed = by_id.get(node_id)
+            if doomed is None:
+                self.violate([f"5: {node_id}, on the killed host, is not in the final tree"])
+                continue
+            if doomed.host != self.killed:
+                hit("placed_again")
+                if not self.specs[doomed.name].restarts:
+                    self.violate([f"5: {node_id} was placed again, its agent restarts none"])
+            elif doomed.status == "failed" and f"host {self.killed!r} lost" in doomed.stop_reason:
+                hit("host_lost")
+            elif child.done is None:
+                self.violate(
+                    [
+                        f"5: {node_id} ran on the killed host {self.killed!r} and answered "
+                        f"{doomed.status} ({doomed.stop_reason!r:.200})"
+                    ]
+                )
+        self.violate(check_held([root], "the root after the runtime"))
+        self.violate(check_leases_returned(root, lost=bool(self.killed)))
+
+
+def _below(tree: TreeSnapshot, tops: set[str]) -> set[str]:
+    """The ids of the nodes below ``tops``."""
+    parents = {node.id: node.parent_id for node in tree.nodes}
+    found = set()
+    for node in tree.nodes:
+        above = node.parent_id
+        while above is not None and above not in tops:
+            above = parents.get(above)
+        if above is not None:
+            found.add(node.id)
+    return found
 
 
 def _described(exc: BaseException) -> str:
