@@ -6,9 +6,12 @@ It speaks to OpenAI itself and to every server that implements the same endpoint
 How a ``ModelRequest`` goes out:
 
 - ``SystemMessage`` -> ``{"role": "system"}``; ``UserMessage`` -> ``{"role": "user"}``.
-- ``AssistantMessage`` -> ``{"role": "assistant", "content": text or null,
+- ``AssistantMessage`` -> ``{"role": "assistant", "content": text,
   "tool_calls": [{"id", "type": "function", "function": {"name", "arguments"}}]}``:
-  the execution buffer's calls, several in one turn, with their ids.
+  the execution buffer's calls, several in one turn, with their ids. The content is
+  a string even when empty, never null: llama-cpp-python's server answers an
+  assistant message with ``"content": null`` with HTTP 500 (every native tool loop
+  then fails at its second request); OpenAI, vLLM, Ollama and llama.cpp take "".
 - ``ToolResultMessage`` -> ``{"role": "tool", "tool_call_id": id, "content": text}``.
   The wire format has no error flag: an error result says so in its text.
 - ``ToolSpec`` -> ``{"type": "function", "function": {"name", "description",
@@ -297,7 +300,7 @@ def _message(message: Message) -> dict[str, Any]:
         case AssistantMessage(content=content, tool_calls=tool_calls):
             return {
                 "role": "assistant",
-                "content": content or None,
+                "content": content,  # "" and never null: see the module's docstring
                 "tool_calls": [
                     {
                         "id": c.id,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -84,6 +84,9 @@ class _State:
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
+    #: Answers a request at once, before the queue, when it returns a reply: the
+    #: checks a real server makes of what it is sent.
+    refuse: Callable[[Received], Reply | None] | None = None
 
 
 _NOTHING_QUEUED = Reply(
@@ -120,7 +123,11 @@ class _Handler(BaseHTTPRequestHandler):
         )
         with state.lock:
             state.received.append(received)
-            reply = state.replies.popleft() if state.replies else _NOTHING_QUEUED
+            refused = state.refuse(received) if state.refuse is not None else None
+            if refused is not None:
+                reply = refused
+            else:
+                reply = state.replies.popleft() if state.replies else _NOTHING_QUEUED
         if reply.delay and state.stopping.wait(reply.delay):
             self.close_connection = True
             return
@@ -170,6 +177,12 @@ class LoopbackServer:
         """Serve these replies, in order, to the next requests."""
         with self._state.lock:
             self._state.replies.extend(replies)
+
+    def refuse(self, check: Callable[[Received], Reply | None]) -> None:
+        """Answer every request ``check`` returns a reply for with that reply, as a
+        real server refuses what it cannot take (the queue is left as it is)."""
+        with self._state.lock:
+            self._state.refuse = check
 
     @property
     def requests(self) -> list[Received]:

@@ -24,7 +24,7 @@ from actors import (
 )
 from runtime import Budget, Runtime
 
-from ..loopback import LoopbackServer, json_reply
+from ..loopback import LoopbackServer, Received, Reply, json_reply
 from ..tools import add, get_weather
 from .wires import OPENAI_KEY as KEY
 from .wires import completion, wire_call
@@ -132,6 +132,32 @@ async def test_a_tool_call_round_trip_through_an_agent(server: LoopbackServer) -
     assert_results_follow_calls(second["messages"])
 
 
+async def test_a_tool_loop_works_with_a_server_that_refuses_null_content(
+    server: LoopbackServer,
+) -> None:
+    # llama-cpp-python's server, seen for real: an assistant message with tool calls
+    # and "content": null is answered with HTTP 500, so every native tool loop failed
+    # at its second request. The server here makes the same check.
+    def llama_cpp_python(request: Received) -> Reply | None:
+        messages = request.json()["messages"]
+        if any(m["role"] == "assistant" and m.get("content") is None for m in messages):
+            return json_reply({"error": {"message": "content must be a string"}}, status=500)
+        return None
+
+    server.refuse(llama_cpp_python)
+    server.queue(
+        json_reply(completion(None, (wire_call("call_1", "add", '{"a": 1, "b": 2}'),))),
+        json_reply(completion("3.")),
+    )
+    async with model_for(server) as model:
+        agent = Agent("assistant", model, tools=[add])
+        async with Runtime() as rt:
+            result = await (await rt.spawn(agent)).ask("Add 1 and 2")
+    assert (result.status, result.text) == ("completed", "3."), result.stop_reason
+    assert len(server.requests) == 2
+    assert server.requests[1].json()["messages"][1]["content"] == ""
+
+
 async def test_parallel_tool_calls_keep_their_ids_and_order(server: LoopbackServer) -> None:
     calls = (
         wire_call("call_1", "add", '{"a": 1, "b": 2}'),
@@ -146,7 +172,7 @@ async def test_parallel_tool_calls_keep_their_ids_and_order(server: LoopbackServ
     assert result.status == "completed", result.stop_reason
     messages = server.requests[1].json()["messages"]
     assert roles(messages) == ["user", "assistant", "tool", "tool", "tool"]
-    assert messages[1]["content"] is None
+    assert messages[1]["content"] == ""  # a string, never null (see the next test)
     assert [c["id"] for c in messages[1]["tool_calls"]] == ["call_1", "call_2", "call_3"]
     assert [m["tool_call_id"] for m in messages[2:]] == ["call_1", "call_2", "call_3"]
     assert messages[2]["content"] == "3"
