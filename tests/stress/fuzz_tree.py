@@ -540,9 +540,9 @@ class TreeRun:
     async def _after(self, rt: Runtime, before: set[int]) -> None:
         tree = rt.tree()
         where = "the final tree"
-        # The subtrees of a lost host stay as it last sent them. One placed again
-        # shows its new run's nodes, and its top keeps what the lost run reported as
-        # used: either top may be ahead of its children.
+        # The subtrees of a lost host stay as it last sent them: their tops may be
+        # ahead of their children. One placed again adds up like any other (its top
+        # keeps, as its own, what the lost run reported).
         lost = {node.id for node in remote_tops(tree) if node.host == self.killed}
         below_lost = _below(tree, lost)
         self.violate(
