@@ -109,21 +109,6 @@ class _Tree(Protocol):
 
     def stop_over(self, over: tuple[Node, str, float, float]) -> None: ...
 
-    @staticmethod
-    def _no_price(node: Node, model: str) -> ValueError: ...
-
-    @staticmethod
-    def _hold(
-        node: Node,
-        input_tokens: int,
-        price: Price | None,
-        wanted: int,
-        cap: int | None,
-        output: int,
-        limited_by: Node | None = None,
-        limit: str = "",
-    ) -> Reservation: ...
-
 
 class Reserving:
     """The model requests' half of ``Supervisor`` (see the module's docstring)."""
@@ -162,7 +147,7 @@ class Reserving:
         if not node.limited and node.stop_status is None:
             # No budget on the chain, no one waits: count it and hold what it asks.
             price = self.prices.get(model) if self.prices else None
-            return self._hold(node, input_estimate, price, 0, max_tokens, max_tokens or 0)
+            return _hold(node, input_estimate, price, 0, max_tokens, max_tokens or 0)
         _, got = self._first_try(node, input_estimate, max_tokens, model, at_least)
         if type(got) is Reservation:
             return got
@@ -227,13 +212,6 @@ class Reserving:
         )
         return need, self._admit(node, need, max_tokens, _NEW)
 
-    @staticmethod
-    def _no_price(node: Node, model: str) -> ValueError:
-        return ValueError(
-            f"Budget.cost is set (budget of {node.name} {node.id!r}) but no price is known "
-            f"for model {model!r}: pass Runtime(prices={{{model!r}: Price(...)}})"
-        )
-
     def _admit(
         self: _Tree, node: Node, need: Need, max_tokens: int | None, seq: float
     ) -> Reservation | Node:
@@ -246,15 +224,13 @@ class Reserving:
         if node.stop_status is not None:
             raise self.stopped(node)
         if not node.limited:  # no budget on the chain: nothing to check, no one waits
-            return self._hold(
-                node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0
-            )
+            return _hold(node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0)
         current: Node | None = node
         while current is not None:  # spent? (settled usage only)
             budget = current.limits
             if budget is not None:
                 if budget.cost is not None and need.price is None:
-                    raise self._no_price(current, need.model)
+                    raise _no_price(current, need.model)
                 error = refusal(current, budget, need)
                 if error is not None:
                     if current.lender is not None:  # a leased subtree: ask for more
@@ -301,37 +277,11 @@ class Reserving:
                         share, limited_by, limit = mine, current, field
             current = current.parent
         if share == math.inf:  # no output limit on the chain
-            return self._hold(
-                node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0
-            )
+            return _hold(node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0)
         cap = int(min(need.wanted, share))
         if cap >= need.wanted:
             limited_by, limit = None, ""
-        return self._hold(node, need.input, need.price, need.wanted, cap, cap, limited_by, limit)
-
-    @staticmethod
-    def _hold(
-        node: Node,
-        input_tokens: int,
-        price: Price | None,
-        wanted: int,
-        cap: int | None,
-        output: int,
-        limited_by: Node | None = None,
-        limit: str = "",
-    ) -> Reservation:
-        """Count the request and hold its headroom on the whole chain."""
-        cost = price.cost(input_tokens, output) if price is not None else 0.0
-        current: Node | None = node
-        while current is not None:
-            current.requests += 1
-            current.in_flight += 1
-            current.reserved_input += input_tokens
-            current.reserved_output += output
-            current.reserved_cost += cost
-            current = current.parent
-        node.own_requests += 1
-        return Reservation(input_tokens, output, cost, cap, price, limited_by, limit, wanted)
+        return _hold(node, need.input, need.price, need.wanted, cap, cap, limited_by, limit)
 
     def _enqueue(self: _Tree, wait: Wait, at: Node) -> None:
         """Queue ``wait`` on ``at`` in its place in line, and say why it waits."""
@@ -510,3 +460,34 @@ def _want(need: Need) -> Want:
 
 def _amount(value: float) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.6g}"
+
+
+def _no_price(node: Node, model: str) -> ValueError:
+    return ValueError(
+        f"Budget.cost is set (budget of {node.name} {node.id!r}) but no price is known "
+        f"for model {model!r}: pass Runtime(prices={{{model!r}: Price(...)}})"
+    )
+
+
+def _hold(
+    node: Node,
+    input_tokens: int,
+    price: Price | None,
+    wanted: int,
+    cap: int | None,
+    output: int,
+    limited_by: Node | None = None,
+    limit: str = "",
+) -> Reservation:
+    """Count the request and hold its headroom on the whole chain."""
+    cost = price.cost(input_tokens, output) if price is not None else 0.0
+    current: Node | None = node
+    while current is not None:
+        current.requests += 1
+        current.in_flight += 1
+        current.reserved_input += input_tokens
+        current.reserved_output += output
+        current.reserved_cost += cost
+        current = current.parent
+    node.own_requests += 1
+    return Reservation(input_tokens, output, cost, cap, price, limited_by, limit, wanted)
