@@ -10,6 +10,7 @@ from ._agent import Agent as Agent
 from ._agent import AgentActor as AgentActor
 from ._agent import AgentRef as AgentRef
 from ._agent import GetConversation as GetConversation
+from ._agent import GetProgress as GetProgress
 from ._agent import GetTrace as GetTrace
 from ._agent import Task as Task
 from ._execution import StopCondition as StopCondition
@@ -23,6 +24,7 @@ from ._messages import FinishReason as FinishReason
 from ._messages import Message as Message
 from ._messages import ModelRequest as ModelRequest
 from ._messages import ModelResponse as ModelResponse
+from ._messages import Progress as Progress
 from ._messages import Result as Result
 from ._messages import Status as Status
 from ._messages import StepRecord as StepRecord
@@ -38,16 +40,31 @@ from ._models import FunctionModel as FunctionModel
 from ._models import Model as Model
 from ._models import ScriptedModel as ScriptedModel
 from ._models import ScriptExhausted as ScriptExhausted
+from ._models import Sink as Sink
+from ._models import Streamed as Streamed
+from ._models import StreamingModel as StreamingModel
 from ._models import call as call
 from ._models import calls as calls
 from ._models import estimate_tokens as estimate_tokens
 from ._models import fail as fail
 from ._models import reply as reply
+from ._models import streamed as streamed
 from ._persistence import AgentState as AgentState
 from ._policy import RestartPolicy as RestartPolicy
 from ._policy import RetryPolicy as RetryPolicy
 from ._react import MalformedAction as MalformedAction
 from ._react import ReActModel as ReActModel
+from ._streaming import AgentStream as AgentStream
+from ._streaming import BudgetResumed as BudgetResumed
+from ._streaming import BudgetWaiting as BudgetWaiting
+from ._streaming import Retrying as Retrying
+from ._streaming import Stopped as Stopped
+from ._streaming import StreamEvent as StreamEvent
+from ._streaming import SubagentFinished as SubagentFinished
+from ._streaming import SubagentStarted as SubagentStarted
+from ._streaming import TextDelta as TextDelta
+from ._streaming import ToolCallFinished as ToolCallFinished
+from ._streaming import ToolCallStarted as ToolCallStarted
 from ._tools import Tool as Tool
 from ._tools import Toolbox as Toolbox
 from ._tools import ToolDefinitionError as ToolDefinitionError
@@ -67,14 +84,18 @@ __all__ = [
     "AgentActor",
     "AgentRef",
     "AgentState",
+    "AgentStream",
     "AnthropicModel",
     "AssistantMessage",
+    "BudgetResumed",
+    "BudgetWaiting",
     "Conversation",
     "CycleModel",
     "ExecutionTrace",
     "FinishReason",
     "FunctionModel",
     "GetConversation",
+    "GetProgress",
     "GetTrace",
     "HostUnavailable",
     "LocalHosts",
@@ -84,21 +105,33 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "OpenAIModel",
+    "Progress",
     "ProviderError",
     "ReActModel",
     "RemoteHosts",
     "RestartPolicy",
     "Result",
     "RetryPolicy",
+    "Retrying",
     "ScriptExhausted",
     "ScriptedModel",
+    "Sink",
     "Status",
     "StepRecord",
     "StopCondition",
+    "Stopped",
+    "StreamEvent",
+    "Streamed",
+    "StreamingModel",
+    "SubagentFinished",
+    "SubagentStarted",
     "SystemMessage",
     "Task",
+    "TextDelta",
     "Tool",
     "ToolCall",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "ToolDefinitionError",
     "ToolOutcome",
     "ToolResultMessage",
@@ -116,6 +149,7 @@ __all__ = [
     "model_from_string",
     "render_trace_tree",
     "reply",
+    "streamed",
     "tool",
     "watch",
 ]

@@ -39,6 +39,7 @@ from ._messages import (
     Conversation,
     ExecutionTrace,
     Message,
+    Progress,
     Result,
     SystemMessage,
     Task,
@@ -50,10 +51,19 @@ from ._messages import (
 from ._models import Model
 from ._persistence import AgentState, decode_state, encode_state, is_automatic_id
 from ._policy import RestartPolicy, RetryPolicy
+from ._streaming import AgentStream
 from ._tools import Tool, Toolbox, tool
 from ._traces import trace_record
 
-__all__ = ["Agent", "AgentActor", "AgentRef", "GetConversation", "GetTrace", "Task"]
+__all__ = [
+    "Agent",
+    "AgentActor",
+    "AgentRef",
+    "GetConversation",
+    "GetProgress",
+    "GetTrace",
+    "Task",
+]
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 #: How long saving an execution to the store may take (shielded from cancellation).
@@ -68,6 +78,10 @@ class GetConversation(msgspec.Struct, frozen=True, kw_only=True):
 
 class GetTrace(msgspec.Struct, frozen=True, kw_only=True):
     """Ask an agent for the traces of its recent executions."""
+
+
+class GetProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask an agent, past its mailbox, what it is doing now (a control question)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +229,7 @@ class AgentActor(Actor):
     """The running agent: owns its conversation, execution buffer and traces."""
 
     accepts = (Task, GetConversation, GetTrace)
+    controls = (GetProgress,)
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -237,6 +252,8 @@ class AgentActor(Actor):
         # Trace records whose save failed, a group per execution (with its subtree's):
         # retried with the next save.
         self._unsaved: list[list[Record]] = []
+        #: The execution running now, if one is (read by ``control``).
+        self.running: Execution | None = None
 
     async def on_start(self) -> None:
         """Resume the persistent sections from the runtime's store, if it has them.
@@ -273,6 +290,18 @@ class AgentActor(Actor):
             return self.execute(message)
         return self._look(message)
 
+    def control(self, message: GetProgress) -> Progress:
+        """What this agent is doing now, answered past the mailbox (``AgentRef.progress``)."""
+        context = self.context
+        execution = self.running
+        queued = context.statistics().queued
+        turns = len(self.messages)
+        if execution is None:
+            return Progress(
+                agent_id=context.id, running=False, queued=queued, conversation_turns=turns
+            )
+        return execution.progress(queued=queued, turns=turns)
+
     async def _look(self, message: GetConversation | GetTrace) -> Any:
         if isinstance(message, GetConversation):
             return self.snapshot()
@@ -293,7 +322,10 @@ class AgentActor(Actor):
         self.execution.clear()
         node = self.context.runtime.supervisor.get(task.node)
         node.actor_id = self.context.id
-        return self._new_execution(node, task, self._history(task), conversation=self.messages)
+        execution = self.running = self._new_execution(
+            node, task, self._history(task), conversation=self.messages
+        )
+        return execution
 
     def _history(self, task: Task) -> tuple[Message, ...]:
         """The conversation with ``task`` as its new user turn, and everything the model
@@ -328,10 +360,12 @@ class AgentActor(Actor):
                 return self._refused(str(exc))
         history = self._history(task)
         node.actor_id = context.id
+        if task.watch:
+            node.watch = context.runtime.event_bus.watchers.get(task.watch)
         store = context.runtime.store
         if store is not None and not task.node:
             node.traces = []  # the subtree's executions leave themselves here
-        execution = self._new_execution(node, task, history)
+        execution = self.running = self._new_execution(node, task, history)
         earlier: list[Execution] = []  # attempts before a restart
         try:
             await execution.run()
@@ -352,10 +386,11 @@ class AgentActor(Actor):
                 self._keep(execution.final_trace())
                 earlier.append(execution)
                 self.execution.clear()  # fresh buffer, same conversation
-                execution = self._new_execution(node, task, history)
+                execution = self.running = self._new_execution(node, task, history)
                 execution.attempt = len(earlier) + 1
                 await execution.run()
         except BaseException:
+            self.running = None
             # Cancelled: the buffer is emptied all the same. A delegated child's actor
             # ends with this cancellation (it has no other task) and nothing reads its
             # conversation or traces again: its execution is handed to the top-level
@@ -375,6 +410,7 @@ class AgentActor(Actor):
                 await self._save(store, [*earlier, execution], node)
             raise
         # Every other path: empty buffer, one final response.
+        self.running = None
         self.execution.clear()
         text = self._conclude(execution)
         supervisor.close(node, execution.status, execution.reason)
@@ -517,6 +553,29 @@ class AgentRef:
     async def tell(self, text: str, *, budget: Budget | None = None) -> None:
         """Give the agent a task without waiting; its answer joins its conversation."""
         await self._ref.tell(_task(text, budget))
+
+    def stream(
+        self,
+        text: str,
+        *,
+        budget: Budget | None = None,
+        subagents: bool = False,
+        buffer: int = 1_000,
+    ) -> AgentStream:
+        """Give the agent a task and watch it run: ``async with ref.stream(text) as
+        run: async for event in run: ...``, then ``run.result`` (the ``Result`` that
+        ``ask`` would return). ``subagents=True`` also streams what subagents do
+        (their text, tool calls, waits), not only their start and finish. At most
+        ``buffer`` events wait for a slow consumer (see ``actors._streaming``).
+        Leaving the block before the answer stops the execution."""
+        return AgentStream(self._ref, _task(text, budget), subagents=subagents, buffer=buffer)
+
+    def progress(self) -> Progress:
+        """What the agent is doing now, answered at once even while it runs a task
+        (past the mailbox: see ``Progress``). ``conversation`` and ``trace`` queue
+        behind the tasks sent before them; this never waits."""
+        progress: Progress = self._ref.inspect(GetProgress())
+        return progress
 
     async def conversation(self) -> Conversation:
         """A snapshot of the agent's context sections, asked through its mailbox."""

@@ -166,7 +166,7 @@ class Delegation:
                     supervisor.close(node, "failed", reason)
                     self.outcomes[index] = refused(call, f"subagent {call.name!r} {reason}")
                     return True
-                if execution.context.runtime.event_bus.active:
+                if execution.observed:
                     execution.emit(
                         "spawn",
                         child=subagent.name,
@@ -191,7 +191,7 @@ class Delegation:
                 call, f"subagent {call.name!r} failed: {exception_text(exc)}"
             )
             return True
-        if execution.context.runtime.event_bus.active:
+        if execution.observed:
             execution.emit("spawn", child=subagent.name, child_id=node.id, task=task[:200])
         self.running[index] = node
         reply.add_done_callback(

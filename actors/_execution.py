@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
 import msgspec
@@ -26,6 +26,7 @@ from runtime import (
     BudgetExceeded,
     EventKind,
     Node,
+    NodeSnapshot,
     Supervisor,
     Usage,
 )
@@ -38,6 +39,7 @@ from ._messages import (
     Message,
     ModelRequest,
     ModelResponse,
+    Progress,
     Result,
     Status,
     StepRecord,
@@ -161,6 +163,7 @@ class Execution:
         "node",
         "own_scope",
         "reason",
+        "sink",
         "started",
         "status",
         "step_asked",
@@ -168,6 +171,7 @@ class Execution:
         "step_input",
         "step_outcomes",
         "steps",
+        "streamed",
         "supervisor",
         "task",
         "via",
@@ -229,11 +233,31 @@ class Execution:
         self.via: Callable[[ModelRequest, Send], Awaitable[ModelResponse]] | None = getattr(
             agent.model, "request_via", None
         )
+        #: The text the model has streamed so far in the current request, in pieces.
+        self.streamed: list[str] = []
+        #: Where a streaming model hands its text (None: the model does not stream;
+        #: an adapter's text is its own format, never streamed).
+        self.sink: Callable[[str], None] | None = None
+        if self.via is None and getattr(agent.model, "streaming", False):
+            self.sink = self._streamed_text
 
     @property
     def usage(self) -> Usage:
         """This execution's usage, all descendants included."""
         return self.node.usage()
+
+    @property
+    def observed(self) -> bool:
+        """Whether anyone sees this execution's events: the runtime's subscribers (or
+        its log), or the watcher of a streamed ask above it."""
+        return self.context.runtime.event_bus.active or self.node.watch is not None
+
+    def _streamed_text(self, text: str) -> None:
+        """The sink of a streaming model: keep the piece (for a snapshot, and for the
+        trace if the request is cut) and show it to whoever watches."""
+        self.streamed.append(text)
+        if self.context.runtime.event_bus.active or self.node.watch is not None:
+            self.emit("text", text=text, step=len(self.steps))
 
     async def run(self) -> Result | None:
         """Run steps until a final answer or a stop; never raises an ``Exception``.
@@ -281,7 +305,7 @@ class Execution:
         tokens = _bind_log_context(
             self.agent_id, parent.id if parent is not None else None, node.depth, node.id
         )
-        if self.context.runtime.event_bus.active:
+        if self.observed:
             self.emit("execution_start", task=self.task[:200])
         return tokens
 
@@ -295,6 +319,8 @@ class Execution:
         self.ended = time.perf_counter()
         supervisor = self.supervisor
         self.status, self.reason = supervisor.why_stopped(node)
+        if self.observed:  # whoever watched it start sees it end
+            self._emit_end()
         if self.conversation is not None:  # ends itself: see _end (no answer to build)
             self.buffer.clear()
             supervisor.close(node, self.status, self.reason)
@@ -312,22 +338,26 @@ class Execution:
             token.var.reset(token)
         if stopped or node.stop_status is not None:
             self._stop(*self.supervisor.why_stopped(node))
-        if self.context.runtime.event_bus.active:
-            if self.status in ("budget_exceeded", "timed_out"):
-                kind: EventKind = (
-                    "budget_exceeded" if self.status == "budget_exceeded" else "deadline"
-                )
-                self.emit(kind, reason=self.reason)
-            self.emit(
-                "execution_end",
-                status=self.status,
-                reason=self.reason,
-                steps=len(self.steps),
-                tokens=node.input_tokens + node.output_tokens,
-            )
+        if self.observed:
+            self._emit_end()
         if self.conversation is not None:
             return self.result(self._end())
         return None
+
+    def _emit_end(self) -> None:
+        """The events of the execution's end: how a limit or the deadline stopped it,
+        if one did, then its status."""
+        node = self.node
+        if self.status in ("budget_exceeded", "timed_out"):
+            kind: EventKind = "budget_exceeded" if self.status == "budget_exceeded" else "deadline"
+            self.emit(kind, reason=self.reason)
+        self.emit(
+            "execution_end",
+            status=self.status,
+            reason=self.reason,
+            steps=len(self.steps),
+            tokens=node.input_tokens + node.output_tokens,
+        )
 
     def _end(self) -> str:
         """End a delegated child's execution: empty buffer; the final response joins
@@ -345,18 +375,26 @@ class Execution:
             node.traces.append(self)
         return text
 
-    def emit(self, kind: EventKind, **detail: object) -> None:
+    def emit(self, kind: EventKind, **detail: Any) -> None:
+        """One event of this execution: to the runtime's subscribers when it has any,
+        and to the watcher of the streamed ask above it, if there is one."""
         node = self.node
         parent = node.parent
-        self.context.runtime.event_bus.emit(
+        bus = self.context.runtime.event_bus
+        event = bus.make(
             kind,
             agent=self.agent.name,
             agent_id=self.agent_id,
             execution_id=node.id,
             parent_id=parent.id if parent is not None else "",
             depth=node.depth,
-            **detail,
+            detail=detail,
         )
+        if bus.active:
+            bus.deliver(event)
+        watch = node.watch
+        if watch is not None:
+            watch(event)
 
     async def _steps(self, *, alone: bool = False) -> Result | None:
         """The steps, until an answer or a stop; never raises an ``Exception``: a
@@ -377,7 +415,6 @@ class Execution:
             node = self.node
             specs = agent.specs
             max_tokens = agent.max_tokens
-            bus = self.context.runtime.event_bus
             buffer = self.buffer
             # What the model sees: the history, then this execution's buffer. Grown by
             # one concatenation per step (the buffer list is kept for snapshots).
@@ -387,7 +424,7 @@ class Execution:
                     supervisor.charge(node, steps=1)
                 except HeldUp:  # headroom leased to a subtree on another host
                     await supervisor.charge_waiting(node, steps=1)
-                if bus.active:
+                if self.observed:
                     self.emit("step_start", step=len(self.steps))
                 request = ModelRequest(messages=context, tools=specs, max_tokens=max_tokens)
                 began = self.step_began = time.perf_counter()
@@ -586,7 +623,7 @@ class Execution:
         the tree: the call charged and its arguments validated, or the outcome that
         answers it at once (refused, invalid arguments); None for any other call."""
         tool = self.agent.toolbox.direct.get(call.name)
-        if tool is None or self.context.runtime.event_bus.active:
+        if tool is None or self.observed:
             return None
         try:
             self.supervisor.charge(self.node, tool_calls=1)
@@ -609,7 +646,7 @@ class Execution:
             return _ready(refused(call, f"tool call refused: {exc}"))
         except HeldUp:
             return self._run_call_held_up(call)
-        if not self.context.runtime.event_bus.active:
+        if not self.observed:
             return self.agent.toolbox.run(call)
         return self._run_call_observed(call)
 
@@ -619,7 +656,7 @@ class Execution:
             await self.supervisor.charge_waiting(self.node, tool_calls=1)
         except BudgetExceeded as exc:
             return refused(call, f"tool call refused: {exc}")
-        if not self.context.runtime.event_bus.active:
+        if not self.observed:
             return await self.agent.toolbox.run(call)
         return await self._run_call_observed(call)
 
@@ -658,7 +695,7 @@ class Execution:
         )
         self.steps.append(record)
         self.step_began = 0.0
-        if self.context.runtime.event_bus.active:
+        if self.observed:
             self.emit(
                 "step_end",
                 step=record.index,
@@ -673,7 +710,7 @@ class Execution:
             StepRecord(
                 index=len(self.steps),
                 input_messages=input_messages,
-                response_text="",
+                response_text="".join(self.streamed),  # what came before it failed
                 tool_calls=(),
                 outcomes=(),
                 usage=self.charged,
@@ -703,7 +740,7 @@ class Execution:
             return StepRecord(
                 index=len(self.steps),
                 input_messages=self.step_input,
-                response_text="",
+                response_text="".join(self.streamed),  # what it streamed before the cut
                 tool_calls=(),
                 outcomes=(),
                 usage=self.charged,
@@ -764,6 +801,46 @@ class Execution:
             execution_id=self.execution_id,
             steps=len(self.steps) + (1 if self.step_began else 0),
         )
+
+    def progress(self, *, queued: int, turns: int) -> Progress:
+        """A snapshot of this execution as it runs (see ``AgentActor.control``)."""
+        node = self.node
+        asked = self.step_asked
+        phase: Literal["model", "tools"] = "model"
+        in_flight: tuple[ToolCall, ...] = ()
+        if self.step_began and asked is not None:
+            phase = "tools"
+            calls = asked[0].tool_calls
+            done = self.step_outcomes
+            if done is None:  # the step's one tool call
+                in_flight = calls
+            else:
+                in_flight = tuple(
+                    [call for call, outcome in zip(calls, done, strict=True) if outcome is _NOT_RUN]
+                )
+        return Progress(
+            agent_id=self.agent_id,
+            running=True,
+            execution_id=self.execution_id,
+            task=self.task,
+            attempt=self.attempt,
+            steps=tuple(self.steps),
+            phase=phase,
+            in_flight=in_flight,
+            streamed="".join(self.streamed) if phase == "model" else "",
+            usage=node.usage(),
+            seconds=time.perf_counter() - self.started,
+            queued=queued,
+            conversation_turns=turns,
+            nodes=self._nodes() if node.status == "running" else (),
+        )
+
+    def _nodes(self) -> tuple[NodeSnapshot, ...]:
+        """This execution's node and its subtree's, as the supervisor sees them now."""
+        supervisor = self.supervisor
+        nodes: list[NodeSnapshot] = []
+        supervisor.snapshot_nodes(nodes, self.node, supervisor.now())
+        return (*nodes, *supervisor.subtree(self.node))
 
     def final_trace(self) -> ExecutionTrace:
         """The trace of this ended execution, with its final response (built once)."""

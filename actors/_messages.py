@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from runtime import Budget
+from runtime import Budget, NodeSnapshot
 from runtime import Usage as Usage
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "Message",
     "ModelRequest",
     "ModelResponse",
+    "Progress",
     "Result",
     "Status",
     "StepRecord",
@@ -227,9 +228,42 @@ class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A task for an agent: one user message, optionally with its own budget.
 
     ``node`` is set when a parent execution already opened this task's node in the
-    supervisor's tree (a subagent call); empty for a task from outside.
+    supervisor's tree (a subagent call); empty for a task from outside. ``watch``
+    names the watcher of a streamed ask (``AgentRef.stream``) in the runtime's
+    event bus: the execution's subtree reports its events to it.
     """
 
     text: str
     budget: Budget | None = None
     node: str = ""
+    watch: str = ""
+
+
+class Progress(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A snapshot of what an agent is doing now (``AgentRef.progress``).
+
+    ``running`` is False between executions (then only ``agent_id``, ``queued`` and
+    ``conversation_turns`` say anything). While an execution runs: its id and task,
+    the ``steps`` recorded so far, the ``phase`` of the step in flight (``"model"``:
+    its request is out, ``"tools"``: its tool calls run), the tool calls still
+    running (``in_flight``), the text the model has streamed so far in this step
+    (``streamed``), the execution's usage so far (descendants included), the
+    seconds since it started, and the subtree's nodes as the supervisor sees them.
+    """
+
+    agent_id: str
+    running: bool
+    execution_id: str = ""
+    task: str = ""
+    attempt: int = 1
+    steps: tuple[StepRecord, ...] = ()
+    phase: Literal["idle", "model", "tools"] = "idle"
+    in_flight: tuple[ToolCall, ...] = ()
+    streamed: str = ""
+    usage: Usage = Usage()
+    seconds: float = 0.0
+    #: Tasks waiting in the agent's mailbox behind this one.
+    queued: int = 0
+    conversation_turns: int = 0
+    #: The nodes of the subtree (this execution's first), from the supervisor's tree.
+    nodes: tuple[NodeSnapshot, ...] = ()

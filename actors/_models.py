@@ -10,6 +10,11 @@ use the fakes shipped here (as httpx ships ``MockTransport`` next to its transpo
 - ``CycleModel``: a lean script for measurements (the benchmarks, ``fractor bench
   --tool``): each execution gets the same turns, and it records nothing.
 
+A model that can also **stream** implements ``StreamingModel``: ``stream(request,
+sink)`` hands each piece of the answer's text to ``sink`` as it arrives and returns
+the same ``ModelResponse`` as ``request``. Both fakes stream: a turn built with
+``streamed(...)`` comes in chunks, with a delay before each.
+
 Turns are built with ``reply`` (a final answer), ``call`` (one tool call), ``calls``
 (several tool calls in one step) and ``fail`` (the model raises an error). The first two
 fill in what a provider would report: call ids, usage (estimated with
@@ -50,12 +55,16 @@ __all__ = [
     "ScriptExhausted",
     "ScriptedModel",
     "Send",
+    "Sink",
+    "Streamed",
+    "StreamingModel",
     "Turn",
     "call",
     "calls",
     "estimate_tokens",
     "fail",
     "reply",
+    "streamed",
 ]
 
 _json_encoder = msgspec.json.Encoder()
@@ -94,6 +103,36 @@ class Model(Protocol):
     def estimate_tokens(self, request: ModelRequest) -> int: ...
 
     async def aclose(self) -> None: ...
+
+
+Sink: TypeAlias = Callable[[str], None]
+"""What a streaming model hands each piece of text to, as it arrives. It never blocks
+(and never awaits): a slow consumer is the caller's to buffer."""
+
+
+class StreamingModel(Model, Protocol):
+    """A model that can hand its answer's text over as it is generated.
+
+    ``stream`` sends the same request as ``request`` and returns the same
+    ``ModelResponse``; meanwhile it calls ``sink`` with each piece of the answer's
+    text, in order (tool call arguments and reasoning are not text: they never reach
+    the sink). Everything ``Model`` asks of ``request`` holds for ``stream`` too, and:
+
+    - When the caller is cancelled (a deadline, a stop), the stream is closed at once:
+      the connection is released, so the server stops generating.
+    - A stream that fails part-way raises like a failed request; the text already
+      handed to ``sink`` is all the caller gets of it. A provider's error then
+      carries a ``usage`` attribute: what the server reported, or an estimate of
+      the input plus what was received.
+
+    ``streaming`` says whether an agent should use ``stream`` at all (a provider may
+    be told not to: ``OpenAIModel(..., stream=False)``).
+    """
+
+    @property
+    def streaming(self) -> bool: ...
+
+    async def stream(self, request: ModelRequest, sink: Sink) -> ModelResponse: ...
 
 
 Send: TypeAlias = Callable[[ModelRequest], Awaitable[ModelResponse]]
@@ -162,8 +201,23 @@ class Failure:
     error: Exception
 
 
-Turn: TypeAlias = ModelResponse | Failure
-"""One scripted turn: a response to serve, or a ``Failure`` to raise."""
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """A scripted turn whose text comes in ``chunks``, ``delay`` seconds before each.
+
+    Built with ``streamed(...)``. Streamed (``stream``), each chunk reaches the sink
+    after its delay; asked in one piece (``request``), the whole answer comes after
+    all the delays, as a server's would. A test device, like ``Failure``.
+    """
+
+    response: ModelResponse
+    chunks: tuple[str, ...]
+    delay: float
+
+
+Turn: TypeAlias = ModelResponse | Failure | Streamed
+"""One scripted turn: a response to serve, a ``Failure`` to raise, or a response
+that comes in chunks (``Streamed``)."""
 
 
 def reply(text: str, *, usage: Usage | None = None) -> ModelResponse:
@@ -237,6 +291,42 @@ def calls(*turns: ModelResponse, text: str = "") -> ModelResponse:
     )
 
 
+def streamed(
+    turn: str | ModelResponse, *, chunks: int | Sequence[str] = 4, delay: float = 0.0
+) -> Streamed:
+    """A turn that comes in pieces: ``streamed("Sunny in Paris.", chunks=3, delay=0.05)``.
+
+    ``turn`` is the answer's text (a final answer, as ``reply`` makes) or any turn
+    built with ``reply`` or ``call`` (its text is what streams). ``chunks`` is how
+    many pieces of about the same size to cut the text into, or the pieces
+    themselves (they must join to the text). ``delay`` is the seconds before each.
+    """
+    response = reply(turn) if isinstance(turn, str) else turn
+    if not isinstance(response, ModelResponse):
+        raise TypeError(f"streamed() takes a text or a reply(...)/call(...) turn, got {turn!r}")
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0:
+        raise ValueError(f"streamed(): delay must be a number of seconds >= 0, got {delay!r}")
+    text = response.text
+    if isinstance(chunks, int) and not isinstance(chunks, bool):
+        if chunks < 1:
+            raise ValueError(f"streamed(): chunks must be >= 1, got {chunks}")
+        size = max(1, -(-len(text) // chunks))
+        pieces = tuple(text[i : i + size] for i in range(0, len(text), size)) or ("",)
+    elif isinstance(chunks, Sequence) and not isinstance(chunks, str):
+        pieces = tuple(chunks)
+        if not pieces or not all(isinstance(piece, str) for piece in pieces):
+            raise TypeError(f"streamed(): chunks must be texts, got {chunks!r}")
+        if "".join(pieces) != text:
+            raise ValueError(
+                f"streamed(): the chunks join to {''.join(pieces)!r}, not the turn's text {text!r}"
+            )
+    else:
+        raise TypeError(
+            f"streamed(): chunks must be a count or a sequence of texts, got {chunks!r}"
+        )
+    return Streamed(response=response, chunks=pieces, delay=float(delay))
+
+
 def fail(error: Exception) -> Failure:
     """A turn that makes the model raise ``error`` when it is served."""
     if not isinstance(error, Exception):
@@ -300,6 +390,33 @@ class _ServingModel:
         while (new := f"call_{next(self._ids)}") in self._taken_ids:
             pass
         return new
+
+    @property
+    def streaming(self) -> bool:
+        """The fakes always stream (a turn not built with ``streamed`` in one piece)."""
+        return True
+
+    async def _deliver(
+        self, turn: object, request: ModelRequest, sink: Sink | None
+    ) -> ModelResponse:
+        """Serve ``turn``: at once, or for a ``Streamed`` one chunk by chunk (to
+        ``sink``, when streaming) after each chunk's delay. Text cut by ``max_tokens``
+        is cut in the chunks too."""
+        if not isinstance(turn, Streamed):
+            response = self._serve(turn, request)
+            if sink is not None and response.text:
+                sink(response.text)
+            return response
+        response = self._serve(turn.response, request)
+        left = len(response.text)
+        for piece in turn.chunks:
+            if turn.delay:
+                await anyio.sleep(turn.delay)
+            piece = piece[:left]
+            left -= len(piece)
+            if sink is not None and piece:
+                sink(piece)
+        return response
 
     def _serve(self, turn: object, request: ModelRequest) -> ModelResponse:
         """Raise a ``Failure``, or complete a response as a provider would report it."""
@@ -367,13 +484,15 @@ class ScriptedModel(_ServingModel):
         self._turns: tuple[Turn, ...] = tuple(turns)
         self._next = 0
         for index, turn in enumerate(self._turns):
-            if isinstance(turn, ModelResponse):
-                for tool_call in turn.tool_calls:
+            response = turn.response if isinstance(turn, Streamed) else turn
+            if isinstance(response, ModelResponse):
+                for tool_call in response.tool_calls:
                     self._take_id(tool_call.id)
             elif not isinstance(turn, Failure):
                 raise TypeError(
                     f"turn {index} of the script of {name!r} is {turn!r}; expected a "
-                    "ModelResponse (reply(...), call(...), calls(...)) or fail(error)"
+                    "ModelResponse (reply(...), call(...), calls(...)), streamed(...) "
+                    "or fail(error)"
                 )
 
     @property
@@ -382,14 +501,24 @@ class ScriptedModel(_ServingModel):
         return len(self._turns) - self._next
 
     async def request(self, request: ModelRequest) -> ModelResponse:
+        return await self.stream(request, None)
+
+    async def stream(self, request: ModelRequest, sink: Sink | None) -> ModelResponse:
+        """Serve the next turn, its text to ``sink`` as it comes (``StreamingModel``)."""
         await anyio.lowlevel.checkpoint()
-        # From here on nothing awaits: taking a turn is atomic in the event loop.
+        # From here on nothing awaits until the turn is taken: atomic in the event loop.
         self.requests.append(request)
         index = self._next
         if index >= len(self._turns):
             raise ScriptExhausted(self.name, len(self._turns))
         self._next = index + 1
-        return self._serve(self._turns[index], request)
+        turn = self._turns[index]
+        if type(turn) is ModelResponse:  # the usual turn: no coroutine of _deliver's
+            response = self._serve(turn, request)
+            if sink is not None and response.text:
+                sink(response.text)
+            return response
+        return await self._deliver(turn, request, sink)
 
 
 ModelFunction: TypeAlias = (
@@ -420,6 +549,10 @@ class FunctionModel(_ServingModel):
         )
 
     async def request(self, request: ModelRequest) -> ModelResponse:
+        return await self.stream(request, None)
+
+    async def stream(self, request: ModelRequest, sink: Sink | None) -> ModelResponse:
+        """Serve the function's turn, its text to ``sink`` as it comes (``StreamingModel``)."""
         turn: object
         if self._is_async:
             self.requests.append(request)
@@ -429,15 +562,18 @@ class FunctionModel(_ServingModel):
             await anyio.lowlevel.checkpoint()
             self.requests.append(request)
             turn = self._function(request)
-            if not isinstance(turn, ModelResponse | Failure) and inspect.isawaitable(turn):
+            if not isinstance(turn, ModelResponse | Failure | Streamed) and inspect.isawaitable(
+                turn
+            ):
                 # A sync function that hands back an awaitable (a lambda around a
                 # coroutine function, a partial): await what it returned.
                 turn = await cast(Awaitable[object], turn)
-        if isinstance(turn, ModelResponse) and turn.tool_calls:
-            for tool_call in turn.tool_calls:
+        response = turn.response if isinstance(turn, Streamed) else turn
+        if isinstance(response, ModelResponse) and response.tool_calls:
+            for tool_call in response.tool_calls:
                 if tool_call.id:
                     self._take_id(tool_call.id)
-        return self._serve(turn, request)
+        return await self._deliver(turn, request, sink)
 
 
 class CycleModel:

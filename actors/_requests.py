@@ -6,7 +6,7 @@ headroom that requests in flight hold), send, settle, with the agent's retries
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import anyio
 import msgspec
@@ -18,12 +18,14 @@ from ._policy import is_retryable
 
 if TYPE_CHECKING:
     from ._execution import Execution
-    from ._models import Model
+    from ._models import Model, StreamingModel
 
 __all__ = ["EMPTY_USAGE", "ascii_arguments", "safe_response", "send"]
 
 #: What a step's requests were charged before its first one (compared by identity).
 EMPTY_USAGE = Usage()
+#: Characters per output token, for the estimate of a stream that was cut.
+_CHARS_PER_TOKEN = 4
 
 
 async def send(execution: Execution, model: Model, request: ModelRequest) -> ModelResponse:
@@ -55,13 +57,19 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
         if reservation.max_tokens != wanted:
             sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
         error: Exception
+        sink = execution.sink
         try:
-            response = await model.request(sent)
+            if sink is None:
+                response = await model.request(sent)
+            else:
+                execution.streamed.clear()  # each attempt streams from its start
+                response = await cast("StreamingModel", model).stream(sent, sink)
         except Exception as exc:
             _charge(execution, reservation, _reported(exc), name)
             error = exc
         except BaseException:
-            _charge(execution, reservation, None, name)  # cut off: what it read was spent
+            # Cut off (a deadline, a stop): what it read was spent, and what it streamed.
+            _charge(execution, reservation, _cut(execution, reservation), name)
             raise
         else:
             try:
@@ -76,7 +84,7 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
                     return response
                 # Cut by the budget's sharing, not by its own cap: ask again.
                 at_least = min(reservation.wanted, 2 * reservation.output)
-                if execution.context.runtime.event_bus.active:
+                if execution.observed:
                     execution.emit(
                         "retry",
                         attempt=attempt + 1,
@@ -90,7 +98,7 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
         if attempt > agent.retry.retries or not is_retryable(error):
             raise error
         delay = agent.retry.delay(attempt)
-        if execution.context.runtime.event_bus.active:
+        if execution.observed:
             execution.emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
         await anyio.sleep(delay)
 
@@ -112,9 +120,9 @@ async def _wait_for_budget(
 ) -> Reservation:
     """Wait for headroom that requests in flight hold; visible as events, in the
     tree (the node's ``waiting``) and in the runtime's statistics."""
-    bus = execution.context.runtime.event_bus
+    observed = execution.observed
     began = time.perf_counter()
-    on_wait = (lambda why: execution.emit("budget_wait", reason=why)) if bus.active else None
+    on_wait = (lambda why: execution.emit("budget_wait", reason=why)) if observed else None
     try:
         return await execution.supervisor.reserve(
             execution.node,
@@ -125,7 +133,7 @@ async def _wait_for_budget(
             on_wait=on_wait,
         )
     finally:
-        if bus.active:
+        if observed:
             execution.emit("budget_resume", seconds=time.perf_counter() - began)
 
 
@@ -142,6 +150,21 @@ def safe_response(response: ModelResponse) -> ModelResponse:
         for c in response.tool_calls
     )
     return msgspec.structs.replace(response, text=safe_text(response.text), tool_calls=calls)
+
+
+def _cut(execution: Execution, reservation: Reservation) -> Usage | None:
+    """What a request cut off mid-stream spent: its input estimate and an estimate
+    of the text received (within the request's output cap); ``None`` (the input
+    estimate) when nothing was streamed."""
+    streamed = execution.streamed
+    if not streamed:
+        return None
+    chars = sum(len(piece) for piece in streamed)
+    output = -(-chars // _CHARS_PER_TOKEN)
+    cap = reservation.max_tokens
+    if cap is not None:
+        output = min(output, cap)
+    return Usage(input_tokens=reservation.input, output_tokens=output, requests=1)
 
 
 def _reported(error: Exception) -> Usage | None:

@@ -37,6 +37,17 @@ async def _scaleout(quick: bool) -> list[Row]:
     return await scaleout.run(quick=quick)
 
 
+async def _provider(quick: bool) -> list[Row]:
+    """Provider path: the OpenAI SDK is an extra (``fractor[openai]``), imported only
+    here, and without it the workload reports nothing rather than failing the suite."""
+    if importlib.util.find_spec("openai") is None:
+        print("skipped: the OpenAI SDK is not installed (pip install 'fractor[openai]')", end=" ")
+        return []
+    from . import provider
+
+    return await provider.run(quick=quick)
+
+
 WORKLOADS: list[Workload] = [
     ("W1 fan-out", lambda quick: w1_fanout.run(quick=quick)),
     ("W2 sequential steps", lambda quick: w2_steps.run(quick=quick)),
@@ -44,6 +55,7 @@ WORKLOADS: list[Workload] = [
     ("W4 mailbox round trips", lambda quick: w4_mailbox.run(quick=quick)),
     ("Scale", lambda quick: scale.run(quick=quick)),
     ("Budget", lambda quick: budget.run(quick=quick)),
+    ("Provider path", _provider),
     ("Scale-out on Ray", _scaleout),
 ]
 

@@ -6,7 +6,9 @@ discards it). The instance's attributes are the actor's private state: nothing
 outside the actor's task touches them, so no locks are needed.
 
 ``accepts`` names the message types the actor handles: a message of another type is
-refused at the sender with ``UnknownMessage`` before it is queued. ``on_failure``
+refused at the sender with ``UnknownMessage`` before it is queued. ``controls`` names
+the control questions ``control`` answers at once, past the mailbox
+(``ActorRef.inspect``). ``on_failure``
 says what a raising handler does to the actor: ``"resume"`` goes on with the next
 message, ``"stop"`` stops it (its pending asks then fail with ``ActorStopped``).
 """
@@ -131,6 +133,8 @@ class Actor:
 
     #: Message types this actor handles; empty means any (``receive`` decides).
     accepts: ClassVar[tuple[type, ...]] = ()
+    #: Control questions ``control`` answers at once (``ActorRef.inspect``).
+    controls: ClassVar[tuple[type, ...]] = ()
     #: What a handler that raises does to the actor.
     on_failure: ClassVar[FailurePolicy] = "resume"
     #: Mailbox capacity (a class default; an instance may set its own before spawn).
@@ -157,6 +161,15 @@ class Actor:
 
     async def on_stop(self) -> None:
         """Called once when the actor stops (shielded, with a short deadline)."""
+
+    def control(self, message: Any) -> Any:
+        """Answer a control question (one of ``controls``) at once.
+
+        Called from the asker's task while this actor's task waits at an await, so
+        it sees a consistent state; it must not block and should change nothing
+        (build an immutable snapshot and return it).
+        """
+        raise UnknownMessage(self.context.id, message)
 
     # Spawnable: an Actor instance is its own actor, spawned once.
     def new_actor(self) -> Actor:

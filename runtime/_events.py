@@ -12,6 +12,10 @@ that an unobserved runtime pays one attribute check per event site:
 - ``Runtime(log_events=True)`` also writes every event through structlog (logger
   ``fractor.events``) at info level, with ``agent_id``, ``parent_id``, ``depth`` and
   ``execution_id`` as keys.
+
+A third way sees one subtree only: a node's ``watch`` (set by whoever streams an
+ask) is called with every event of that subtree, made with ``make``; the bus
+delivers it to its subscribers as well when it is active (``deliver``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ EventKind = Literal[
     "execution_start",
     "step_start",
     "step_end",
+    "text",
     "tool_start",
     "tool_end",
     "retry",
@@ -104,6 +109,10 @@ class EventBus:
         #: Also called with every event when set (a host forwarding its events to the
         #: tree it works for); makes the bus active.
         self.tap: Callable[[Event], None] | None = None
+        #: Watchers of one subtree each, by the key a message names them with: the
+        #: actor that opens the subtree's node takes its watcher from here (see
+        #: ``Node.watch``).
+        self.watchers: dict[str, Callable[[Event], None]] = {}
 
     def start(self) -> None:
         self._now = clock()
@@ -121,7 +130,31 @@ class EventBus:
         **detail: Any,
     ) -> None:
         """Publish one event to every subscriber (and the log, if enabled)."""
-        event = Event(
+        self.deliver(
+            self.make(
+                kind,
+                agent=agent,
+                agent_id=agent_id,
+                execution_id=execution_id,
+                parent_id=parent_id,
+                depth=depth,
+                detail=detail,
+            )
+        )
+
+    def make(
+        self,
+        kind: EventKind,
+        *,
+        agent: str,
+        agent_id: str,
+        execution_id: str,
+        parent_id: str,
+        depth: int,
+        detail: dict[str, Any],
+    ) -> Event:
+        """An event stamped with the runtime's time, delivered to no one yet."""
+        return Event(
             kind=kind,
             at=self._now() - self._origin,
             agent=agent,
@@ -131,6 +164,9 @@ class EventBus:
             depth=depth,
             detail=detail,
         )
+
+    def deliver(self, event: Event) -> None:
+        """Hand ``event`` (made here) to the tap, the subscribers and the log."""
         if self.tap is not None:
             self.tap(event)
         self.publish(event)

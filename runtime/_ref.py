@@ -5,6 +5,12 @@ An ``ActorRef`` talks to an actor through its mailbox and nothing else. ``tell``
 ``ask_nowait`` never wait and raise ``MailboxFull`` instead. Every ask gets exactly
 one outcome: the handler's return value, the handler's exception, ``AskTimeout``, or
 ``ActorStopped`` when the actor stops before answering.
+
+Beside the mailbox runs a **control lane**: ``inspect`` asks one of the actor's
+control questions (``Actor.controls``, a snapshot of its progress, say) and gets
+the answer at once, even while the actor is busy with a long message. The actor's
+sync ``control`` method answers it while the actor's task waits at one of its
+awaits: it sees the actor's state between two steps, never half-way through one.
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from ._exceptions import ActorStopped, AskTimeout, MailboxFull
+from ._exceptions import ActorStopped, AskTimeout, MailboxFull, UnknownMessage
 from ._messages import Envelope, MailboxStatistics
 from ._waiter import Waiter, new_waiter, park, wake
 
 if TYPE_CHECKING:
     from ._cell import Cell
+    from ._runtime import Runtime
 
 __all__ = ["ActorRef", "PendingReply"]
 
@@ -176,6 +183,11 @@ class ActorRef:
     def name(self) -> str:
         return self._cell.name
 
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime the actor runs in."""
+        return self._cell.runtime
+
     def __repr__(self) -> str:
         state = "stopped" if self._cell.stopped else "running"
         return f"<ActorRef {self._cell.id!r} {state}>"
@@ -217,6 +229,38 @@ class ActorRef:
             reply._withdraw()
             raise
         return reply
+
+    async def ask_pending(self, message: object, *, sender: str = "") -> PendingReply:
+        """Queue a request, waiting for room in the mailbox if it is full, and return
+        its ``PendingReply`` (to ``wait`` for, or to be told of with a callback)."""
+        try:
+            return self.ask_nowait(message, sender=sender)
+        except MailboxFull:
+            pass
+        cell = self._cell
+        reply = PendingReply(cell, message)
+        cell.pending[reply.request_id] = reply
+        try:
+            await cell.mailbox.send(
+                Envelope(message=message, request_id=reply.request_id, sender=sender)
+            )
+        except BaseException:
+            reply._withdraw()
+            raise
+        return reply
+
+    def inspect(self, message: object) -> Any:
+        """Ask the actor a control question (``Actor.controls``) and get its answer at
+        once, past the mailbox: ``Actor.control`` answers it between two of the
+        actor's awaits, even while a long message is being handled."""
+        cell = self._cell
+        actor = cell.actor
+        if not isinstance(message, actor.controls):
+            expected = " or ".join(kind.__qualname__ for kind in actor.controls) or "nothing"
+            raise UnknownMessage(cell.id, message, f"a control message ({expected})")
+        if cell.stopped:
+            raise ActorStopped(cell.id, "stopped")
+        return actor.control(message)
 
     async def ask(self, message: object, *, timeout: float | None = None, sender: str = "") -> Any:
         """Send ``message`` and wait for the actor's answer.

@@ -18,7 +18,10 @@ from ._budget import Budget, Usage
 from ._exceptions import BudgetExceeded
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._admission import Wait
+    from ._events import Event
     from ._lease import Held, Lease, Lender
 
 __all__ = [
@@ -82,7 +85,7 @@ class Node:
     """One execution in the tree.
 
     Its usage, limits and status are mutated only by the ``Supervisor``; the agents
-    layer sets what it runs with: ``actor_id``, ``scope`` and ``traces``.
+    layer sets what it runs with: ``actor_id``, ``scope``, ``traces`` and ``watch``.
     """
 
     __slots__ = (
@@ -129,6 +132,7 @@ class Node:
         "traces",
         "waiters",
         "waiting",
+        "watch",
     )
 
     def __init__(
@@ -203,6 +207,10 @@ class Node:
         self.lease: Lease | None = None
         #: Set on a host's top node of a leased subtree: where it asks for more.
         self.lender: Lender | None = None
+        #: Who watches this subtree's events (a stream of one ask): set on a node,
+        #: inherited by the nodes opened below it. Called with each event of the
+        #: subtree, whether or not anyone subscribes to the runtime's events.
+        self.watch: Callable[[Event], None] | None = None if parent is None else parent.watch
 
     def chain(self) -> Iterator[Node]:
         """This node, then each ancestor up to the root."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from benchmarks import budget, w4_mailbox
 from benchmarks._harness import print_rows, write_results
 
@@ -55,3 +57,27 @@ async def test_budget_rows_are_coherent_and_never_overshoot() -> None:
     if wall.holds:
         assert wall.ratio >= 1 / budget.WALL_TARGET
     print_rows([used, overshoot, wall])
+
+
+# The bare client's streams (the SDK's, not fractor's) stop reading at "[DONE]" and
+# leave their async generators to the garbage collector, which trio warns about.
+@pytest.mark.filterwarnings(
+    "ignore:Async generator '(openai|httpx|httpcore)[^']*' was garbage collected:ResourceWarning"
+)
+async def test_provider_rows_are_coherent() -> None:
+    pytest.importorskip("openai")
+    from benchmarks import provider
+
+    rows = await provider.run(quick=True)
+    modes = ["not streamed", "streamed"]
+    assert [row.workload for row in rows] == [f"Provider path: 50 agents, {m}" for m in modes]
+    for row in rows:
+        assert row.unit == "ops/s"
+        assert row.fractor > 0
+        assert row.baseline > 0
+        assert row.fractor_min <= row.fractor <= row.fractor_max
+        assert row.baseline_min <= row.baseline <= row.baseline_max
+        assert abs(row.ratio - row.fractor / row.baseline) < 1e-9
+        assert row.target == ">= 0.9 x bare AsyncOpenAI"
+        assert row.holds == (row.ratio >= provider.TARGET)
+    print_rows(rows)

@@ -62,6 +62,10 @@ def test_actors_surface_names() -> None:
         "ToolOutcome", "ToolResultMessage", "ToolSpec", "Toolbox", "Usage", "UserMessage",
         "call", "calls", "collect_trace_tree", "estimate_tokens", "export_traces", "fail",
         "load_traces", "model_from_string", "render_trace_tree", "reply", "tool", "watch",
+        # streaming and watching a running agent
+        "AgentStream", "BudgetResumed", "BudgetWaiting", "GetProgress", "Progress", "Retrying",
+        "Sink", "Stopped", "StreamEvent", "Streamed", "StreamingModel", "SubagentFinished",
+        "SubagentStarted", "TextDelta", "ToolCallFinished", "ToolCallStarted", "streamed",
     }  # fmt: skip
     assert set(actors.__all__) == expected
 

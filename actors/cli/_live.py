@@ -8,15 +8,16 @@
 
 On a terminal, ``watch`` redraws a tree of every execution of ``rt.tree()`` about ten
 times a second: agent name, status, steps, tokens (against the node's token limit
-when it has one), tool calls and elapsed time. The last frame stays on screen when
-the block ends. Without a terminal (a pipe, CI, ``TERM=dumb``) it prints one line per
-execution start and end, spawn, budget stop, deadline, retry and restart instead,
-read from the event stream (``rt.events()``); ``steps=True`` adds a line per model
-step. Leaving the block stops the view, after the lines of every event emitted
-before that have been printed.
+when it has one), tool calls and elapsed time, and under each running agent the
+latest line of the text its model is streaming (``LatestLines``, read from the
+events). The last frame stays on screen when the block ends. Without a terminal (a
+pipe, CI, ``TERM=dumb``) it prints one line per execution start and end, spawn,
+budget stop, deadline, retry and restart instead, read from the event stream
+(``rt.events()``); ``steps=True`` adds a line per model step. Leaving the block
+stops the view, after the lines of every event emitted before that have been printed.
 
 Everything here only reads: snapshots (``rt.tree()``) and events. The pure parts,
-``render_tree`` and ``ProgressLines``, can be used on their own.
+``render_tree``, ``LatestLines`` and ``ProgressLines``, can be used on their own.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from runtime import Event, NodeSnapshot, NodeStatus, Runtime, Subscription, Tree
 
 __all__ = [
     "STATUS_STYLE",
+    "LatestLines",
     "LiveView",
     "PipeConsole",
     "ProgressLines",
@@ -61,6 +63,45 @@ _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _ARGUMENTS_SHOWN = 80
 #: How many characters of a stop reason the tree shows under a node.
 _REASON_SHOWN = 100
+#: How many characters of an agent's latest streamed line the tree shows.
+_LINE_SHOWN = 100
+
+
+class LatestLines:
+    """The latest line of text each running execution's model is streaming, from the
+    runtime's events ("text"): what the live tree shows under a running agent.
+
+    A step's request starts a new line; an execution's end forgets it. Only the
+    tail of a long line is kept (``width`` characters).
+    """
+
+    def __init__(self, width: int = _LINE_SHOWN) -> None:
+        self.width = width
+        self._text: dict[str, str] = {}
+
+    def feed(self, event: Event) -> None:
+        kind = event.kind
+        if kind == "text":
+            key = event.execution_id
+            text = self._text.get(key, "") + str(event.detail.get("text", ""))
+            if len(text) > 4 * self.width:
+                text = text[-2 * self.width :]
+            self._text[key] = text
+        elif kind in ("step_start", "retry", "execution_end"):  # a new line, or none
+            self._text.pop(event.execution_id, None)
+
+    def line(self, execution_id: str) -> str:
+        """The latest non-empty line ``execution_id`` streamed ("" if none), its tail
+        if it is longer than ``width``."""
+        text = self._text.get(execution_id, "")
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines:
+            return ""
+        last = lines[-1].strip()
+        return last if len(last) <= self.width else "…" + last[-(self.width - 1) :]
+
+    def __len__(self) -> int:
+        return len(self._text)
 
 
 # -- the tree ---------------------------------------------------------------------------
@@ -119,7 +160,7 @@ def _seconds(node: NodeSnapshot) -> str:
     return f"{node.seconds:.1f} s" if limit is None else f"{node.seconds:.1f}/{limit:g} s"
 
 
-def _label(node: NodeSnapshot, steps: int, frame: int) -> Text:
+def _label(node: NodeSnapshot, steps: int, frame: int, line: str = "") -> Text:
     tools = node.own_usage.tool_calls
     parts: list[Text | str] = [
         f"{steps} step{'' if steps == 1 else 's'}",
@@ -141,6 +182,8 @@ def _label(node: NodeSnapshot, steps: int, frame: int) -> Text:
         if len(reason) > _REASON_SHOWN:
             reason = reason[: _REASON_SHOWN - 1] + "…"
         label.append(f"\n{reason}", style="dim")
+    if line and node.status == "running":
+        label.append(f"\n“{line}”", style="italic dim")
     return label
 
 
@@ -154,7 +197,12 @@ def _shown(nodes: list[NodeSnapshot], limit: int) -> tuple[list[NodeSnapshot], l
 
 
 def render_tree(
-    snapshot: TreeSnapshot, *, title: str = "fractor", max_children: int = 12, frame: int = 0
+    snapshot: TreeSnapshot,
+    *,
+    title: str = "fractor",
+    max_children: int = 12,
+    frame: int = 0,
+    lines: LatestLines | None = None,
 ) -> Tree:
     """The tree of ``snapshot`` as a rich ``Tree``: one line per execution.
 
@@ -163,7 +211,8 @@ def render_tree(
     stopped for any reason but an answer shows why; a time limit shows next to the
     time. Of more than ``max_children`` children, ``max_children - 1`` are drawn (the
     unfinished or stopped ones first, then in start order) and one more line counts
-    the others by status. ``frame`` turns the spinner of running nodes.
+    the others by status. ``frame`` turns the spinner of running nodes. With
+    ``lines``, a running agent shows the latest line its model streamed.
     """
     children = _children(snapshot)
     steps = own_steps(snapshot)
@@ -183,7 +232,8 @@ def render_tree(
     def add(branch: Tree, parent: NodeSnapshot) -> None:
         shown, hidden = _shown(children.get(parent.id, []), max_children)
         for node in shown:
-            add(branch.add(_label(node, steps[node.id], frame)), node)
+            line = lines.line(node.id) if lines is not None else ""
+            add(branch.add(_label(node, steps[node.id], frame, line)), node)
         if hidden:
             counts: dict[str, int] = {}
             for node in hidden:
@@ -342,6 +392,8 @@ class LiveView:
         self.title = title
         self.max_children = max_children
         self.lines = ProgressLines(steps=steps)
+        #: What each running agent streams, under it in the live tree.
+        self.latest = LatestLines()
         self._stack = AsyncExitStack()
         self._task_group: TaskGroup | None = None
         self._live: Live | None = None
@@ -352,7 +404,11 @@ class LiveView:
         """The current frame of the live tree."""
         self._frame += 1
         return render_tree(
-            self.rt.tree(), title=self.title, max_children=self.max_children, frame=self._frame
+            self.rt.tree(),
+            title=self.title,
+            max_children=self.max_children,
+            frame=self._frame,
+            lines=self.latest,
         )
 
     async def __aenter__(self) -> LiveView:
@@ -366,6 +422,7 @@ class LiveView:
                 self._events = events
                 loop = self._print_events
             else:
+                self._events = await stack.enter_async_context(self.rt.events())
                 live = Live(
                     self.render(), console=self.console, auto_refresh=False, transient=False
                 )
@@ -408,9 +465,14 @@ class LiveView:
 
     async def _animate(self) -> None:
         live = self._live
+        events = self._events
         assert live is not None
+        assert events is not None
+        latest = self.latest
         while True:
             await anyio.sleep(self.refresh)
+            while (event := events.receive_nowait()) is not None:
+                latest.feed(event)
             live.update(self.render(), refresh=True)
 
     async def _print_events(self) -> None:

@@ -5,13 +5,15 @@
     fractor run --model openai:gpt-4.1-mini "Summarize the actor model in 3 lines"
     fractor run --model openai:llama3.2 --base-url http://localhost:11434/v1 "..."
     fractor run --model anthropic:claude-sonnet-4-5 --budget-tokens 20000 "..."
+    fractor run --model openai:gpt-4.1-mini --stream "Write a haiku about actors"
 
 ``show`` prints the head (the agent, its model and budget, the task) and the end
 (status, stop reason, final text, usage). In between, the run is watched with the
 live view of ``_live.py``: a live tree on a terminal; elsewhere one plain line
 per execution start and end, retry and model step (its tool calls, tokens and time).
-Exit status: 0 when the task completed, 1 when it ended otherwise (failed, budget,
-time), 2 for bad options.
+With ``--stream`` the answer is printed as it arrives instead (``AgentRef.stream``),
+with a line for each tool call and retry. Exit status: 0 when the task completed, 1
+when it ended otherwise (failed, budget, time), 2 for bad options.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from typing import Any, TextIO
 
 from runtime import Budget, Runtime
 
-from .._agent import Agent
+from .._agent import Agent, AgentRef
 from .._messages import Result
 from .._policy import RetryPolicy
+from .._streaming import Retrying, Stopped, TextDelta, ToolCallFinished, ToolCallStarted
 from ..providers import ProviderError, model_from_string, redact
 from ._live import watch
 
@@ -49,6 +52,8 @@ class Started:
 @dataclass(frozen=True, slots=True)
 class Finished:
     result: Result
+    #: Whether the answer's text was already printed as it streamed.
+    streamed: bool = False
 
 
 Event = Started | Finished
@@ -62,10 +67,11 @@ def show(event: Event, out: TextIO | None = None) -> None:
             limits = _budget_text(budget)
             print(f"agent {agent!r} started on {model} ({base_url}){limits}", file=out)
             print(f"task: {task}", file=out)
-        case Finished(result=result):
+        case Finished(result=result, streamed=streamed):
             usage = result.usage
             print(f"status: {result.status} ({result.stop_reason})", file=out)
-            print(result.text, file=out)
+            if not streamed:
+                print(result.text, file=out)
             print(
                 f"usage: {usage.input_tokens} input tokens ({usage.cached_tokens} cached), "
                 f"{usage.output_tokens} output tokens, {usage.requests} request(s), "
@@ -170,9 +176,50 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="seconds one model request may take (default 60)",
     )
     run.add_argument(
+        "--stream",
+        action="store_true",
+        help="print the answer as it arrives (instead of the live view)",
+    )
+    run.add_argument(
         "--backend", choices=("asyncio", "trio"), default="asyncio", help="event loop to run on"
     )
     return run
+
+
+async def _streamed(ref: AgentRef, task: str, out: TextIO) -> tuple[Result, bool]:
+    """Run ``task`` streamed: the model's text as it comes, a line per tool call and
+    retry. Also whether the answer was printed whole (the text of its last step)."""
+    at_line_start = True
+    steps: dict[int, str] = {}
+    async with ref.stream(task) as run:
+        async for event in run:
+            match event:
+                case TextDelta(text=text, step=step):
+                    steps[step] = steps.get(step, "") + text
+                    out.write(text)
+                    out.flush()
+                    at_line_start = text.endswith("\n")
+                    continue
+                case ToolCallStarted(tool=tool, arguments=arguments):
+                    note = f"[calling {tool}({arguments})]"
+                case ToolCallFinished(tool=tool, is_error=is_error, seconds=seconds):
+                    note = f"[{tool} {'failed' if is_error else 'done'} in {seconds:.2f} s]"
+                case Retrying(attempt=attempt, error=error, delay=delay):
+                    steps.clear()  # the request's text starts over
+                    note = f"[retry {attempt} in {delay:.1f} s: {error}]"
+                case Stopped(reason=reason):
+                    note = f"[stopped: {reason}]"
+                case _:
+                    continue
+            out.write(("" if at_line_start else "\n") + note + "\n")
+            out.flush()
+            at_line_start = True
+    if not at_line_start:
+        out.write("\n")
+        out.flush()
+    result = run.result
+    last = steps[max(steps)] if steps else ""
+    return result, result.ok and last == result.text
 
 
 async def run_command(args: argparse.Namespace) -> int:
@@ -213,13 +260,19 @@ async def run_command(args: argparse.Namespace) -> int:
                 agent=agent.name, model=model.name, base_url=base_url, task=args.task, budget=budget
             )
         )
-        async with (
-            Runtime(budget=budget) as runtime,
-            watch(runtime, steps=True, title="fractor run"),
-        ):
-            ref = await runtime.spawn(agent)
-            result = await ref.ask(args.task)
-        show(Finished(result=result))
+        if args.stream:
+            async with Runtime(budget=budget) as runtime:
+                ref = await runtime.spawn(agent)
+                result, printed = await _streamed(ref, args.task, sys.stdout)
+            show(Finished(result=result, streamed=printed))
+        else:
+            async with (
+                Runtime(budget=budget) as runtime,
+                watch(runtime, steps=True, title="fractor run"),
+            ):
+                ref = await runtime.spawn(agent)
+                result = await ref.ask(args.task)
+            show(Finished(result=result))
     finally:
         await model.aclose()
     return 0 if result.ok else 1

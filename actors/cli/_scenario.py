@@ -42,7 +42,7 @@ from .._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from .._models import FunctionModel, call, calls, estimate_tokens, reply
+from .._models import FunctionModel, Streamed, call, calls, estimate_tokens, reply, streamed
 from .._tools import Tool
 from .._traces import collect_trace_tree
 from ._live import watch
@@ -151,10 +151,18 @@ class _DemoModel(FunctionModel):
 Script = Callable[[_Seen], ModelResponse]
 
 
-def _model(key: str, price: str, clock: Clock, script: Script) -> FunctionModel:
-    """A model that thinks 100-250 ms, then answers ``script(what it sees)``."""
+#: Seconds between two streamed pieces of a demo model's text (at speed 1).
+STREAM_GAP = 0.03
+#: About how many characters a streamed piece holds.
+STREAM_PIECE = 24
 
-    async def respond(request: ModelRequest) -> ModelResponse:
+
+def _model(key: str, price: str, clock: Clock, script: Script) -> FunctionModel:
+    """A model that thinks 100-250 ms, then streams ``script(what it sees)``: its text
+    in pieces of a few words, ``STREAM_GAP`` seconds apart (the live view shows each
+    agent's latest line as it comes)."""
+
+    async def respond(request: ModelRequest) -> Streamed:
         seen = _seen(request)
         await clock.wait(f"think:{key}:{seen.step}", 0.1, 0.25)
         response = script(seen)
@@ -165,7 +173,12 @@ def _model(key: str, price: str, clock: Clock, script: Script) -> FunctionModel:
             input_tokens=PROMPT_TOKENS + estimate_tokens(request),
             output_tokens=THINKING_TOKENS + -(-written // 4),
         )
-        return msgspec.structs.replace(response, usage=usage)
+        pieces = max(1, min(len(response.text) // STREAM_PIECE, 60))
+        return streamed(
+            msgspec.structs.replace(response, usage=usage),
+            chunks=pieces,
+            delay=STREAM_GAP * clock.scale,
+        )
 
     return _DemoModel(respond, name=price)
 

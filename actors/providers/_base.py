@@ -9,8 +9,12 @@
   with each provider's own constants.
 - ``ProviderModel``: the base of ``OpenAIModel`` (``_openai.py``) and
   ``AnthropicModel`` (``_anthropic.py``): configuration, the SDK client's life, error
-  translation. Neither provider imports the other; the ``model_from_string``
-  registry that names them both lives in the package's ``__init__``.
+  translation, and streaming: ``stream`` reads the server-sent events of a streamed
+  response (``sse_events``) and hands each to the provider's ``StreamReader``, closes
+  the connection at once when cut short (a deadline, a stop), and turns a stream
+  that breaks part-way into a ``ProviderError`` carrying the usage of what was
+  received. Neither provider imports the other; the ``model_from_string`` registry
+  that names them both lives in the package's ``__init__``.
 
 Both providers send requests through their official SDK, with the SDK's own retries
 off: the agent's ``RetryPolicy`` is the one that retries. The SDKs are optional
@@ -20,28 +24,32 @@ when a provider model is built.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import math
 import os
 import re
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import ModuleType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 import anyio
 import msgspec
 
 from runtime import FractorError
 
-from .._messages import AssistantMessage, ModelRequest, ModelResponse
+from .._messages import AssistantMessage, ModelRequest, ModelResponse, Usage
+from .._models import Sink
 
 __all__ = [
     "ProviderError",
     "ProviderModel",
+    "StreamReader",
     "estimate_output_tokens",
     "estimate_request_tokens",
+    "sse_events",
 ]
 
 #: The placeholder key sent to a server given by ``base_url`` when no key is known:
@@ -72,6 +80,7 @@ class ProviderError(FractorError):
         status: int | None = None,
         retryable: bool = False,
         retry_after: float | None = None,
+        usage: Usage | None = None,
     ) -> None:
         where = f"{provider} model {model!r}" if model else provider
         if status is not None:
@@ -87,6 +96,9 @@ class ProviderError(FractorError):
         self.retry_after = retry_after
         self.what = what
         self.advice = advice
+        #: What the failed request spent, when it is known: the usage a stream that
+        #: broke part-way reported, or its input estimate plus what was received.
+        self.usage = usage
 
     def redacted(self, secrets: Iterable[str]) -> ProviderError:
         """The same error with ``secrets`` and URL credentials taken out of its text
@@ -99,7 +111,13 @@ class ProviderError(FractorError):
             status=self.status,
             retryable=self.retryable,
             retry_after=self.retry_after,
+            usage=self.usage,
         )
+
+    def spent(self, usage: Usage) -> ProviderError:
+        """The same error, saying what the request spent."""
+        self.usage = usage
+        return self
 
 
 # -- secrets: never in what fractor records or prints --------------------------------
@@ -436,8 +454,11 @@ class ProviderModel:
         timeout: float,
         options: Mapping[str, Any] | None,
         max_output_tokens: int | None,
+        stream: bool = True,
     ) -> None:
         provider = self.provider
+        if not isinstance(stream, bool):
+            raise TypeError(f"{provider}: stream must be True or False, got {stream!r}")
         if not isinstance(model, str) or not model.strip():
             raise ValueError(f"{provider}: the model name must be a non-empty str, got {model!r}")
         for option, text in (("base_url", base_url), ("api_key", api_key)):
@@ -469,6 +490,7 @@ class ProviderModel:
         self._client: Any = None
         self._closed = False
         self._ids = itertools.count(1)
+        self._stream = stream
 
     @property
     def name(self) -> str:
@@ -512,8 +534,13 @@ class ProviderModel:
             with anyio.move_on_after(_CLOSE_SECONDS, shield=True):
                 await client.close()
 
-    async def request(self, request: ModelRequest) -> ModelResponse:
-        """Send one request; a failure of any kind is a ``ProviderError``."""
+    @property
+    def streaming(self) -> bool:
+        """Whether agents stream this model's requests (``stream=`` at construction)."""
+        return self._stream
+
+    def _ready_client(self) -> Any:
+        """The SDK client, made at the first request; refused once the model is closed."""
         if self._closed:
             raise ProviderError(
                 self.provider,
@@ -523,26 +550,35 @@ class ProviderModel:
             )
         if self._client is None:
             self._client = self.create_client(self._sdk)
+        return self._client
+
+    def _failure(self, exc: Exception) -> ProviderError:
+        """The redacted ``ProviderError`` for an exception raised while sending."""
+        error = translate_sdk_error(
+            self._sdk,
+            exc,
+            provider=self.provider,
+            model=self._model,
+            key_hint=self._key_hint,
+            base_url=self.base_url,
+            timeout=self._timeout,
+        )
+        if error is None:  # not the SDK's: a library below it, or a bug
+            error = ProviderError(
+                self.provider,
+                f"the request failed: {type(exc).__name__}: {exc}",
+                model=self._model,
+            )
+        return error.redacted(self._secrets())
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """Send one request; a failure of any kind is a ``ProviderError``."""
+        client = self._ready_client()
         failure: ProviderError
         try:
-            status, body = await self.send(self._client, request)
+            status, body = await self.send(client, request)
         except Exception as exc:
-            error = translate_sdk_error(
-                self._sdk,
-                exc,
-                provider=self.provider,
-                model=self._model,
-                key_hint=self._key_hint,
-                base_url=self.base_url,
-                timeout=self._timeout,
-            )
-            if error is None:  # not the SDK's: a library below it, or a bug
-                error = ProviderError(
-                    self.provider,
-                    f"the request failed: {type(exc).__name__}: {exc}",
-                    model=self._model,
-                )
-            failure = error.redacted(self._secrets())
+            failure = self._failure(exc)
         else:
             try:
                 return self.parse(status, body, request)
@@ -554,6 +590,100 @@ class ProviderModel:
         # Raised out here, neither chained nor as the context of another: the
         # original exception holds the raw body, which may echo the key.
         raise failure
+
+    async def stream(self, request: ModelRequest, sink: Sink) -> ModelResponse:
+        """Send one request streamed: each piece of the answer's text goes to ``sink``
+        as it arrives; the response is the one ``request`` would return.
+
+        A cancellation (a deadline, a stop) closes the connection at once, shielded, so
+        the server sees the client go and stops generating. A stream that fails
+        part-way (the server's error event, a cut connection, garbage, no end) is a
+        ``ProviderError`` whose ``usage`` is what the server reported, or the input
+        estimate plus an estimate of what was received. A server that answers with
+        one JSON body instead of a stream is read as such (its text reaches ``sink``
+        in one piece). A server that streams far past the output cap (it ignores
+        ``max_tokens``) is cut off. An exception raised by ``sink`` is the caller's
+        and is raised as it is (the connection closed first), never retried.
+        """
+        client = self._ready_client()
+
+        def guarded(text: str) -> None:
+            try:
+                sink(text)
+            except Exception as exc:
+                raise _SinkFailed(exc) from exc
+
+        reader = self.stream_reader(request, guarded)
+        status: int | None = None
+        failure: ProviderError
+        try:
+            manager = self.open_stream(client, request)
+            response = await manager.__aenter__()
+            # The body's bytes straight from httpx (the SDK's iter_bytes wraps them in
+            # a generator it never closes); closed below, with the connection.
+            chunks: AsyncGenerator[bytes, None] = response.http_response.aiter_bytes()
+            events = sse_events(chunks)
+            reading = False
+            try:
+                status = int(response.status_code)
+                if "json" in response.headers.get("content-type", ""):
+                    body: bytes = await response.read()
+                    answer = self.parse(status, body, request)
+                    if answer.text:
+                        guarded(answer.text)
+                    return answer
+                cap = request.max_tokens or self._max_output_tokens
+                too_long = None if cap is None else 16 * cap + 1024
+                reading = True
+                async for name, data in events:
+                    if reader.feed(name, data):
+                        break
+                    if too_long is not None and reader.received > too_long:
+                        raise ProviderError(
+                            self.provider,
+                            f"the server streamed more than {too_long} characters for an "
+                            f"output cap of {cap} tokens, and was cut off",
+                            advice="it ignores max_tokens: check the server's options",
+                            model=self._model,
+                            status=status,
+                        )
+                return reader.response(status)
+            finally:
+                # Shielded, so a cancellation closes too: the server sees the client go.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
+                    await manager.__aexit__(None, None, None)
+                    await _finish(events, chunks, started=reading)
+        except _SinkFailed as failed:
+            # The caller's own error, not the provider's: no retry would mend it.
+            raise failed.error from None
+        except ProviderError as error:
+            failure = error.redacted(self._secrets())
+        except Exception as exc:
+            if status is None:  # before any byte of the stream: as for a request
+                failure = self._failure(exc)
+            else:
+                failure = self.broken(status, self._cut(exc)).redacted(self._secrets())
+        if failure.usage is None and status is not None:
+            failure.spent(reader.usage())
+        raise failure
+
+    def _cut(self, exc: Exception) -> str:
+        """What broke a stream off, in words."""
+        kind = type(exc).__name__
+        if isinstance(exc, TimeoutError) or kind.endswith("Timeout"):
+            return f"no data came for {self._timeout:g} s, the timeout ({kind})"
+        return f"{kind}: {exc}" if str(exc) else kind
+
+    def broken(self, status: int | None, detail: str) -> ProviderError:
+        """A stream that ended or broke before its last event."""
+        return ProviderError(
+            self.provider,
+            f"the stream broke off before the response was complete ({_detail(detail)})",
+            advice="retryable (the agent's RetryPolicy decides how often)",
+            model=self._model,
+            status=status,
+            retryable=True,
+        )
 
     def malformed(self, status: int, detail: str) -> ProviderError:
         return malformed(self.provider, self._model, status, detail)
@@ -576,6 +706,128 @@ class ProviderModel:
         self, status: int, body: bytes, request: ModelRequest
     ) -> ModelResponse:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def open_stream(self, client: Any, request: ModelRequest) -> Any:  # pragma: no cover - abstract
+        """The SDK's streaming-response context manager for ``request``; entering it
+        sends the request (and raises the SDK's error for an HTTP error status)."""
+        raise NotImplementedError
+
+    def stream_reader(
+        self, request: ModelRequest, sink: Sink
+    ) -> StreamReader:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+async def _finish(
+    events: AsyncGenerator[tuple[str, str], None],
+    chunks: AsyncGenerator[bytes, None],
+    *,
+    started: bool,
+) -> None:
+    """Finish the generators a stream was read through, once its connection is closed.
+
+    A generator left suspended is finalized by the garbage collector, and trio warns
+    (``ResourceWarning``) for each. Closing the outer one is not enough: httpx's
+    transport stream never closes the httpcore generator it iterates. So the chain is
+    driven one more step in a cancelled scope: the innermost read fails (the
+    connection is closed, or the scope cancels it) and the error runs out through
+    every generator, each finishing on its way.
+    """
+    if started:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            with contextlib.suppress(Exception):
+                async for _ in events:
+                    pass
+    await events.aclose()
+    await chunks.aclose()
+
+
+class _SinkFailed(Exception):
+    """The caller's sink raised ``error``: ``stream`` raises it as it is."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class StreamReader(Protocol):
+    """What a provider reads a streamed response with, one server-sent event at a time.
+
+    ``feed`` takes an event's name (``""`` when it has none) and its data, hands any
+    text to the sink, and says whether the stream is complete; it raises
+    ``ProviderError`` for an error event or data that cannot be read. ``received``
+    counts the characters of output so far (text, tool arguments, reasoning: what
+    ``max_tokens`` caps). ``response``
+    is the ``ModelResponse`` read (a ``ProviderError`` from ``broken`` if the stream
+    ended before it was complete); ``usage`` what the request spent so far: the
+    server's figures if it sent them, else estimates of the input and of the output
+    received.
+    """
+
+    received: int
+
+    def feed(self, event: str, data: str) -> bool: ...
+
+    def response(self, status: int) -> ModelResponse: ...
+
+    def usage(self) -> Usage: ...
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[tuple[str, str], None]:
+    """The server-sent events in a body's ``chunks`` of bytes: (event name, data) pairs.
+
+    As the SSE format says: lines end with CRLF, LF or CR (and nothing else: U+2028,
+    NEL and the other breaks ``str.splitlines`` knows are text, as they are inside a
+    JSON string of a server that writes raw UTF-8); ``data:`` lines join with
+    newlines, an ``event:`` line names the event, a blank line ends it, a line
+    starting with ``:`` is a comment (a keep-alive), other fields are ignored. One
+    exception: older llama.cpp servers send their error as an ``error: {...}`` line,
+    read here as the data of an event named ``error``. An event left open when the
+    body ends (no blank line after it) is still yielded.
+    """
+    name = ""
+    data: list[str] = []
+    rest = b""
+    after_cr = False  # the last chunk ended with CR: a LF opening the next one is its pair
+    async for chunk in chunks:
+        if after_cr and chunk:
+            after_cr = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if not chunk:
+            continue
+        after_cr = chunk[-1:] == b"\r"
+        if rest:
+            chunk = rest + chunk
+        lines = chunk.splitlines()  # on bytes: CRLF, LF and CR only
+        rest = b"" if chunk[-1:] in (b"\n", b"\r") else lines.pop()
+        for line in lines:
+            if line:
+                name, data = _sse_field(line, name, data)
+            elif data:
+                yield name, "\n".join(data)
+                name, data = "", []
+            else:
+                name = ""
+    if rest:
+        name, data = _sse_field(rest, name, data)
+    if data:
+        yield name, "\n".join(data)
+
+
+def _sse_field(raw: bytes, name: str, data: list[str]) -> tuple[str, list[str]]:
+    """The event's name and data lines after one line of it."""
+    line = raw.decode("utf-8", "replace")
+    if line.startswith("data:"):
+        data.append(line[6:] if line.startswith("data: ") else line[5:])
+    elif line.startswith("event:"):
+        name = line[6:].strip()
+    elif line.startswith("error:") and not data:  # older llama.cpp: see sse_events
+        name = "error"
+        data.append(line[7:] if line.startswith("error: ") else line[6:])
+    # ":" comments, "id:", "retry:" and anything else are not data
+    return name, data
 
 
 async def read_raw(raw: Any) -> tuple[int, bytes]:

@@ -12,12 +12,21 @@ tests too. Use it as a context manager::
 
 A request that finds no reply queued gets a 500 naming the problem (recorded too).
 A reply may be delayed (for timeout tests); stopping the server cuts the delay short.
+
+A streamed reply (``sse_reply``) sends server-sent events one by one with chunked
+transfer encoding, ``gap`` seconds apart, then may hold the connection open
+(``hang``) as a server still generating would. Between events the server watches
+the connection: a client that goes away is seen at once and counted in
+``disconnects``, and nothing more is sent to it.
 """
 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-__all__ = ["LoopbackServer", "Received", "Reply", "json_reply", "text_reply"]
+__all__ = ["LoopbackServer", "Received", "Reply", "json_reply", "sse_reply", "text_reply"]
 
 #: How long an idle keep-alive connection is held open by a handler thread.
 _IDLE_SECONDS = 5.0
@@ -41,6 +50,51 @@ class Reply:
     content_type: str = "application/json"
     #: Seconds to wait before answering (cut short when the server stops).
     delay: float = 0.0
+    #: A streamed reply's events, each sent as it is (``sse_reply``), ``gap`` apart.
+    events: tuple[bytes, ...] | None = None
+    gap: float = 0.0
+    #: Seconds a streamed reply holds the connection open after its last event.
+    hang: float = 0.0
+    #: Whether a streamed reply ends with the terminating chunk (False: cut off).
+    complete: bool = True
+
+
+def sse_reply(
+    events: Iterable[Any],
+    *,
+    gap: float = 0.0,
+    hang: float = 0.0,
+    status: int = 200,
+    done: bool = False,
+    complete: bool = True,
+) -> Reply:
+    """A streamed reply: each of ``events`` is one server-sent event.
+
+    An event is a dict (sent as ``data: <json>``), a ``(name, dict)`` pair (an
+    ``event: name`` line first, as Anthropic's stream has), or bytes sent exactly as
+    they are (garbage, comments). ``done`` adds OpenAI's ``data: [DONE]``; ``gap`` is
+    the seconds before each event; ``hang`` holds the connection open afterwards;
+    ``complete=False`` drops the connection without ending the body (a cut stream).
+    """
+    raw: list[bytes] = []
+    for event in events:
+        if isinstance(event, bytes):
+            raw.append(event)
+        elif isinstance(event, tuple):
+            name, payload = event
+            raw.append(f"event: {name}\ndata: {json.dumps(payload)}\n\n".encode())
+        else:
+            raw.append(f"data: {json.dumps(event)}\n\n".encode())
+    if done:
+        raw.append(b"data: [DONE]\n\n")
+    return Reply(
+        status=status,
+        content_type="text/event-stream",
+        events=tuple(raw),
+        gap=gap,
+        hang=hang,
+        complete=complete,
+    )
 
 
 def json_reply(
@@ -87,6 +141,9 @@ class _State:
     #: Answers a request at once, before the queue, when it returns a reply: the
     #: checks a real server makes of what it is sent.
     refuse: Callable[[Received], Reply | None] | None = None
+    #: When each client that went away in the middle of a streamed reply was seen
+    #: to go (``time.monotonic()``).
+    disconnects: list[float] = field(default_factory=list)
 
 
 _NOTHING_QUEUED = Reply(
@@ -131,6 +188,9 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.delay and state.stopping.wait(reply.delay):
             self.close_connection = True
             return
+        if reply.events is not None:
+            self._stream(reply)
+            return
         self.send_response(reply.status)
         self.send_header("content-type", reply.content_type)
         self.send_header("content-length", str(len(reply.body)))
@@ -138,6 +198,60 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(reply.body)
+
+    def _stream(self, reply: Reply) -> None:
+        """Send a streamed reply event by event, watching for the client to go."""
+        self.close_connection = True
+        self.send_response(reply.status)
+        self.send_header("content-type", reply.content_type)
+        self.send_header("transfer-encoding", "chunked")
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.wfile.flush()
+        for event in reply.events or ():
+            if self._client_gone(reply.gap):
+                return
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            except OSError:
+                self._gone()
+                return
+        if reply.hang and self._client_gone(reply.hang):
+            return
+        if reply.complete:
+            try:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except OSError:
+                self._gone()
+
+    def _client_gone(self, seconds: float) -> bool:
+        """Wait ``seconds`` (cut short when the server stops); True as soon as the
+        client has closed its end of the connection."""
+        state = self.server.state
+        connection: socket.socket = self.connection
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            readable, _, _ = select.select([connection], [], [], max(0.0, min(left, 0.05)))
+            if readable:
+                try:
+                    peeked = connection.recv(1, socket.MSG_PEEK)
+                except OSError:
+                    peeked = b""
+                if not peeked:
+                    self._gone()
+                    return True
+            if state.stopping.is_set():
+                return True
+            if left <= 0:
+                return False
+
+    def _gone(self) -> None:
+        state = self.server.state
+        with state.lock:
+            state.disconnects.append(time.monotonic())
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the tests assert on ``requests``."""
@@ -189,6 +303,23 @@ class LoopbackServer:
         """Every request received so far, in order (a copy)."""
         with self._state.lock:
             return list(self._state.received)
+
+    @property
+    def disconnects(self) -> list[float]:
+        """When each client that left in the middle of a streamed reply was seen to go
+        (``time.monotonic()``), in order (a copy)."""
+        with self._state.lock:
+            return list(self._state.disconnects)
+
+    def wait_disconnect(self, timeout: float = 5.0) -> float:
+        """Block until a client has left a streamed reply; when it was seen to go."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            gone = self.disconnects
+            if gone:
+                return gone[0]
+            time.sleep(0.005)
+        raise AssertionError(f"no client left a streamed reply within {timeout} s")
 
     @property
     def pending(self) -> int:

@@ -59,6 +59,7 @@ async def test_an_execution_emits_its_events_in_order() -> None:
         "spawn",
         "step_end",
         "step_start",
+        "text",  # the streamed answer, in one piece from a scripted reply
         "step_end",
         "execution_end",
     ]
@@ -69,9 +70,11 @@ async def test_an_execution_emits_its_events_in_order() -> None:
         "tool_end",
         "step_end",
         "step_start",
+        "text",
         "step_end",
         "execution_end",
     ]
+    assert [e.detail["text"] for e in seen if e.kind == "text"] == ["child done", "lead done"]
     spawn = lead_events[2]
     assert spawn.detail["child"] == "child"
     assert child_events[0].parent_id == lead_events[0].execution_id

@@ -10,8 +10,9 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from actors import Agent, ScriptedModel, call, calls, reply, tool, watch
+from actors import Agent, ScriptedModel, call, calls, reply, streamed, tool, watch
 from actors.cli._live import (
+    LatestLines,
     LiveView,
     PipeConsole,
     ProgressLines,
@@ -202,9 +203,9 @@ def snapshot(fanout: int = 3) -> TreeSnapshot:
     )
 
 
-def render(tree: TreeSnapshot, **options: int) -> str:
+def render(tree: TreeSnapshot, max_children: int = 12) -> str:
     console = Console(file=io.StringIO(), width=120)
-    console.print(render_tree(tree, title="t", **options))
+    console.print(render_tree(tree, title="t", max_children=max_children))
     return written(console)
 
 
@@ -327,3 +328,41 @@ def test_progress_lines_note_dropped_events() -> None:
     late = Event(kind="step_end", at=2.0, agent="a", depth=2, missed=4)
     assert lines.line(late) == "[  2.00s]   (4 event(s) dropped: this view fell behind)"
     assert lines.line(Event(kind="step_end", at=2.0, agent="a", missed=4)) is None
+
+
+def text_event(execution_id: str, text: str, kind: str = "text") -> Event:
+    return Event(kind=kind, at=0.0, execution_id=execution_id, detail={"text": text})  # type: ignore[arg-type]
+
+
+def test_latest_lines_keep_each_executions_last_streamed_line() -> None:
+    lines = LatestLines(width=12)
+    for piece in ("Hello wor", "ld.\nSecond ", "line here", "\n"):
+        lines.feed(text_event("a", piece))
+    lines.feed(text_event("b", "x" * 40))
+    assert lines.line("a") == "…d line here"
+    assert lines.line("b") == "…" + "x" * 11
+    assert lines.line("nobody") == ""
+    lines.feed(text_event("a", "", kind="step_start"))  # a new request: a new line
+    assert lines.line("a") == ""
+    lines.feed(text_event("b", "", kind="execution_end"))
+    assert len(lines) == 0
+
+
+def test_a_running_node_shows_its_latest_streamed_line() -> None:
+    tree = snapshot(fanout=2)
+    lines = LatestLines()
+    lines.feed(text_event("root/lead", "Merging what came back:\nsolar first"))
+    lines.feed(text_event("root/lead/r0", "finished text"))  # r0 has completed: not shown
+    console = Console(file=io.StringIO(), width=120)
+    console.print(render_tree(tree, title="t", lines=lines))
+    out = written(console)
+    assert "“solar first”" in out
+    assert "finished text" not in out
+
+
+async def test_the_live_tree_shows_what_a_running_agent_streams() -> None:
+    model = ScriptedModel([streamed("thinking out loud now", chunks=4, delay=0.05)])
+    console = terminal()
+    async with Runtime() as rt, watch(rt, console=console, refresh=0.01):
+        await (await rt.spawn(Agent(name="talker", model=model))).ask("go")
+    assert "“thinking out" in written(console)

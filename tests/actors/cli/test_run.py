@@ -6,12 +6,14 @@ asserts on what it received and on what the command printed. No network, no real
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from actors.cli import _parser, main
 from actors.cli._run import run_command
 
-from ..loopback import LoopbackServer, json_reply
+from ..loopback import LoopbackServer, json_reply, sse_reply
 from ..providers.wires import (
     ANTHROPIC_KEY,
     ANTHROPIC_TRIO_UNSUPPORTED,
@@ -159,3 +161,47 @@ def test_fractor_run_prints_no_key_a_server_echoes(
     assert "[redacted]" in printed
     assert canary not in printed
     assert password not in printed
+
+
+def _chunk(delta: Mapping[str, object] | None, finish: str | None = None) -> dict[str, object]:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {"id": "c", "object": "chat.completion.chunk", "model": "test", "choices": choices}
+
+
+def test_fractor_run_stream_prints_the_answer_as_it_arrives(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    call_chunk = {
+        "role": "assistant",
+        "tool_calls": [
+            {"index": 0, "id": "c1", "type": "function", "function": {"name": "add"}},
+        ],
+    }
+    args_chunk = {"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 1}'}}]}
+    usage = {"id": "c", "object": "chat.completion.chunk", "model": "test", "choices": []}
+    server.queue(
+        sse_reply([_chunk(call_chunk), _chunk(args_chunk), _chunk({}, "tool_calls")], done=True),
+        sse_reply(
+            [
+                _chunk({"role": "assistant", "content": "The answer "}),
+                _chunk({"content": "is 42."}),
+                _chunk({}, "stop"),
+                {**usage, "usage": {"prompt_tokens": 30, "completion_tokens": 5}},
+            ],
+            done=True,
+            gap=0.01,
+        ),
+    )
+    code = main(
+        ["run", "--model", "openai:test", "--base-url", f"{server.url}/v1", "--stream", "Go"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    assert '[calling add({"a": 1})]' in lines
+    assert "[add failed in" in out  # the run's agent has no tools: an error result
+    assert "The answer is 42." in lines
+    assert out.count("The answer is 42.") == 1  # streamed once, not printed again
+    assert "status: completed (final answer)" in out
+    assert all(r.json()["stream"] is True for r in server.requests)
+    assert "step 1:" not in out  # no live view lines while streaming

@@ -1,0 +1,434 @@
+"""Streaming an ask: the events of one execution's tree as they happen, then its
+``Result`` (``AgentRef.stream``).
+
+::
+
+    async with ref.stream("What's the weather in Paris?") as run:
+        async for event in run:
+            match event:
+                case TextDelta(text=text, depth=0):
+                    print(text, end="", flush=True)
+                case ToolCallStarted(tool=name):
+                    print(f"\\n[{name}...]")
+    print(run.result.status)
+
+The stream yields typed events (frozen Structs, a tagged union on ``kind``):
+``TextDelta`` (the model's text as it is generated), ``ToolCallStarted`` and
+``ToolCallFinished``, ``SubagentStarted`` and ``SubagentFinished``, ``BudgetWaiting``
+and ``BudgetResumed``, ``Retrying`` (text after it starts over), and ``Stopped`` (a
+budget limit or the deadline). Each names its agent, its execution and its ``depth``
+below the agent asked (0: the agent itself). By default the events of subagents are
+their start and finish only; ``subagents=True`` adds their text, tool calls, waits
+and stops. The iteration ends once the execution has answered; ``run.result`` is the
+same ``Result`` that ``ask`` returns.
+
+How it works: the ask carries the name of a watcher (``Task.watch``); the execution's
+node takes it, and every node opened below inherits it (``runtime.Node.watch``), so
+the events of this tree, and only these, reach the stream, whether or not anyone
+subscribes to the runtime's events. They wait in a bounded buffer: a slow consumer
+never stalls the agents. While the consumer is behind, consecutive text pieces of one
+execution merge into one event (no text is lost); once the buffer is full, other
+events are dropped and counted in ``run.missed``. Leaving the block before the
+answer stops the execution (and its subtree); ``run.result`` then says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections import deque
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+import anyio
+import msgspec
+
+from runtime import Event
+
+from ._messages import Result, Status, Task
+
+if TYPE_CHECKING:
+    from runtime import ActorRef, PendingReply
+
+__all__ = [
+    "AgentStream",
+    "BudgetResumed",
+    "BudgetWaiting",
+    "Retrying",
+    "Stopped",
+    "StreamEvent",
+    "SubagentFinished",
+    "SubagentStarted",
+    "TextDelta",
+    "ToolCallFinished",
+    "ToolCallStarted",
+]
+
+#: How long leaving a stream early waits for the stopped execution's answer.
+_STOP_WAIT = 5.0
+_keys = itertools.count(1)
+
+
+class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    #: The agent whose execution this is about.
+    agent: str
+    execution_id: str
+    #: How far below the agent asked: 0 for its own execution, 1 for its subagents...
+    depth: int
+    #: Seconds since the runtime started.
+    at: float
+
+
+class TextDelta(_Base, frozen=True, kw_only=True, tag="text"):
+    """A piece of the model's text, as it is generated (``step``: which step's
+    request; the text of a step that calls tools is trace, not the answer)."""
+
+    text: str
+    step: int = 0
+
+
+class ToolCallStarted(_Base, frozen=True, kw_only=True, tag="tool_start"):
+    tool: str
+    call_id: str
+    #: The call's JSON arguments (the first 200 characters).
+    arguments: str = ""
+
+
+class ToolCallFinished(_Base, frozen=True, kw_only=True, tag="tool_end"):
+    tool: str
+    call_id: str
+    is_error: bool
+    #: The result (the first 200 characters).
+    result: str = ""
+    seconds: float = 0.0
+
+
+class SubagentStarted(_Base, frozen=True, kw_only=True, tag="subagent_start"):
+    """A subagent's execution began (``parent_id``: the execution that called it)."""
+
+    parent_id: str
+    task: str = ""
+
+
+class SubagentFinished(_Base, frozen=True, kw_only=True, tag="subagent_end"):
+    status: Status
+    reason: str = ""
+
+
+class BudgetWaiting(_Base, frozen=True, kw_only=True, tag="budget_wait"):
+    """A model request waits for headroom that requests in flight hold."""
+
+    reason: str
+
+
+class BudgetResumed(_Base, frozen=True, kw_only=True, tag="budget_resume"):
+    seconds: float
+
+
+class Retrying(_Base, frozen=True, kw_only=True, tag="retry"):
+    """A model request is sent again; its text streams again from the start."""
+
+    attempt: int
+    error: str
+    delay: float = 0.0
+
+
+class Stopped(_Base, frozen=True, kw_only=True, tag="stopped"):
+    """A budget limit or the deadline stopped this execution."""
+
+    status: Literal["budget_exceeded", "timed_out"]
+    reason: str
+
+
+StreamEvent: TypeAlias = (
+    TextDelta
+    | ToolCallStarted
+    | ToolCallFinished
+    | SubagentStarted
+    | SubagentFinished
+    | BudgetWaiting
+    | BudgetResumed
+    | Retrying
+    | Stopped
+)
+
+
+class AgentStream:
+    """One streamed ask: an async context manager, then an async iterator of
+    ``StreamEvent``; ``result`` once the iteration has ended (see the module)."""
+
+    __slots__ = (
+        "_buffer",
+        "_closed",
+        "_error",
+        "_events",
+        "_key",
+        "_ref",
+        "_reply",
+        "_result",
+        "_root",
+        "_root_depth",
+        "_subagents",
+        "_task",
+        "_wake",
+        "missed",
+    )
+
+    def __init__(self, ref: ActorRef, task: Task, *, subagents: bool, buffer: int) -> None:
+        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
+            raise ValueError(f"buffer must be a whole number >= 1, got {buffer!r}")
+        if not isinstance(subagents, bool):
+            raise TypeError(f"subagents must be a bool, got {subagents!r}")
+        self._ref = ref
+        self._key = f"stream-{next(_keys)}"
+        self._task = msgspec.structs.replace(task, watch=self._key)
+        self._subagents = subagents
+        self._buffer = buffer
+        self._events: deque[StreamEvent] = deque()
+        self._wake: anyio.Event | None = None
+        self._reply: PendingReply | None = None
+        self._result: Result | None = None
+        self._error: BaseException | None = None
+        self._root = ""
+        self._root_depth = 0
+        self._closed = False
+        #: Events dropped because the buffer was full (text is merged, never dropped).
+        self.missed = 0
+
+    @property
+    def result(self) -> Result:
+        """The execution's ``Result``, once the iteration has ended."""
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise RuntimeError(
+                "the stream has not ended yet: iterate it to the end (async for) first"
+            )
+        return self._result
+
+    async def __aenter__(self) -> AgentStream:
+        watchers = self._ref.runtime.event_bus.watchers
+        watchers[self._key] = self._watch
+        try:
+            reply = await self._ref.ask_pending(self._task)
+        except BaseException:
+            del watchers[self._key]
+            raise
+        self._reply = reply
+        reply.add_done_callback(self._answered)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        reply = self._reply
+        if reply is None or reply.done():
+            if reply is not None and self._result is None and self._error is None:
+                self._take(reply)
+            self._close()
+            return
+        # Left before the answer: stop the execution, and wait (a little) for it.
+        self._closed = True
+        if self._root:
+            self._stop(self._root)
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(_STOP_WAIT),
+            contextlib.suppress(Exception),  # an error answer is taken below
+        ):
+            await reply.wait()
+        if reply.done():
+            self._take(reply)
+        self._close()
+
+    def __aiter__(self) -> AgentStream:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        reply = self._reply
+        if reply is None:
+            raise RuntimeError("use the stream as an async context manager first (async with)")
+        while True:
+            if self._events:
+                return self._events.popleft()
+            if reply.done():
+                self._take(reply)
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._wake = wake = anyio.Event()
+            await wake.wait()
+
+    # -- what the execution's tree reports, in the actors' tasks: never waits ---------
+
+    def _watch(self, event: Event) -> None:
+        kind = event.kind
+        if not self._root:
+            if kind != "execution_start":
+                return
+            self._root, self._root_depth = event.execution_id, event.depth
+            self._ref.runtime.event_bus.watchers.pop(self._key, None)
+            if self._closed:  # left before it began: stop it now
+                self._stop(event.execution_id)
+                return
+        if self._closed:
+            return
+        converted = self._convert(event)
+        if converted is None:
+            return
+        events = self._events
+        if type(converted) is TextDelta and events:
+            last = events[-1]
+            if (
+                type(last) is TextDelta
+                and last.execution_id == converted.execution_id
+                and last.step == converted.step
+            ):
+                events[-1] = msgspec.structs.replace(last, text=last.text + converted.text)
+                return
+        if len(events) >= self._buffer and (
+            type(converted) is not TextDelta or len(events) >= 2 * self._buffer
+        ):
+            self.missed += 1
+            return
+        events.append(converted)
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            wake.set()
+
+    def _convert(self, event: Event) -> StreamEvent | None:
+        depth = event.depth - self._root_depth
+        own = depth == 0
+        if not own and not self._subagents and event.kind not in _SUBAGENT_EDGES:
+            return None
+        detail = event.detail
+        agent, execution_id, at = event.agent, event.execution_id, event.at
+        match event.kind:
+            case "text":
+                return TextDelta(
+                    text=detail.get("text", ""),
+                    step=detail.get("step", 0),
+                    agent=agent,
+                    execution_id=execution_id,
+                    depth=depth,
+                    at=at,
+                )
+            case "tool_start":
+                return ToolCallStarted(
+                    tool=detail.get("tool", ""),
+                    call_id=detail.get("call_id", ""),
+                    arguments=detail.get("arguments", ""),
+                    agent=agent,
+                    execution_id=execution_id,
+                    depth=depth,
+                    at=at,
+                )
+            case "tool_end":
+                return ToolCallFinished(
+                    tool=detail.get("tool", ""),
+                    call_id=detail.get("call_id", ""),
+                    is_error=bool(detail.get("is_error", False)),
+                    result=detail.get("result", ""),
+                    seconds=float(detail.get("seconds", 0.0)),
+                    agent=agent,
+                    execution_id=execution_id,
+                    depth=depth,
+                    at=at,
+                )
+            case "execution_start" if not own:
+                return SubagentStarted(
+                    parent_id=event.parent_id,
+                    task=detail.get("task", ""),
+                    agent=agent,
+                    execution_id=execution_id,
+                    depth=depth,
+                    at=at,
+                )
+            case "execution_end" if not own:
+                return SubagentFinished(
+                    status=detail.get("status", "failed"),
+                    reason=detail.get("reason", ""),
+                    agent=agent,
+                    execution_id=execution_id,
+                    depth=depth,
+                    at=at,
+                )
+            case "budget_wait":
+                return BudgetWaiting(
+                    reason=detail.get("reason", ""),
+                    agent=agent,
+                    execution_id=execution_id,
+                    depth=depth,
+                    at=at,
+                )
+            case "budget_resume":
+                return BudgetResumed(
+                    seconds=float(detail.get("seconds", 0.0)),
+                    agent=agent,
+                    execution_id=execution_id,
+                    depth=depth,
+                    at=at,
+                )
+            case "retry":
+                return Retrying(
+                    attempt=int(detail.get("attempt", 0)),
+                    error=str(detail.get("error", "")),
+                    delay=float(detail.get("delay", 0.0)),
+                    agent=agent,
+                    execution_id=execution_id,
+                    depth=depth,
+                    at=at,
+                )
+            case "budget_exceeded" | "deadline":
+                status: Literal["budget_exceeded", "timed_out"] = (
+                    "budget_exceeded" if event.kind == "budget_exceeded" else "timed_out"
+                )
+                return Stopped(
+                    status=status,
+                    reason=detail.get("reason", ""),
+                    agent=agent,
+                    execution_id=execution_id,
+                    depth=depth,
+                    at=at,
+                )
+        return None
+
+    def _answered(self, reply: PendingReply) -> None:
+        self._ref.runtime.event_bus.watchers.pop(self._key, None)
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            wake.set()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _take(self, reply: PendingReply) -> None:
+        error = reply.error
+        if error is not None:
+            self._error = error
+        else:
+            self._result = reply.result()
+
+    def _stop(self, execution_id: str) -> None:
+        supervisor = self._ref.runtime.supervisor
+        try:
+            node = supervisor.get(execution_id)
+        except KeyError:
+            return  # it has ended already
+        if node.status == "running":
+            supervisor.stop_subtree(
+                node, "cancelled", "cancelled: the stream's consumer left before the answer"
+            )
+
+    def _close(self) -> None:
+        self._closed = True
+        self._events.clear()
+        self._ref.runtime.event_bus.watchers.pop(self._key, None)
+
+
+#: The events of a subagent that a stream shows without ``subagents=True``.
+_SUBAGENT_EDGES = frozenset({"execution_start", "execution_end"})
