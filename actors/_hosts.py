@@ -44,7 +44,11 @@ from ._remote import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from anyio.abc import TaskGroup
+
+    from runtime import Event
 
     from ._agent import Agent
 
@@ -99,6 +103,9 @@ class RemoteHosts:
         self.runtime: Runtime | None = None
         self._runs = itertools.count(1)
         self._turn: dict[str, int] = {}
+        #: Watchers of streamed asks (``Node.watch``) of the executions running on
+        #: hosts, by execution id: a remote subtree's events reach them too.
+        self._watched: dict[str, Callable[[Event], None]] = {}
         self._task_group: TaskGroup | None = None
 
     # -- transport ----------------------------------------------------------------
@@ -218,8 +225,11 @@ class RemoteHosts:
             parent_id=node.parent.id if node.parent is not None else "",
             limits=limits,
             traces=node.traces is not None,
-            events=self.runtime is not None and self.runtime.event_bus.active,
+            events=node.watch is not None
+            or (self.runtime is not None and self.runtime.event_bus.active),
         )
+        if node.watch is not None:
+            self._watched[node.id] = node.watch
         try:
             link.start(run_id, child.agent, encode([start]))
         except BaseException:
@@ -253,13 +263,28 @@ class RemoteHosts:
         """A host's events, into this runtime's: marked with the host, at this
         runtime's time."""
         runtime = self.runtime
-        if runtime is None or not runtime.event_bus.active:
+        if runtime is None:
             return
         bus = runtime.event_bus
         now = bus.now()
         replace = msgspec.structs.replace
+        watched = self._watched
         for event in message.events:
-            bus.publish(replace(event, at=now, detail={**event.detail, "host": link.name}))
+            event = replace(event, at=now, detail={**event.detail, "host": link.name})
+            if bus.active:
+                bus.publish(event)
+            if not watched:
+                continue
+            key = event.execution_id
+            watch = watched.get(key)
+            if watch is None and event.kind == "execution_start":
+                watch = watched.get(event.parent_id)  # a subagent of a watched one
+                if watch is not None:
+                    watched[key] = watch
+            if watch is not None:
+                watch(event)
+                if event.kind == "execution_end":
+                    del watched[key]
 
 
 class _LocalLink(HostLink):

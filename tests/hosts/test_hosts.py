@@ -16,7 +16,20 @@ import anyio
 import msgspec
 import pytest
 
-from actors import Agent, LocalHosts, RestartPolicy, ScriptedModel, call, calls, reply, tool
+from actors import (
+    Agent,
+    LocalHosts,
+    RestartPolicy,
+    ScriptedModel,
+    SubagentFinished,
+    SubagentStarted,
+    TextDelta,
+    ToolCallStarted,
+    call,
+    calls,
+    reply,
+    tool,
+)
 from runtime import Budget, Caps, MemoryStore, Runtime
 
 from .conftest import MakeHosts
@@ -276,6 +289,32 @@ async def test_events_of_remote_executions_reach_the_driver_with_their_host(
     lead_id = result.execution_id
     assert all(e.parent_id == lead_id for e in remote if e.agent == "worker")
     assert all(e.parent_id in workers for e in remote if e.agent == "helper")
+
+
+async def test_a_streamed_ask_sees_its_remote_subtrees_without_a_subscriber(
+    make_hosts: MakeHosts,
+) -> None:
+    async with Runtime(hosts=make_hosts(2)) as rt:
+        ref = await rt.spawn(lead(nested_worker(), ["a", "b"]))
+        assert not rt.event_bus.active  # nobody subscribes: only the stream watches
+        async with ref.stream("go", subagents=True) as run:
+            events = [event async for event in run]
+    assert run.result.status == "completed", run.result.stop_reason
+    started = [e for e in events if isinstance(e, SubagentStarted)]
+    finished = [e for e in events if isinstance(e, SubagentFinished)]
+    # Both workers and their helpers, at their depth below the lead, each ended.
+    assert sorted((e.agent, e.depth) for e in started) == [
+        ("helper", 2),
+        ("helper", 2),
+        ("worker", 1),
+        ("worker", 1),
+    ]
+    assert sorted(e.execution_id for e in finished) == sorted(e.execution_id for e in started)
+    assert all(e.status == "completed" for e in finished)
+    tools = [e for e in events if isinstance(e, ToolCallStarted)]
+    assert [(e.agent, e.depth) for e in tools] == [("helper", 2), ("helper", 2)]
+    texts = {e.execution_id: e for e in events if isinstance(e, TextDelta) and e.depth == 1}
+    assert len(texts) == 2  # each worker's answer streamed from its host
 
 
 def digging(rt: Runtime) -> int:
