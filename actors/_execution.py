@@ -8,14 +8,19 @@ when the execution ends, on any path (answer, limit, error, cancellation), the
 buffer is emptied and only the final response joins the conversation. If there is
 no final response, one is synthesized from the status, what was done and the last
 useful text, so a caller always gets an answer.
+
+Here: the loop of steps and how an execution begins and ends. Its two other halves
+are mixins of ``Execution``: ``Calling`` (``_calling.py``) runs each step's tool
+calls, ``Recording`` (``_recording.py``) keeps its step records and builds its
+trace, its ``Result`` and a snapshot of it as it runs.
 """
 
 from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import msgspec
@@ -26,20 +31,18 @@ from runtime import (
     BudgetExceeded,
     EventKind,
     Node,
-    NodeSnapshot,
     Supervisor,
     Usage,
 )
 from runtime.lowlevel import HeldUp
 
-from ._delegation import Delegation, refused
+from ._calling import Calling, Interrupted
 from ._messages import (
     AssistantMessage,
     ExecutionTrace,
     Message,
     ModelRequest,
     ModelResponse,
-    Progress,
     Result,
     Status,
     StepRecord,
@@ -48,14 +51,12 @@ from ._messages import (
     ToolResultMessage,
     exception_text,
 )
+from ._recording import NOT_RUN, Recording, synthesize
 from ._requests import EMPTY_USAGE, ascii_arguments, safe_response, send
 
 if TYPE_CHECKING:
-    from anyio.abc import TaskGroup
-
     from ._agent import Agent
     from ._models import ModelAdapter, Send
-    from ._tools import Tool
 
 __all__ = ["Execution", "StopCondition", "synthesize"]
 
@@ -63,11 +64,6 @@ __all__ = ["Execution", "StopCondition", "synthesize"]
 StopCondition = Callable[[StepRecord], bool]
 
 
-class _Interrupted(Exception):
-    """A step's task group was cancelled by the supervisor (see ``_run_with_subagents``)."""
-
-
-#: structlog's context variables for the four keys every execution binds, found by
 #: the first bind (``Token.var``): later binds set them directly.
 _LOG_VARS: list[contextvars.ContextVar[Any]] = []
 
@@ -94,46 +90,7 @@ def _bind_log_context(
     return tuple(bound.values())
 
 
-def synthesize(
-    status: Status,
-    reason: str,
-    steps: Sequence[StepRecord],
-    last_text: str,
-    subagents: Collection[str] = (),
-) -> str:
-    """The final response of an execution that ended without one from the model: how
-    it ended, what it did (its tool calls and subagent calls apart, as ``subagents``
-    names them) and the last useful text."""
-    if status == "completed":  # a stop condition, or a model that stopped silently
-        head = f"[completed] The task ended without a final answer: {reason}."
-    else:
-        head = f"[{status}] The task stopped before a final answer: {reason}."
-    ran = [step for step in steps if step.usage.requests]  # not refused by the budget
-    outcomes = [outcome for step in ran for outcome in step.outcomes]
-    done = f"Done so far: {len(ran)} step(s)"
-    if ran and ran[-1].interrupted:  # only the last step can be
-        done += " (the last one interrupted)"
-    done += ", " + _counted([o for o in outcomes if o.call.name not in subagents], "tool call(s)")
-    delegated = [o for o in outcomes if o.call.name in subagents]
-    if delegated:
-        done += ", " + _counted(delegated, "subagent call(s)")
-    interrupted = len([outcome for outcome in outcomes if outcome.interrupted])
-    failed = len([outcome for outcome in outcomes if outcome.is_error]) - interrupted
-    if failed:
-        done += f", {failed} of them failed"
-    if interrupted:
-        done += f", {interrupted} interrupted"
-    tail = f" Last text from the model: {last_text}" if last_text else ""
-    return f"{head} {done}.{tail}"
-
-
-def _counted(outcomes: Sequence[ToolOutcome], what: str) -> str:
-    """``3 tool call(s) (add, lookup)``: how many, and the names used."""
-    names = sorted({outcome.call.name for outcome in outcomes})
-    return f"{len(outcomes)} {what}" + (f" ({', '.join(names)})" if names else "")
-
-
-class Execution:
+class Execution(Calling, Recording):
     """The state and the loop of one execution of one agent.
 
     ``buffer`` is the agent's execution buffer (a list the agent owns and this
@@ -409,7 +366,7 @@ class Execution:
             self.node.scope = self.context.ref
         try:
             if self.node.stop_status is not None:
-                raise _Interrupted
+                raise Interrupted
             agent = self.agent
             supervisor = self.supervisor
             node = self.node
@@ -487,7 +444,7 @@ class Execution:
                             outcome = tool.succeeded(only, value, start, 1)
                     outcomes = [outcome]
                 else:
-                    outcomes = self.step_outcomes = [_NOT_RUN] * len(calls)
+                    outcomes = self.step_outcomes = [NOT_RUN] * len(calls)
                     await self._run_tools(calls, outcomes)
                 tools_seconds = time.perf_counter() - began
                 results = [
@@ -511,7 +468,7 @@ class Execution:
                     self._stop("completed", "the agent's stop condition was met")
                     break
                 context = context + (asked, *results)  # noqa: RUF005 (one copy, not two)
-        except (BudgetExceeded, _Interrupted):
+        except (BudgetExceeded, Interrupted):
             pass  # the supervisor has stopped this subtree and says why (see run)
         except Exception as exc:
             self._stop("failed", exception_text(exc))
@@ -558,327 +515,3 @@ class Execution:
         one, corrections included, is checked and charged like any other."""
         adapter = cast("ModelAdapter", self.agent.model)  # it has request_via: see run
         return send(self, adapter.inner, request)
-
-    async def _run_tools(self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]) -> None:
-        """Run every call of one step concurrently, each outcome at its call's index.
-
-        Tool calls run on at most ``tool_concurrency`` workers that share one
-        iterator over them (taking the next call never awaits), so the bound costs no
-        lock and no more tasks than it allows. Subagent calls need no worker: each is
-        a child actor in this step's task group (see ``Delegation``), at most
-        ``tool_concurrency`` of them at once.
-        """
-        subagents = self.agent.subagents_by_name
-        if subagents and any(call.name in subagents for call in calls):
-            await self._run_with_subagents(calls, outcomes)
-            return
-        async with anyio.create_task_group() as tg:
-            self._start_workers(tg, list(enumerate(calls)), outcomes)
-
-    def _start_workers(
-        self, tg: TaskGroup, calls: list[tuple[int, ToolCall]], outcomes: list[ToolOutcome]
-    ) -> None:
-        pending = iter(calls)
-        run_call = self._run_call
-
-        async def worker() -> None:
-            for index, call in pending:
-                outcomes[index] = await run_call(call)
-
-        for _ in range(min(len(calls), self.agent.tool_concurrency)):
-            tg.start_soon(worker)
-
-    async def _run_with_subagents(
-        self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
-    ) -> None:
-        subagents = self.agent.subagents_by_name
-        tools = [(i, call) for i, call in enumerate(calls) if call.name not in subagents]
-        delegated = [(i, call) for i, call in enumerate(calls) if call.name in subagents]
-        # The children live in this block: whatever interrupts the step (a stop of
-        # the tree, a deadline, a cancellation) cancels them with it, in one delivery.
-        # While it runs, the block's own scope is the one the supervisor cancels: from
-        # the execution's, the cancellation would reach every child twice (once from
-        # there, once more from the task group as it sees its body cancelled).
-        node = self.node
-        outer = node.scope
-        delegation: Delegation | None = None
-        try:
-            async with anyio.create_task_group() as tg:
-                node.scope = tg.cancel_scope
-                if tools:
-                    self._start_workers(tg, tools, outcomes)
-                delegation = Delegation(self, tg, delegated, outcomes)
-                await delegation.run()
-        finally:
-            node.scope = outer
-            if delegation is not None and delegation.interrupted:
-                delegation.close_abandoned()
-        if tg.cancel_scope.cancelled_caught:
-            raise _Interrupted  # the supervisor stopped this node: the step ends here
-
-    def _direct(
-        self, call: ToolCall
-    ) -> tuple[Tool[..., Any], dict[str, Any], float] | ToolOutcome | None:
-        """For a tool the step may await itself (``Tool.direct``) when nothing observes
-        the tree: the call charged and its arguments validated, or the outcome that
-        answers it at once (refused, invalid arguments); None for any other call."""
-        tool = self.agent.toolbox.direct.get(call.name)
-        if tool is None or self.observed:
-            return None
-        try:
-            self.supervisor.charge(self.node, tool_calls=1)
-        except BudgetExceeded as exc:
-            return refused(call, f"tool call refused: {exc}")
-        except HeldUp:
-            return None  # ``_run_call`` waits for the headroom
-        start = time.perf_counter()
-        kwargs = tool.arguments(call, start)
-        if isinstance(kwargs, ToolOutcome):
-            return kwargs
-        return tool, kwargs, start
-
-    def _run_call(self, call: ToolCall) -> Awaitable[ToolOutcome]:
-        """Charge and run one tool call. Not a coroutine of its own when nothing
-        observes the tree: it hands back the tool's, one frame less per call."""
-        try:
-            self.supervisor.charge(self.node, tool_calls=1)
-        except BudgetExceeded as exc:
-            return _ready(refused(call, f"tool call refused: {exc}"))
-        except HeldUp:
-            return self._run_call_held_up(call)
-        if not self.observed:
-            return self.agent.toolbox.run(call)
-        return self._run_call_observed(call)
-
-    async def _run_call_held_up(self, call: ToolCall) -> ToolOutcome:
-        """A call whose charge waits for headroom leased to a subtree elsewhere."""
-        try:
-            await self.supervisor.charge_waiting(self.node, tool_calls=1)
-        except BudgetExceeded as exc:
-            return refused(call, f"tool call refused: {exc}")
-        if not self.observed:
-            return await self.agent.toolbox.run(call)
-        return await self._run_call_observed(call)
-
-    async def _run_call_observed(self, call: ToolCall) -> ToolOutcome:
-        self.emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])
-        outcome = await self.agent.toolbox.run(call)
-        self.emit(
-            "tool_end",
-            tool=call.name,
-            call_id=call.id,
-            is_error=outcome.is_error,
-            seconds=outcome.seconds,
-            result=outcome.content[:200],
-        )
-        return outcome
-
-    def _record(
-        self,
-        input_messages: int,
-        response: ModelResponse,
-        usage: Usage,
-        outcomes: Sequence[ToolOutcome],
-        model_seconds: float,
-        tools_seconds: float,
-    ) -> StepRecord:
-        record = StepRecord(
-            index=len(self.steps),
-            input_messages=input_messages,
-            response_text=response.text,
-            tool_calls=response.tool_calls,
-            outcomes=tuple(outcomes),
-            usage=usage,
-            model_seconds=model_seconds,
-            tools_seconds=tools_seconds,
-            finish_reason=response.finish_reason,
-        )
-        self.steps.append(record)
-        self.step_began = 0.0
-        if self.observed:
-            self.emit(
-                "step_end",
-                step=record.index,
-                tool_calls=[call.name for call in record.tool_calls],
-                tokens=usage.input_tokens + usage.output_tokens,
-                seconds=model_seconds + tools_seconds,
-            )
-        return record
-
-    def _record_failed_request(self, input_messages: int, began: float, exc: Exception) -> None:
-        self.steps.append(
-            StepRecord(
-                index=len(self.steps),
-                input_messages=input_messages,
-                response_text="".join(self.streamed),  # what came before it failed
-                tool_calls=(),
-                outcomes=(),
-                usage=self.charged,
-                model_seconds=time.perf_counter() - began,
-                tools_seconds=0.0,
-                finish_reason="error",
-                error=exception_text(exc),
-            )
-        )
-        self.step_began = 0.0
-
-    def _stop(self, status: Status, reason: str) -> None:
-        self.status = status
-        self.reason = reason
-
-    def all_steps(self) -> list[StepRecord]:
-        """The steps recorded, then the step that was in flight when the execution
-        stopped, if one was, marked as interrupted."""
-        if not self.step_began:
-            return self.steps
-        return [*self.steps, self._interrupted_step()]
-
-    def _interrupted_step(self) -> StepRecord:
-        ended = self.ended or time.perf_counter()
-        asked = self.step_asked
-        if asked is None:  # the model had not answered (or the budget was awaited)
-            return StepRecord(
-                index=len(self.steps),
-                input_messages=self.step_input,
-                response_text="".join(self.streamed),  # what it streamed before the cut
-                tool_calls=(),
-                outcomes=(),
-                usage=self.charged,
-                model_seconds=ended - self.step_began,
-                tools_seconds=0.0,
-                finish_reason="error",
-                error=f"interrupted before the model answered: {self.reason}",
-                interrupted=True,
-            )
-        response, usage, model_seconds, tools_began = asked
-        seconds = ended - tools_began
-        done = self.step_outcomes
-        calls = response.tool_calls
-        outcomes: tuple[ToolOutcome, ...]
-        if done is None:  # the step's one tool call
-            outcomes = (_interrupted_call(calls[0], seconds),)
-        else:
-            outcomes = tuple(
-                [
-                    _interrupted_call(call, seconds) if outcome is _NOT_RUN else outcome
-                    for call, outcome in zip(calls, done, strict=True)
-                ]
-            )
-        return StepRecord(
-            index=len(self.steps),
-            input_messages=self.step_input,
-            response_text=response.text,
-            tool_calls=response.tool_calls,
-            outcomes=outcomes,
-            usage=usage,
-            model_seconds=model_seconds,
-            tools_seconds=seconds,
-            finish_reason=response.finish_reason,
-            error=f"interrupted while its tool calls ran: {self.reason}",
-            interrupted=True,
-        )
-
-    def answer(self, steps: Sequence[StepRecord] | None = None) -> str:
-        """The final response: the model's, or one synthesized from ``steps`` (by
-        default ``all_steps()``)."""
-        if self.final_text and self.status == "completed":
-            return self.final_text
-        return synthesize(
-            self.status,
-            self.reason,
-            self.all_steps() if steps is None else steps,
-            self.last_text,
-            self.agent.subagents_by_name,
-        )
-
-    def result(self, text: str) -> Result:
-        return Result(
-            text=text,
-            status=self.status,
-            stop_reason=self.reason,
-            usage=self.usage,
-            agent_id=self.agent_id,
-            execution_id=self.execution_id,
-            steps=len(self.steps) + (1 if self.step_began else 0),
-        )
-
-    def progress(self, *, queued: int, turns: int) -> Progress:
-        """A snapshot of this execution as it runs (see ``AgentActor.control``)."""
-        node = self.node
-        asked = self.step_asked
-        phase: Literal["model", "tools"] = "model"
-        in_flight: tuple[ToolCall, ...] = ()
-        if self.step_began and asked is not None:
-            phase = "tools"
-            calls = asked[0].tool_calls
-            done = self.step_outcomes
-            if done is None:  # the step's one tool call
-                in_flight = calls
-            else:
-                in_flight = tuple(
-                    [call for call, outcome in zip(calls, done, strict=True) if outcome is _NOT_RUN]
-                )
-        return Progress(
-            agent_id=self.agent_id,
-            running=True,
-            execution_id=self.execution_id,
-            task=self.task,
-            attempt=self.attempt,
-            steps=tuple(self.steps),
-            phase=phase,
-            in_flight=in_flight,
-            streamed="".join(self.streamed) if phase == "model" else "",
-            usage=node.usage(),
-            seconds=time.perf_counter() - self.started,
-            queued=queued,
-            conversation_turns=turns,
-            nodes=self._nodes() if node.status == "running" else (),
-        )
-
-    def _nodes(self) -> tuple[NodeSnapshot, ...]:
-        """This execution's node and its subtree's, as the supervisor sees them now."""
-        supervisor = self.supervisor
-        nodes: list[NodeSnapshot] = []
-        supervisor.snapshot_nodes(nodes, self.node, supervisor.now())
-        return (*nodes, *supervisor.subtree(self.node))
-
-    def final_trace(self) -> ExecutionTrace:
-        """The trace of this ended execution, with its final response (built once)."""
-        built = self.built
-        if built is None:
-            steps = self.all_steps()
-            parent = self.node.parent
-            built = self.built = ExecutionTrace(
-                execution_id=self.execution_id,
-                agent_id=self.agent_id,
-                task=self.task,
-                steps=tuple(steps),
-                status=self.status,
-                stop_reason=self.reason,
-                final_text=self.answer(steps),
-                usage=self.usage,
-                seconds=(self.ended or time.perf_counter()) - self.started,
-                parent_id=parent.id if parent is not None and parent.parent else "",
-                agent_name=self.agent.name,
-                attempt=self.attempt,
-            )
-        return built
-
-
-async def _ready(outcome: ToolOutcome) -> ToolOutcome:
-    return outcome
-
-
-def _interrupted_call(call: ToolCall, seconds: float) -> ToolOutcome:
-    return ToolOutcome(
-        call=call,
-        content="[interrupted] still running when the execution stopped",
-        is_error=True,
-        seconds=seconds,
-        interrupted=True,
-    )
-
-
-_NOT_RUN = ToolOutcome(
-    call=ToolCall(id="", name=""), content="not run", is_error=True, seconds=0.0, attempts=0
-)

@@ -357,8 +357,9 @@ def test_the_walk_sees_every_module_and_its_imports() -> None:
     assert ("actors._agent", "actors._execution", False) in edges
     assert ("actors._execution", "actors._agent", True) in edges
     assert ("actors._delegation", "runtime.lowlevel", False) in edges
-    assert ("actors._execution", "actors._delegation", False) in edges
+    assert ("actors._calling", "actors._delegation", False) in edges
     assert ("actors._delegation", "actors._execution", True) in edges
+    assert ("actors._calling", "actors._execution", True) in edges
     assert ("actors", "actors.cli._live", False) in edges
 
 

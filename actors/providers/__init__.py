@@ -1,16 +1,22 @@
-"""The real model providers, one module per wire format, and the model-string registry.
+"""The real model providers, three modules per wire format, and the model-string registry.
 
-- ``_base.py``: what every provider shares (``ProviderError``, ``ProviderModel``, the
-  token estimates). Both providers build on it; neither imports the other, nor this
-  ``__init__``.
+- ``_base.py``: what every provider shares (``ProviderModel``: configuration, the
+  SDK client, requests and streams; the token estimates), with ``_errors.py``
+  (``ProviderError``, its classification, ``redact``) and ``_sse.py`` (server-sent
+  events and the ``StreamReader`` each wire format implements). Both providers build
+  on them; neither imports the other, nor this ``__init__``.
 - ``_openai.py``: ``OpenAIModel``, the chat completions wire format (OpenAI and every
-  OpenAI-compatible server: vLLM, Ollama, llama.cpp, LM Studio).
-- ``_anthropic.py``: ``AnthropicModel``, Anthropic's Messages API.
+  OpenAI-compatible server: vLLM, Ollama, llama.cpp, LM Studio), and its requests;
+  ``_openai_response.py`` reads a completion, ``_openai_stream.py`` a streamed one
+  (``OpenAIStreamReader``).
+- ``_anthropic.py``: ``AnthropicModel``, Anthropic's Messages API, and its requests;
+  ``_anthropic_response.py`` reads a message, ``_anthropic_stream.py`` a streamed one
+  (``AnthropicStreamReader``). A model's module imports its readers, never the reverse.
 - Here: ``model_from_string("openai:gpt-4.1-mini")``, the model string form of the
   command line and of configuration files: ``PROVIDER:MODEL``, split at the first
   colon (so ``openai:llama3.2:3b`` is the Ollama model ``llama3.2:3b``).
 
-A new wire format is one more module beside these two, one more entry in
+A new wire format is one more such trio of modules, one more entry in
 ``PROVIDERS`` and one more branch of ``model_from_string``.
 """
 
@@ -18,9 +24,9 @@ import typing
 
 from .. import _models
 from ._anthropic import AnthropicModel as AnthropicModel
-from ._base import ProviderError as ProviderError
 from ._base import ProviderModel as ProviderModel
-from ._base import redact as redact
+from ._errors import ProviderError as ProviderError
+from ._errors import redact as redact
 from ._openai import OpenAIModel as OpenAIModel
 
 __all__ = [

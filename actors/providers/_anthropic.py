@@ -18,40 +18,9 @@ How a ``ModelRequest`` goes out (``POST {base_url}/v1/messages``):
 - ``options`` are extra request fields sent as they are (``temperature``,
   ``tool_choice``, ``metadata``, ...).
 
-How the response comes back: the ``text`` blocks joined, the ``tool_use`` blocks as
-tool calls (``input`` encoded to JSON text with msgspec; a call without an id, or
-repeating one, gets ``fractor_call_N``); usage: input =
-``input_tokens + cache_creation_input_tokens + cache_read_input_tokens`` (so input
-counts every prompt token, as for OpenAI), cached = ``cache_read_input_tokens``,
-output = ``output_tokens``; ``stop_reason`` ``end_turn``/``stop_sequence`` ->
-``stop``, ``tool_use`` -> ``tool_calls``, ``max_tokens`` and
-``model_context_window_exceeded`` -> ``length``, ``refusal`` -> ``content_filter``.
-
-Streamed (``stream``; ``streaming`` is True unless the model was built with
-``stream=False``), the request says ``"stream": true`` and the answer comes as
-server-sent events, each named by an ``event:`` line and typed by its data's ``type``:
-
-- ``message_start``: the model and the usage so far (the input figures, counted as
-  above); ``ping``: nothing.
-- ``content_block_start`` (``index``, ``content_block``): a ``text`` block, a
-  ``tool_use`` block (``id``, ``name``), or another kind (``thinking``,
-  ``redacted_thinking``, server tools) that is read past.
-- ``content_block_delta`` (``index``, ``delta``): ``text_delta`` text goes to the
-  sink at once; ``input_json_delta`` pieces of a tool call's ``partial_json`` are
-  joined per block and decoded when the message is complete (re-encoded as above, so
-  the response is the one ``request`` returns; JSON that does not decode, a call cut
-  off by ``max_tokens``, is kept as it came); ``thinking_delta`` and
-  ``signature_delta`` only count as output received. ``content_block_stop`` closes
-  a block.
-- ``message_delta``: the ``stop_reason`` and the cumulative ``output_tokens`` (newer
-  servers repeat the input figures there too: they win); ``message_stop``: the end.
-- ``error`` (``{"type": "error", "error": {"type", "message"}}``): the server failed
-  part-way; a ``ProviderError`` with its words, retryable for
-  ``overloaded_error``, ``api_error``, ``rate_limit_error`` and ``timeout_error``.
-- Events of a type not listed here are skipped (the API may add some); data that is
-  not an event is a malformed response. A stream that ends before ``message_stop``
-  has broken off (retryable). A failed stream's error carries the usage reported so
-  far, or the input estimate and an estimate of the output received.
+How the answer comes back is told where it is read: in one piece in
+``_anthropic_response.py``, streamed in ``_anthropic_stream.py``. This module imports
+those two, never the reverse.
 
 On trio it needs the SDK 0.46 or later (earlier ones run on asyncio only: the model
 says so with a ``ProviderError`` instead of failing obscurely).
@@ -73,26 +42,19 @@ import msgspec
 
 from .._messages import (
     AssistantMessage,
-    FinishReason,
     ModelRequest,
     ModelResponse,
     SystemMessage,
     ToolCall,
     ToolResultMessage,
     ToolSpec,
-    Usage,
     UserMessage,
 )
 from .._models import Sink
-from ._base import (
-    ProviderError,
-    ProviderModel,
-    estimate_output_tokens,
-    estimate_request_tokens,
-    malformed,
-    output_cap,
-    read_raw,
-)
+from ._anthropic_response import CHARS_PER_TOKEN, read_message
+from ._anthropic_stream import AnthropicStreamReader
+from ._base import ProviderModel, estimate_request_tokens, output_cap, read_raw
+from ._errors import ProviderError
 
 __all__ = ["DEFAULT_MAX_OUTPUT_TOKENS", "AnthropicModel"]
 
@@ -101,171 +63,17 @@ __all__ = ["DEFAULT_MAX_OUTPUT_TOKENS", "AnthropicModel"]
 #: produce. 8192 fits every current Claude model (Claude 3 Haiku: pass 4096).
 DEFAULT_MAX_OUTPUT_TOKENS = 8_192
 
-# Token estimate constants: Claude's tokenizer averages about 3.5 characters per token
-# on English and JSON; each message costs about four tokens of framing; offering tools
-# adds the tool-use system prompt (about 350 tokens) and each tool about eight.
-_CHARS_PER_TOKEN = 3.5
+# Token estimate constants (with ``CHARS_PER_TOKEN``, about 3.5 characters per
+# token): each message costs about four tokens of framing; offering tools adds the
+# tool-use system prompt (about 350 tokens) and each tool about eight.
 _PER_MESSAGE = 4
 _PER_TOOL = 8
 _TOOLS_PREAMBLE = 350
 
-_FINISH: dict[str, FinishReason] = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "pause_turn": "stop",
-    "tool_use": "tool_calls",
-    "max_tokens": "length",
-    "model_context_window_exceeded": "length",
-    "refusal": "content_filter",
-}
-
-#: The types of a stream's ``error`` event worth sending the request again for.
-_RETRYABLE_ERRORS = frozenset(
-    {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
-)
-#: How much of a server's error message a ``ProviderError`` quotes.
-_MAX_SAID = 300
-
 #: The first SDK release whose async client runs on trio.
 _FIRST_TRIO_RELEASE = (0, 46)
 
-_json_encoder = msgspec.json.Encoder()
 _decode_object = msgspec.json.Decoder(dict[str, Any]).decode
-
-
-# -- the response, as much of it as is read ----------------------------------------------
-
-
-class _Block(msgspec.Struct, frozen=True):
-    type: str
-    text: str = ""
-    id: str = ""
-    name: str = ""
-    input: Any = None
-
-
-class _WireUsage(msgspec.Struct, frozen=True):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_creation_input_tokens: int | None = None
-    cache_read_input_tokens: int | None = None
-
-
-class _Message(msgspec.Struct, frozen=True):
-    content: list[_Block]
-    usage: _WireUsage
-    stop_reason: str | None = None
-    model: str | None = None
-
-
-_decode_message = msgspec.json.Decoder(_Message).decode
-
-
-# -- the stream, event by event -----------------------------------------------------------
-
-
-class _StreamUsage(msgspec.Struct, frozen=True):
-    """Usage as an event reports it: ``None`` for what it leaves out."""
-
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cache_creation_input_tokens: int | None = None
-    cache_read_input_tokens: int | None = None
-
-
-class _Started(msgspec.Struct, frozen=True):
-    model: str | None = None
-    usage: _StreamUsage = msgspec.field(default_factory=_StreamUsage)
-
-
-class _Delta(msgspec.Struct, frozen=True):
-    """A ``content_block_delta``'s delta, whatever its type (some are read past)."""
-
-    type: str
-    text: str = ""
-    partial_json: str = ""
-    thinking: str = ""
-    signature: str = ""
-
-
-class _Stopping(msgspec.Struct, frozen=True):
-    stop_reason: str | None = None
-
-
-class _ErrorDetail(msgspec.Struct, frozen=True):
-    type: str = ""
-    message: str = ""
-
-
-class _Event(msgspec.Struct, frozen=True, tag_field="type"):
-    """A server-sent event's data, tagged by its ``type``."""
-
-
-class _MessageStart(_Event, frozen=True, tag="message_start"):
-    message: _Started
-
-
-class _BlockStart(_Event, frozen=True, tag="content_block_start"):
-    index: int
-    content_block: _Block
-
-
-class _BlockDelta(_Event, frozen=True, tag="content_block_delta"):
-    index: int
-    delta: _Delta
-
-
-class _BlockStop(_Event, frozen=True, tag="content_block_stop"):
-    index: int = 0
-
-
-class _MessageDelta(_Event, frozen=True, tag="message_delta"):
-    delta: _Stopping = msgspec.field(default_factory=_Stopping)
-    usage: _StreamUsage = msgspec.field(default_factory=_StreamUsage)
-
-
-class _MessageStop(_Event, frozen=True, tag="message_stop"):
-    pass
-
-
-class _Ping(_Event, frozen=True, tag="ping"):
-    pass
-
-
-class _Error(_Event, frozen=True, tag="error"):
-    error: _ErrorDetail = msgspec.field(default_factory=_ErrorDetail)
-
-
-_AnyEvent = (
-    _BlockDelta
-    | _BlockStart
-    | _BlockStop
-    | _MessageStart
-    | _MessageDelta
-    | _MessageStop
-    | _Ping
-    | _Error
-)
-_decode_event = msgspec.json.Decoder(_AnyEvent).decode
-_KNOWN_EVENTS = frozenset(
-    {
-        "message_start",
-        "content_block_start",
-        "content_block_delta",
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-        "ping",
-        "error",
-    }
-)
-
-
-class _Envelope(msgspec.Struct, frozen=True):
-    type: str = ""
-
-
-_decode_envelope = msgspec.json.Decoder(_Envelope).decode
 
 
 class AnthropicModel(ProviderModel):
@@ -326,7 +134,7 @@ class AnthropicModel(ProviderModel):
         its name, description and schema."""
         return estimate_request_tokens(
             request,
-            chars_per_token=_CHARS_PER_TOKEN,
+            chars_per_token=CHARS_PER_TOKEN,
             per_message=_PER_MESSAGE,
             per_tool=_PER_TOOL,
             tools_preamble=_TOOLS_PREAMBLE,
@@ -394,264 +202,13 @@ class AnthropicModel(ProviderModel):
         return await read_raw(raw)
 
     def parse(self, status: int, body: bytes, request: ModelRequest) -> ModelResponse:
-        try:
-            message = _decode_message(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise self.malformed(status, f"not a Messages API message: {exc}") from exc
-        texts: list[str] = []
-        calls: list[ToolCall] = []
-        seen: set[str] = set()
-        for block in message.content:
-            if block.type == "text":
-                texts.append(block.text)
-            elif block.type == "tool_use":
-                if not block.name:
-                    raise self.malformed(status, "a tool_use block has no name")
-                call_id = block.id
-                if not call_id or call_id in seen:
-                    call_id = self.new_call_id()
-                seen.add(call_id)
-                arguments = _json_encoder.encode({} if block.input is None else block.input)
-                calls.append(ToolCall(id=call_id, name=block.name, arguments=arguments.decode()))
-        wire = message.usage
-        return ModelResponse(
-            text="".join(texts),
-            tool_calls=tuple(calls),
-            usage=_usage(
-                wire.input_tokens,
-                wire.output_tokens,
-                wire.cache_creation_input_tokens or 0,
-                wire.cache_read_input_tokens or 0,
-            ),
-            finish_reason=_finish(message.stop_reason, bool(calls)),
-            model=f"anthropic:{message.model}" if message.model else self.name,
-        )
+        return read_message(self, status, body)
 
     def open_stream(self, client: Any, request: ModelRequest) -> Any:
         return client.messages.with_streaming_response.create(**self.body(request), stream=True)
 
-    def stream_reader(self, request: ModelRequest, sink: Sink) -> _StreamReader:
-        return _StreamReader(self, request, sink)
-
-
-def _finish(stop_reason: str | None, has_calls: bool) -> FinishReason:
-    finish = _FINISH.get(stop_reason or "")
-    if finish is None or (finish == "stop" and has_calls):
-        finish = "tool_calls" if has_calls else "stop"
-    return finish
-
-
-def _usage(fresh: int, output: int, cache_creation: int, cache_read: int) -> Usage:
-    """One request's usage: input counts every prompt token (fresh, written to the
-    cache and read from it), cached those read from the cache."""
-    return Usage(
-        input_tokens=fresh + cache_creation + cache_read,
-        output_tokens=output,
-        cached_tokens=cache_read,
-        requests=1,
-    )
-
-
-class _Part:
-    """A content block of a streamed message, as far as it has come."""
-
-    __slots__ = ("id", "input", "kind", "name", "pieces")
-
-    def __init__(self, kind: str, id: str = "", name: str = "", input: Any = None) -> None:
-        self.kind = kind  # the block's type: "text", "tool_use", "thinking", ...
-        self.id = id
-        self.name = name
-        self.input = input  # a tool_use block's input as it started (usually {})
-        self.pieces: list[str] = []  # its text, or its input's JSON, piece by piece
-
-
-class _StreamReader:
-    """Reads a streamed Messages API response event by event (a ``StreamReader``):
-    text to the sink as it comes, the rest kept until the message is complete."""
-
-    def __init__(self, model: AnthropicModel, request: ModelRequest, sink: Sink) -> None:
-        self.received = 0
-        self._model = model
-        self._request = request
-        self._sink = sink
-        self._parts: dict[int, _Part] = {}
-        self._started = False
-        self._model_name: str | None = None
-        self._fresh = 0
-        self._output = 0
-        self._cache_creation = 0
-        self._cache_read = 0
-        self._output_final = False  # message_delta's cumulative output_tokens came
-        self._stop_reason: str | None = None
-        self._complete = False
-
-    def feed(self, event: str, data: str) -> bool:
-        try:
-            decoded = _decode_event(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self._unknown(event, data, exc)
-            return False
-        match decoded:
-            case _BlockDelta(index=index, delta=delta):
-                self._delta(index, delta)
-            case _BlockStart(index=index, content_block=block):
-                self._start(index, block)
-            case _MessageStart(message=started):
-                self._started = True
-                self._model_name = started.model
-                self._count(started.usage)
-            case _MessageDelta(delta=stopping, usage=usage):
-                if stopping.stop_reason is not None:
-                    self._stop_reason = stopping.stop_reason
-                self._count(usage)
-                self._output_final = self._output_final or usage.output_tokens is not None
-            case _MessageStop():
-                self._complete = True
-                return True
-            case _Error(error=error):
-                raise self._server_error(error)
-        return False  # content_block_stop, ping
-
-    def _delta(self, index: int, delta: _Delta) -> None:
-        part = self._parts.get(index)
-        if part is None:
-            raise self._malformed(f"a {delta.type or 'delta'} for block {index}, never started")
-        kind = delta.type
-        if kind == "text_delta":
-            text = delta.text
-            if part.kind != "text":
-                raise self._malformed(f"a text_delta for block {index}, a {part.kind} block")
-            self.received += len(text)
-            part.pieces.append(text)
-            if text:
-                self._sink(text)
-        elif kind == "input_json_delta":
-            self.received += len(delta.partial_json)
-            if part.kind == "tool_use":
-                part.pieces.append(delta.partial_json)
-        elif kind == "thinking_delta":
-            self.received += len(delta.thinking)
-        elif kind == "signature_delta":
-            self.received += len(delta.signature)
-        # citations_delta and any newer kind: not text, nothing to keep
-
-    def _start(self, index: int, block: _Block) -> None:
-        if index in self._parts:
-            raise self._malformed(f"block {index} started twice")
-        if block.type == "tool_use":
-            if not block.name:
-                raise self._malformed(f"the tool_use block {index} has no name")
-            self._parts[index] = _Part("tool_use", block.id, block.name, block.input)
-            return
-        part = self._parts[index] = _Part(block.type)
-        if block.type == "text" and block.text:
-            self.received += len(block.text)
-            part.pieces.append(block.text)
-            self._sink(block.text)
-
-    def _count(self, usage: _StreamUsage) -> None:
-        """Take the figures an event reports (each one cumulative)."""
-        if usage.input_tokens is not None:
-            self._fresh = usage.input_tokens
-        if usage.output_tokens is not None:
-            self._output = usage.output_tokens
-        if usage.cache_creation_input_tokens is not None:
-            self._cache_creation = usage.cache_creation_input_tokens
-        if usage.cache_read_input_tokens is not None:
-            self._cache_read = usage.cache_read_input_tokens
-
-    def _unknown(self, event: str, data: str, exc: Exception) -> None:
-        """An event that did not decode: skipped if its type is one the API added
-        since, else a malformed response."""
-        try:
-            kind = _decode_envelope(data).type
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            kind = ""
-        if kind and kind not in _KNOWN_EVENTS:
-            return
-        what = f"event {event!r}" if event else "an event"
-        raise self._malformed(f"{what} is not a Messages API stream event: {exc}")
-
-    def _malformed(self, detail: str) -> ProviderError:
-        model = self._model
-        return malformed(model.provider, model.model, None, detail).spent(self.usage())
-
-    def _server_error(self, error: _ErrorDetail) -> ProviderError:
-        kind = error.type or "error"
-        said = " ".join(f"{kind}: {error.message}".split()) if error.message else kind
-        if len(said) > _MAX_SAID:
-            said = said[: _MAX_SAID - 3] + "..."
-        retryable = kind in _RETRYABLE_ERRORS
-        return ProviderError(
-            self._model.provider,
-            f"the server reported an error part-way through the stream ({said})",
-            advice=(
-                "retryable (the agent's RetryPolicy decides how often, with backoff)"
-                if retryable
-                else "not retried"
-            ),
-            model=self._model.model,
-            retryable=retryable,
-        ).spent(self.usage())
-
-    def response(self, status: int) -> ModelResponse:
-        model = self._model
-        if not self._complete:
-            raise model.broken(
-                status, f"it ended without message_stop, after {self.received} characters"
-            )
-        if not self._started:
-            raise model.malformed(status, "the stream has no message_start event")
-        texts: list[str] = []
-        calls: list[ToolCall] = []
-        seen: set[str] = set()
-        for index in sorted(self._parts):
-            part = self._parts[index]
-            if part.kind == "text":
-                texts.extend(part.pieces)
-            elif part.kind == "tool_use":
-                call_id = part.id
-                if not call_id or call_id in seen:
-                    call_id = model.new_call_id()
-                seen.add(call_id)
-                calls.append(ToolCall(id=call_id, name=part.name, arguments=_arguments(part)))
-        return ModelResponse(
-            text="".join(texts),
-            tool_calls=tuple(calls),
-            usage=_usage(self._fresh, self._output, self._cache_creation, self._cache_read),
-            finish_reason=_finish(self._stop_reason, bool(calls)),
-            model=f"anthropic:{self._model_name}" if self._model_name else model.name,
-        )
-
-    def usage(self) -> Usage:
-        """What the request spent so far: the server's figures where it sent them,
-        else the input estimate and the output received (3.5 characters a token)."""
-        if self._output_final:
-            output = self._output
-        else:
-            received = estimate_output_tokens("", self.received, _CHARS_PER_TOKEN)
-            output = max(self._output, received)
-        if not self._started:
-            return Usage(
-                input_tokens=self._model.estimate_tokens(self._request),
-                output_tokens=output,
-                requests=1,
-            )
-        return _usage(self._fresh, output, self._cache_creation, self._cache_read)
-
-
-def _arguments(part: _Part) -> str:
-    """A streamed tool call's arguments, as ``parse`` gives them: its input's JSON
-    re-encoded (``{}`` when empty), or the JSON text as it came if it does not decode."""
-    raw = "".join(part.pieces)
-    if raw.strip():
-        try:
-            value = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            return raw
-    else:
-        value = {} if part.input is None else part.input
-    return _json_encoder.encode(value).decode()
+    def stream_reader(self, request: ModelRequest, sink: Sink) -> AnthropicStreamReader:
+        return AnthropicStreamReader(self, request, sink)
 
 
 def check_event_loop(sdk_version: str) -> None:

@@ -1,20 +1,16 @@
-"""The contract the model providers share: their error, their base, token estimates.
+"""What the model providers share: their base, and the token estimates.
 
-- ``ProviderError``: a request to a provider failed. Its message names the provider,
-  the model, the HTTP status (when there was one), what happened and what to do; its
-  ``retryable`` attribute tells the agent's ``RetryPolicy`` whether sending the
-  request again may help (rate limits, server errors, timeouts, lost connections and
-  malformed responses: yes; a rejected key, an unknown model, any other 4xx: no).
-- ``estimate_request_tokens``: the cheap input-token estimate of the budget pre-check,
-  with each provider's own constants.
 - ``ProviderModel``: the base of ``OpenAIModel`` (``_openai.py``) and
   ``AnthropicModel`` (``_anthropic.py``): configuration, the SDK client's life, error
-  translation, and streaming: ``stream`` reads the server-sent events of a streamed
-  response (``sse_events``) and hands each to the provider's ``StreamReader``, closes
-  the connection at once when cut short (a deadline, a stop), and turns a stream
-  that breaks part-way into a ``ProviderError`` carrying the usage of what was
-  received. Neither provider imports the other; the ``model_from_string`` registry
-  that names them both lives in the package's ``__init__``.
+  translation (``_errors.py``), and streaming: ``stream`` reads the server-sent
+  events of a streamed response (``_sse.py``) and hands each to the provider's
+  ``StreamReader``, closes the connection at once when cut short (a deadline, a
+  stop), and turns a stream that breaks part-way into a ``ProviderError`` carrying
+  the usage of what was received. Neither provider imports the other; the
+  ``model_from_string`` registry that names them both lives in the package's
+  ``__init__``.
+- ``estimate_request_tokens``: the cheap input-token estimate of the budget pre-check,
+  with each provider's own constants.
 
 Both providers send requests through their official SDK, with the SDK's own retries
 off: the agent's ``RetryPolicy`` is the one that retries. The SDKs are optional
@@ -24,32 +20,27 @@ when a provider model is built.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import itertools
 import math
 import os
-import re
 import urllib.parse
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from types import ModuleType
-from typing import Any, ClassVar, Protocol, Self
+from typing import Any, ClassVar, Self
 
 import anyio
 import msgspec
 
-from runtime import FractorError
-
-from .._messages import AssistantMessage, ModelRequest, ModelResponse, Usage
+from .._messages import AssistantMessage, ModelRequest, ModelResponse
 from .._models import Sink
+from ._errors import ProviderError, clipped, malformed, redact, translate_sdk_error
+from ._sse import SinkFailed, StreamReader, finish_stream, sse_events
 
 __all__ = [
-    "ProviderError",
     "ProviderModel",
-    "StreamReader",
     "estimate_output_tokens",
     "estimate_request_tokens",
-    "sse_events",
 ]
 
 #: The placeholder key sent to a server given by ``base_url`` when no key is known:
@@ -59,84 +50,6 @@ PLACEHOLDER_KEY = "not-needed"
 _json_encoder = msgspec.json.Encoder()
 #: How long ``aclose`` may take to close the SDK client's connections.
 _CLOSE_SECONDS = 5.0
-
-
-class ProviderError(FractorError):
-    """A request to a model provider failed.
-
-    ``provider`` is ``"openai"`` or ``"anthropic"``, ``model`` the model name,
-    ``status`` the HTTP status (``None`` when no response came back), ``retryable``
-    whether the same request may succeed later (read by ``RetryPolicy``), and
-    ``retry_after`` the seconds the provider asked to wait, when it said so.
-    """
-
-    def __init__(
-        self,
-        provider: str,
-        what: str,
-        *,
-        advice: str = "",
-        model: str = "",
-        status: int | None = None,
-        retryable: bool = False,
-        retry_after: float | None = None,
-        usage: Usage | None = None,
-    ) -> None:
-        where = f"{provider} model {model!r}" if model else provider
-        if status is not None:
-            where += f", HTTP {status}"
-        message = f"{where}: {what}"
-        if advice:
-            message += f"; {advice}"
-        super().__init__(message)
-        self.provider = provider
-        self.model = model
-        self.status = status
-        self.retryable = retryable
-        self.retry_after = retry_after
-        self.what = what
-        self.advice = advice
-        #: What the failed request spent, when it is known: the usage a stream that
-        #: broke part-way reported, or its input estimate plus what was received.
-        self.usage = usage
-
-    def redacted(self, secrets: Iterable[str]) -> ProviderError:
-        """The same error with ``secrets`` and URL credentials taken out of its text
-        (a server may echo the key in its error body)."""
-        return ProviderError(
-            self.provider,
-            redact(self.what, secrets),
-            advice=redact(self.advice, secrets),
-            model=self.model,
-            status=self.status,
-            retryable=self.retryable,
-            retry_after=self.retry_after,
-            usage=self.usage,
-        )
-
-    def spent(self, usage: Usage) -> ProviderError:
-        """The same error, saying what the request spent."""
-        self.usage = usage
-        return self
-
-
-# -- secrets: never in what fractor records or prints --------------------------------
-
-#: What stands where a secret was.
-REDACTED = "[redacted]"
-#: Credentials in a URL: ``scheme://user:password@host`` (or ``scheme://token@host``).
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret (an API key, say) and any credentials of a URL
-    replaced by ``[redacted]``: what an error, a stop reason, a trace or a log keeps."""
-    for secret in secrets:
-        if secret and len(secret) >= 4 and secret in text:
-            text = text.replace(secret, REDACTED)
-    if "@" in text:
-        text = _URL_CREDENTIALS.sub(f"{REDACTED}@", text)
-    return text
 
 
 # -- configuration shared by the providers ------------------------------------------
@@ -237,190 +150,6 @@ def output_cap(request_cap: int | None, model_cap: int | None) -> int | None:
     if model_cap is None:
         return max(request_cap, 1)
     return max(min(request_cap, model_cap), 1)
-
-
-# -- errors -------------------------------------------------------------------------
-
-_MAX_DETAIL = 300
-
-
-def _detail(text: str) -> str:
-    text = " ".join(text.split())
-    if len(text) > _MAX_DETAIL:
-        text = text[: _MAX_DETAIL - 3] + "..."
-    return text
-
-
-def _error_fields(body: object) -> tuple[str, str]:
-    """(message, code-or-type) of a provider's JSON error body, best effort."""
-    if isinstance(body, Mapping):
-        inner = body.get("error", body)
-        if isinstance(inner, Mapping):
-            message = inner.get("message")
-            code = inner.get("code") or inner.get("type") or ""
-            return (str(message) if message else "", str(code))
-        if isinstance(inner, str):
-            return inner, ""
-    if isinstance(body, str):
-        return body, ""
-    return "", ""
-
-
-def _retry_after(headers: Mapping[str, str] | None) -> float | None:
-    if not headers:
-        return None
-    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            seconds = float(value) / scale
-        except ValueError:
-            continue
-        if seconds >= 0:
-            return seconds
-    return None
-
-
-def status_error(
-    provider: str,
-    model: str,
-    status: int,
-    body: object,
-    headers: Mapping[str, str] | None,
-    *,
-    key_hint: str,
-    base_url: str,
-) -> ProviderError:
-    """The ``ProviderError`` for an HTTP error status, classified for ``RetryPolicy``."""
-    message, code = _error_fields(body)
-    summary = f"{code}: {message}" if code and message else message or code
-    said = f" ({_detail(summary)})" if summary else ""
-    retryable: bool
-    if status in (401, 403):
-        retryable = False
-        what = "the API key was rejected" if status == 401 else "access was refused"
-        what += said
-        advice = (
-            f"check the key ({key_hint}), that it is valid for {base_url} and that it may "
-            "use this model; not retried"
-        )
-    elif status == 404:
-        retryable = False
-        what = f"the model or the endpoint was not found{said}"
-        advice = (
-            f"check the model name {model!r} and the base URL {base_url} (a local "
-            "OpenAI-compatible server's usually ends in /v1); not retried"
-        )
-    elif status == 429 and code in ("insufficient_quota", "billing_hard_limit_reached"):
-        retryable = False
-        what = f"the account's quota is used up{said}"
-        advice = "check the plan and billing of this account; not retried"
-    elif status in (408, 409, 429):
-        retryable = True
-        what = f"rate limited or busy{said}"
-        advice = (
-            "retryable (the agent's RetryPolicy decides how often, with backoff); if it "
-            "persists, lower the concurrency or raise the account's rate limit"
-        )
-    elif status >= 500:
-        retryable = True
-        what = f"the provider's server failed or is overloaded{said}"
-        advice = (
-            "retryable (the agent's RetryPolicy decides how often, with backoff); if it "
-            "persists, check the provider's status or try again later"
-        )
-    elif status == 413:
-        retryable = False
-        what = f"the request is too large{said}"
-        advice = "shorten the context or lower the input token budget; not retried"
-    else:
-        retryable = False
-        what = f"the request was rejected{said}"
-        advice = "fix the request or the model options; not retried"
-    should_retry = (headers or {}).get("x-should-retry")
-    if should_retry in ("true", "false"):
-        retryable = should_retry == "true"
-    return ProviderError(
-        provider,
-        what,
-        advice=advice,
-        model=model,
-        status=status,
-        retryable=retryable,
-        retry_after=_retry_after(headers),
-    )
-
-
-def translate_sdk_error(
-    sdk: ModuleType,
-    exc: Exception,
-    *,
-    provider: str,
-    model: str,
-    key_hint: str,
-    base_url: str,
-    timeout: float,
-) -> ProviderError | None:
-    """The ``ProviderError`` for an exception of the provider's SDK, else ``None``.
-
-    Both SDKs share the class names: ``APIStatusError`` (an HTTP error status),
-    ``APITimeoutError`` (a subclass of ``APIConnectionError``), ``APIConnectionError``
-    and ``APIResponseValidationError``.
-    """
-    error: Any = exc  # the SDK's classes, known only at run time
-    if isinstance(exc, sdk.APIStatusError):
-        headers = {k.lower(): v for k, v in error.response.headers.items()}
-        return status_error(
-            provider,
-            model,
-            error.status_code,
-            error.body if error.body is not None else error.message,
-            headers,
-            key_hint=key_hint,
-            base_url=base_url,
-        )
-    if isinstance(exc, sdk.APITimeoutError):
-        return ProviderError(
-            provider,
-            f"no response within the {timeout:g} s timeout",
-            advice=(
-                "retryable (the agent's RetryPolicy decides how often); for long outputs "
-                "give the model a longer timeout=..."
-            ),
-            model=model,
-            retryable=True,
-        )
-    if isinstance(exc, sdk.APIConnectionError):
-        cause = exc.__cause__ or exc
-        return ProviderError(
-            provider,
-            f"could not reach {base_url} ({_detail(f'{type(cause).__name__}: {cause}')})",
-            advice=(
-                "retryable (the agent's RetryPolicy decides how often); check the base "
-                "URL, the network and that the server is running"
-            ),
-            model=model,
-            retryable=True,
-        )
-    if isinstance(exc, sdk.APIResponseValidationError):
-        return malformed(provider, model, error.status_code, str(exc))
-    return None
-
-
-def malformed(provider: str, model: str, status: int | None, detail: str) -> ProviderError:
-    """A response that is not what the provider's wire format promises."""
-    return ProviderError(
-        provider,
-        f"the response is malformed ({_detail(detail)})",
-        advice=(
-            "retryable (the agent's RetryPolicy decides how often); if it persists, check "
-            f"that the server at the base URL speaks the {provider} API"
-        ),
-        model=model,
-        status=status,
-        retryable=True,
-    )
 
 
 # -- the base of both providers -------------------------------------------------------
@@ -611,7 +340,7 @@ class ProviderModel:
             try:
                 sink(text)
             except Exception as exc:
-                raise _SinkFailed(exc) from exc
+                raise SinkFailed(exc) from exc
 
         reader = self.stream_reader(request, guarded)
         status: int | None = None
@@ -652,8 +381,8 @@ class ProviderModel:
                 # Shielded, so a cancellation closes too: the server sees the client go.
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
                     await manager.__aexit__(None, None, None)
-                    await _finish(events, chunks, started=reading)
-        except _SinkFailed as failed:
+                    await finish_stream(events, chunks, started=reading)
+        except SinkFailed as failed:
             # The caller's own error, not the provider's: no retry would mend it.
             raise failed.error from None
         except ProviderError as error:
@@ -678,7 +407,7 @@ class ProviderModel:
         """A stream that ended or broke before its last event."""
         return ProviderError(
             self.provider,
-            f"the stream broke off before the response was complete ({_detail(detail)})",
+            f"the stream broke off before the response was complete ({clipped(detail)})",
             advice="retryable (the agent's RetryPolicy decides how often)",
             model=self._model,
             status=status,
@@ -716,118 +445,6 @@ class ProviderModel:
         self, request: ModelRequest, sink: Sink
     ) -> StreamReader:  # pragma: no cover - abstract
         raise NotImplementedError
-
-
-async def _finish(
-    events: AsyncGenerator[tuple[str, str], None],
-    chunks: AsyncGenerator[bytes, None],
-    *,
-    started: bool,
-) -> None:
-    """Finish the generators a stream was read through, once its connection is closed.
-
-    A generator left suspended is finalized by the garbage collector, and trio warns
-    (``ResourceWarning``) for each. Closing the outer one is not enough: httpx's
-    transport stream never closes the httpcore generator it iterates. So the chain is
-    driven one more step in a cancelled scope: the innermost read fails (the
-    connection is closed, or the scope cancels it) and the error runs out through
-    every generator, each finishing on its way.
-    """
-    if started:
-        with anyio.CancelScope() as scope:
-            scope.cancel()
-            with contextlib.suppress(Exception):
-                async for _ in events:
-                    pass
-    await events.aclose()
-    await chunks.aclose()
-
-
-class _SinkFailed(Exception):
-    """The caller's sink raised ``error``: ``stream`` raises it as it is."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(error)
-        self.error = error
-
-
-class StreamReader(Protocol):
-    """What a provider reads a streamed response with, one server-sent event at a time.
-
-    ``feed`` takes an event's name (``""`` when it has none) and its data, hands any
-    text to the sink, and says whether the stream is complete; it raises
-    ``ProviderError`` for an error event or data that cannot be read. ``received``
-    counts the characters of output so far (text, tool arguments, reasoning: what
-    ``max_tokens`` caps). ``response``
-    is the ``ModelResponse`` read (a ``ProviderError`` from ``broken`` if the stream
-    ended before it was complete); ``usage`` what the request spent so far: the
-    server's figures if it sent them, else estimates of the input and of the output
-    received.
-    """
-
-    received: int
-
-    def feed(self, event: str, data: str) -> bool: ...
-
-    def response(self, status: int) -> ModelResponse: ...
-
-    def usage(self) -> Usage: ...
-
-
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[tuple[str, str], None]:
-    """The server-sent events in a body's ``chunks`` of bytes: (event name, data) pairs.
-
-    As the SSE format says: lines end with CRLF, LF or CR (and nothing else: U+2028,
-    NEL and the other breaks ``str.splitlines`` knows are text, as they are inside a
-    JSON string of a server that writes raw UTF-8); ``data:`` lines join with
-    newlines, an ``event:`` line names the event, a blank line ends it, a line
-    starting with ``:`` is a comment (a keep-alive), other fields are ignored. One
-    exception: older llama.cpp servers send their error as an ``error: {...}`` line,
-    read here as the data of an event named ``error``. An event left open when the
-    body ends (no blank line after it) is still yielded.
-    """
-    name = ""
-    data: list[str] = []
-    rest = b""
-    after_cr = False  # the last chunk ended with CR: a LF opening the next one is its pair
-    async for chunk in chunks:
-        if after_cr and chunk:
-            after_cr = False
-            if chunk[:1] == b"\n":
-                chunk = chunk[1:]
-        if not chunk:
-            continue
-        after_cr = chunk[-1:] == b"\r"
-        if rest:
-            chunk = rest + chunk
-        lines = chunk.splitlines()  # on bytes: CRLF, LF and CR only
-        rest = b"" if chunk[-1:] in (b"\n", b"\r") else lines.pop()
-        for line in lines:
-            if line:
-                name, data = _sse_field(line, name, data)
-            elif data:
-                yield name, "\n".join(data)
-                name, data = "", []
-            else:
-                name = ""
-    if rest:
-        name, data = _sse_field(rest, name, data)
-    if data:
-        yield name, "\n".join(data)
-
-
-def _sse_field(raw: bytes, name: str, data: list[str]) -> tuple[str, list[str]]:
-    """The event's name and data lines after one line of it."""
-    line = raw.decode("utf-8", "replace")
-    if line.startswith("data:"):
-        data.append(line[6:] if line.startswith("data: ") else line[5:])
-    elif line.startswith("event:"):
-        name = line[6:].strip()
-    elif line.startswith("error:") and not data:  # older llama.cpp: see sse_events
-        name = "error"
-        data.append(line[7:] if line.startswith("error: ") else line[6:])
-    # ":" comments, "id:", "retry:" and anything else are not data
-    return name, data
 
 
 async def read_raw(raw: Any) -> tuple[int, bytes]:

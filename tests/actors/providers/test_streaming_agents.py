@@ -143,10 +143,10 @@ async def test_a_deadline_mid_stream_closes_the_connection_at_once(
         (trace,) = await ref.trace()
     result = run.result
     assert result.status == "timed_out"
-    assert answered - began < 2.0  # not the server's 30 s
+    assert answered - began < 5.0  # the deadline's 0.5 s, not the server's 30 s
     # The server saw the client go: the connection was closed, not left to finish.
     gone = await anyio.to_thread.run_sync(server.wait_disconnect, 5.0)
-    assert gone - answered < 1.0
+    assert gone - answered < 3.0  # at once (the server looks every 50 ms), load allowing
     received = "".join(texts)
     assert received == "one two three "
     (step,) = trace.steps

@@ -1,0 +1,189 @@
+"""How an execution runs the tool calls of one step (``Calling``, a mixin of
+``Execution``): concurrently on a bounded number of workers, subagent calls as child
+actors in the step's task group (``Delegation``), each call charged with the
+supervisor first; with events when someone observes the tree, and without a frame
+of its own when nobody does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import anyio
+
+from runtime import BudgetExceeded, EventKind, Node, Supervisor
+from runtime.lowlevel import HeldUp
+
+from ._delegation import Delegation, refused
+from ._messages import ToolCall, ToolOutcome
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+    from ._agent import Agent
+    from ._execution import Execution
+    from ._tools import Tool
+
+__all__ = ["Calling", "Interrupted"]
+
+
+class Interrupted(Exception):
+    """A step's task group was cancelled by the supervisor (see ``_run_with_subagents``)."""
+
+
+class _Calling(Protocol):
+    """What the tool calls use of a running ``Execution``."""
+
+    agent: Agent
+    node: Node
+    supervisor: Supervisor
+
+    @property
+    def observed(self) -> bool: ...
+
+    def emit(self, kind: EventKind, **detail: Any) -> None: ...
+
+    def _start_workers(
+        self, tg: TaskGroup, calls: list[tuple[int, ToolCall]], outcomes: list[ToolOutcome]
+    ) -> None: ...
+
+    async def _run_with_subagents(
+        self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
+    ) -> None: ...
+
+    def _run_call(self, call: ToolCall) -> Awaitable[ToolOutcome]: ...
+
+    async def _run_call_held_up(self, call: ToolCall) -> ToolOutcome: ...
+
+    async def _run_call_observed(self, call: ToolCall) -> ToolOutcome: ...
+
+
+class Calling:
+    """The tool calls of an ``Execution``'s steps (see the module)."""
+
+    __slots__ = ()
+
+    async def _run_tools(
+        self: _Calling, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
+    ) -> None:
+        """Run every call of one step concurrently, each outcome at its call's index.
+
+        Tool calls run on at most ``tool_concurrency`` workers that share one
+        iterator over them (taking the next call never awaits), so the bound costs no
+        lock and no more tasks than it allows. Subagent calls need no worker: each is
+        a child actor in this step's task group (see ``Delegation``), at most
+        ``tool_concurrency`` of them at once.
+        """
+        subagents = self.agent.subagents_by_name
+        if subagents and any(call.name in subagents for call in calls):
+            await self._run_with_subagents(calls, outcomes)
+            return
+        async with anyio.create_task_group() as tg:
+            self._start_workers(tg, list(enumerate(calls)), outcomes)
+
+    def _start_workers(
+        self: _Calling,
+        tg: TaskGroup,
+        calls: list[tuple[int, ToolCall]],
+        outcomes: list[ToolOutcome],
+    ) -> None:
+        pending = iter(calls)
+        run_call = self._run_call
+
+        async def worker() -> None:
+            for index, call in pending:
+                outcomes[index] = await run_call(call)
+
+        for _ in range(min(len(calls), self.agent.tool_concurrency)):
+            tg.start_soon(worker)
+
+    async def _run_with_subagents(
+        self: _Calling, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
+    ) -> None:
+        subagents = self.agent.subagents_by_name
+        tools = [(i, call) for i, call in enumerate(calls) if call.name not in subagents]
+        delegated = [(i, call) for i, call in enumerate(calls) if call.name in subagents]
+        # The children live in this block: whatever interrupts the step (a stop of
+        # the tree, a deadline, a cancellation) cancels them with it, in one delivery.
+        # While it runs, the block's own scope is the one the supervisor cancels: from
+        # the execution's, the cancellation would reach every child twice (once from
+        # there, once more from the task group as it sees its body cancelled).
+        node = self.node
+        outer = node.scope
+        delegation: Delegation | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                node.scope = tg.cancel_scope
+                if tools:
+                    self._start_workers(tg, tools, outcomes)
+                delegation = Delegation(cast("Execution", self), tg, delegated, outcomes)
+                await delegation.run()
+        finally:
+            node.scope = outer
+            if delegation is not None and delegation.interrupted:
+                delegation.close_abandoned()
+        if tg.cancel_scope.cancelled_caught:
+            raise Interrupted  # the supervisor stopped this node: the step ends here
+
+    def _direct(
+        self: _Calling, call: ToolCall
+    ) -> tuple[Tool[..., Any], dict[str, Any], float] | ToolOutcome | None:
+        """For a tool the step may await itself (``Tool.direct``) when nothing observes
+        the tree: the call charged and its arguments validated, or the outcome that
+        answers it at once (refused, invalid arguments); None for any other call."""
+        tool = self.agent.toolbox.direct.get(call.name)
+        if tool is None or self.observed:
+            return None
+        try:
+            self.supervisor.charge(self.node, tool_calls=1)
+        except BudgetExceeded as exc:
+            return refused(call, f"tool call refused: {exc}")
+        except HeldUp:
+            return None  # ``_run_call`` waits for the headroom
+        start = time.perf_counter()
+        kwargs = tool.arguments(call, start)
+        if isinstance(kwargs, ToolOutcome):
+            return kwargs
+        return tool, kwargs, start
+
+    def _run_call(self: _Calling, call: ToolCall) -> Awaitable[ToolOutcome]:
+        """Charge and run one tool call. Not a coroutine of its own when nothing
+        observes the tree: it hands back the tool's, one frame less per call."""
+        try:
+            self.supervisor.charge(self.node, tool_calls=1)
+        except BudgetExceeded as exc:
+            return _ready(refused(call, f"tool call refused: {exc}"))
+        except HeldUp:
+            return self._run_call_held_up(call)
+        if not self.observed:
+            return self.agent.toolbox.run(call)
+        return self._run_call_observed(call)
+
+    async def _run_call_held_up(self: _Calling, call: ToolCall) -> ToolOutcome:
+        """A call whose charge waits for headroom leased to a subtree elsewhere."""
+        try:
+            await self.supervisor.charge_waiting(self.node, tool_calls=1)
+        except BudgetExceeded as exc:
+            return refused(call, f"tool call refused: {exc}")
+        if not self.observed:
+            return await self.agent.toolbox.run(call)
+        return await self._run_call_observed(call)
+
+    async def _run_call_observed(self: _Calling, call: ToolCall) -> ToolOutcome:
+        self.emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])
+        outcome = await self.agent.toolbox.run(call)
+        self.emit(
+            "tool_end",
+            tool=call.name,
+            call_id=call.id,
+            is_error=outcome.is_error,
+            seconds=outcome.seconds,
+            result=outcome.content[:200],
+        )
+        return outcome
+
+
+async def _ready(outcome: ToolOutcome) -> ToolOutcome:
+    return outcome

@@ -1,0 +1,333 @@
+"""What an execution keeps of itself: its step records, its trace, its answer, a
+snapshot of it as it runs (``Recording``, a mixin of ``Execution``), and the answer
+synthesized when it stopped without one (``synthesize``).
+
+The methods here only read the execution's state and build frozen values from it
+(``StepRecord``, ``ExecutionTrace``, ``Result``, ``Progress``), except ``_record``,
+which appends the step it records. They are typed by ``_Running``, the part of an
+``Execution`` they use.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from runtime import ActorContext, EventKind, Node, NodeSnapshot, Supervisor, Usage
+
+from ._messages import (
+    ExecutionTrace,
+    ModelResponse,
+    Progress,
+    Result,
+    Status,
+    StepRecord,
+    ToolCall,
+    ToolOutcome,
+    exception_text,
+)
+
+if TYPE_CHECKING:
+    from ._agent import Agent
+
+__all__ = ["NOT_RUN", "Recording", "synthesize"]
+
+
+def synthesize(
+    status: Status,
+    reason: str,
+    steps: Sequence[StepRecord],
+    last_text: str,
+    subagents: Collection[str] = (),
+) -> str:
+    """The final response of an execution that ended without one from the model: how
+    it ended, what it did (its tool calls and subagent calls apart, as ``subagents``
+    names them) and the last useful text."""
+    if status == "completed":  # a stop condition, or a model that stopped silently
+        head = f"[completed] The task ended without a final answer: {reason}."
+    else:
+        head = f"[{status}] The task stopped before a final answer: {reason}."
+    ran = [step for step in steps if step.usage.requests]  # not refused by the budget
+    outcomes = [outcome for step in ran for outcome in step.outcomes]
+    done = f"Done so far: {len(ran)} step(s)"
+    if ran and ran[-1].interrupted:  # only the last step can be
+        done += " (the last one interrupted)"
+    done += ", " + _counted([o for o in outcomes if o.call.name not in subagents], "tool call(s)")
+    delegated = [o for o in outcomes if o.call.name in subagents]
+    if delegated:
+        done += ", " + _counted(delegated, "subagent call(s)")
+    interrupted = len([outcome for outcome in outcomes if outcome.interrupted])
+    failed = len([outcome for outcome in outcomes if outcome.is_error]) - interrupted
+    if failed:
+        done += f", {failed} of them failed"
+    if interrupted:
+        done += f", {interrupted} interrupted"
+    tail = f" Last text from the model: {last_text}" if last_text else ""
+    return f"{head} {done}.{tail}"
+
+
+def _counted(outcomes: Sequence[ToolOutcome], what: str) -> str:
+    """``3 tool call(s) (add, lookup)``: how many, and the names used."""
+    names = sorted({outcome.call.name for outcome in outcomes})
+    return f"{len(outcomes)} {what}" + (f" ({', '.join(names)})" if names else "")
+
+
+class _Running(Protocol):
+    """What the records read of a running ``Execution``."""
+
+    agent: Agent
+    agent_id: str
+    execution_id: str
+    attempt: int
+    task: str
+    node: Node
+    supervisor: Supervisor
+    context: ActorContext
+    steps: list[StepRecord]
+    status: Status
+    reason: str
+    final_text: str
+    last_text: str
+    started: float
+    ended: float
+    step_began: float
+    step_input: int
+    step_asked: tuple[ModelResponse, Usage, float, float] | None
+    step_outcomes: list[ToolOutcome] | None
+    streamed: list[str]
+    charged: Usage
+    built: ExecutionTrace | None
+
+    @property
+    def usage(self) -> Usage: ...
+
+    @property
+    def observed(self) -> bool: ...
+
+    def emit(self, kind: EventKind, **detail: Any) -> None: ...
+
+    def all_steps(self) -> list[StepRecord]: ...
+
+    def answer(self, steps: Sequence[StepRecord] | None = None) -> str: ...
+
+    def _interrupted_step(self) -> StepRecord: ...
+
+    def _nodes(self) -> tuple[NodeSnapshot, ...]: ...
+
+
+class Recording:
+    """The records of an ``Execution`` (see the module)."""
+
+    __slots__ = ()
+    #: The trace, once built (see ``final_trace``): a slot of ``Execution``.
+    built: ExecutionTrace | None
+
+    def _record(
+        self: _Running,
+        input_messages: int,
+        response: ModelResponse,
+        usage: Usage,
+        outcomes: Sequence[ToolOutcome],
+        model_seconds: float,
+        tools_seconds: float,
+    ) -> StepRecord:
+        record = StepRecord(
+            index=len(self.steps),
+            input_messages=input_messages,
+            response_text=response.text,
+            tool_calls=response.tool_calls,
+            outcomes=tuple(outcomes),
+            usage=usage,
+            model_seconds=model_seconds,
+            tools_seconds=tools_seconds,
+            finish_reason=response.finish_reason,
+        )
+        self.steps.append(record)
+        self.step_began = 0.0
+        if self.observed:
+            self.emit(
+                "step_end",
+                step=record.index,
+                tool_calls=[call.name for call in record.tool_calls],
+                tokens=usage.input_tokens + usage.output_tokens,
+                seconds=model_seconds + tools_seconds,
+            )
+        return record
+
+    def _record_failed_request(
+        self: _Running, input_messages: int, began: float, exc: Exception
+    ) -> None:
+        self.steps.append(
+            StepRecord(
+                index=len(self.steps),
+                input_messages=input_messages,
+                response_text="".join(self.streamed),  # what came before it failed
+                tool_calls=(),
+                outcomes=(),
+                usage=self.charged,
+                model_seconds=time.perf_counter() - began,
+                tools_seconds=0.0,
+                finish_reason="error",
+                error=exception_text(exc),
+            )
+        )
+        self.step_began = 0.0
+
+    def _stop(self: _Running, status: Status, reason: str) -> None:
+        self.status = status
+        self.reason = reason
+
+    def all_steps(self: _Running) -> list[StepRecord]:
+        """The steps recorded, then the step that was in flight when the execution
+        stopped, if one was, marked as interrupted."""
+        if not self.step_began:
+            return self.steps
+        return [*self.steps, self._interrupted_step()]
+
+    def _interrupted_step(self: _Running) -> StepRecord:
+        ended = self.ended or time.perf_counter()
+        asked = self.step_asked
+        if asked is None:  # the model had not answered (or the budget was awaited)
+            return StepRecord(
+                index=len(self.steps),
+                input_messages=self.step_input,
+                response_text="".join(self.streamed),  # what it streamed before the cut
+                tool_calls=(),
+                outcomes=(),
+                usage=self.charged,
+                model_seconds=ended - self.step_began,
+                tools_seconds=0.0,
+                finish_reason="error",
+                error=f"interrupted before the model answered: {self.reason}",
+                interrupted=True,
+            )
+        response, usage, model_seconds, tools_began = asked
+        seconds = ended - tools_began
+        done = self.step_outcomes
+        calls = response.tool_calls
+        outcomes: tuple[ToolOutcome, ...]
+        if done is None:  # the step's one tool call
+            outcomes = (interrupted_call(calls[0], seconds),)
+        else:
+            outcomes = tuple(
+                [
+                    interrupted_call(call, seconds) if outcome is NOT_RUN else outcome
+                    for call, outcome in zip(calls, done, strict=True)
+                ]
+            )
+        return StepRecord(
+            index=len(self.steps),
+            input_messages=self.step_input,
+            response_text=response.text,
+            tool_calls=response.tool_calls,
+            outcomes=outcomes,
+            usage=usage,
+            model_seconds=model_seconds,
+            tools_seconds=seconds,
+            finish_reason=response.finish_reason,
+            error=f"interrupted while its tool calls ran: {self.reason}",
+            interrupted=True,
+        )
+
+    def answer(self: _Running, steps: Sequence[StepRecord] | None = None) -> str:
+        """The final response: the model's, or one synthesized from ``steps`` (by
+        default ``all_steps()``)."""
+        if self.final_text and self.status == "completed":
+            return self.final_text
+        return synthesize(
+            self.status,
+            self.reason,
+            self.all_steps() if steps is None else steps,
+            self.last_text,
+            self.agent.subagents_by_name,
+        )
+
+    def result(self: _Running, text: str) -> Result:
+        return Result(
+            text=text,
+            status=self.status,
+            stop_reason=self.reason,
+            usage=self.usage,
+            agent_id=self.agent_id,
+            execution_id=self.execution_id,
+            steps=len(self.steps) + (1 if self.step_began else 0),
+        )
+
+    def progress(self: _Running, *, queued: int, turns: int) -> Progress:
+        """A snapshot of this execution as it runs (see ``AgentActor.control``)."""
+        node = self.node
+        asked = self.step_asked
+        phase: Literal["model", "tools"] = "model"
+        in_flight: tuple[ToolCall, ...] = ()
+        if self.step_began and asked is not None:
+            phase = "tools"
+            calls = asked[0].tool_calls
+            done = self.step_outcomes
+            if done is None:  # the step's one tool call
+                in_flight = calls
+            else:
+                in_flight = tuple(
+                    [call for call, outcome in zip(calls, done, strict=True) if outcome is NOT_RUN]
+                )
+        return Progress(
+            agent_id=self.agent_id,
+            running=True,
+            execution_id=self.execution_id,
+            task=self.task,
+            attempt=self.attempt,
+            steps=tuple(self.steps),
+            phase=phase,
+            in_flight=in_flight,
+            streamed="".join(self.streamed) if phase == "model" else "",
+            usage=node.usage(),
+            seconds=time.perf_counter() - self.started,
+            queued=queued,
+            conversation_turns=turns,
+            nodes=self._nodes() if node.status == "running" else (),
+        )
+
+    def _nodes(self: _Running) -> tuple[NodeSnapshot, ...]:
+        """This execution's node and its subtree's, as the supervisor sees them now."""
+        supervisor = self.supervisor
+        nodes: list[NodeSnapshot] = []
+        supervisor.snapshot_nodes(nodes, self.node, supervisor.now())
+        return (*nodes, *supervisor.subtree(self.node))
+
+    def final_trace(self: _Running) -> ExecutionTrace:
+        """The trace of this ended execution, with its final response (built once)."""
+        built = self.built
+        if built is None:
+            steps = self.all_steps()
+            parent = self.node.parent
+            built = self.built = ExecutionTrace(
+                execution_id=self.execution_id,
+                agent_id=self.agent_id,
+                task=self.task,
+                steps=tuple(steps),
+                status=self.status,
+                stop_reason=self.reason,
+                final_text=self.answer(steps),
+                usage=self.usage,
+                seconds=(self.ended or time.perf_counter()) - self.started,
+                parent_id=parent.id if parent is not None and parent.parent else "",
+                agent_name=self.agent.name,
+                attempt=self.attempt,
+            )
+        return built
+
+
+def interrupted_call(call: ToolCall, seconds: float) -> ToolOutcome:
+    return ToolOutcome(
+        call=call,
+        content="[interrupted] still running when the execution stopped",
+        is_error=True,
+        seconds=seconds,
+        interrupted=True,
+    )
+
+
+#: The outcome slot of a call not run yet (compared by identity).
+NOT_RUN = ToolOutcome(
+    call=ToolCall(id="", name=""), content="not run", is_error=True, seconds=0.0, attempts=0
+)

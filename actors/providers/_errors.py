@@ -1,0 +1,295 @@
+"""Provider errors, classified for the retry policy, and secrets kept out of them.
+
+- ``ProviderError``: a request to a provider failed. Its message names the provider,
+  the model, the HTTP status (when there was one), what happened and what to do; its
+  ``retryable`` attribute tells the agent's ``RetryPolicy`` whether sending the
+  request again may help (rate limits, server errors, timeouts, lost connections and
+  malformed responses: yes; a rejected key, an unknown model, any other 4xx: no).
+- ``status_error`` and ``translate_sdk_error``: the ``ProviderError`` for an HTTP
+  error status or an exception of either SDK (both name their classes alike).
+- ``redact``: a text with the secrets (an API key, a URL's credentials) taken out,
+  as every error, stop reason, trace and log keeps it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from types import ModuleType
+from typing import Any
+
+from runtime import FractorError
+
+from .._messages import Usage
+
+__all__ = [
+    "REDACTED",
+    "ProviderError",
+    "clipped",
+    "malformed",
+    "redact",
+    "status_error",
+    "translate_sdk_error",
+]
+
+
+class ProviderError(FractorError):
+    """A request to a model provider failed.
+
+    ``provider`` is ``"openai"`` or ``"anthropic"``, ``model`` the model name,
+    ``status`` the HTTP status (``None`` when no response came back), ``retryable``
+    whether the same request may succeed later (read by ``RetryPolicy``), and
+    ``retry_after`` the seconds the provider asked to wait, when it said so.
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        what: str,
+        *,
+        advice: str = "",
+        model: str = "",
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        usage: Usage | None = None,
+    ) -> None:
+        where = f"{provider} model {model!r}" if model else provider
+        if status is not None:
+            where += f", HTTP {status}"
+        message = f"{where}: {what}"
+        if advice:
+            message += f"; {advice}"
+        super().__init__(message)
+        self.provider = provider
+        self.model = model
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.what = what
+        self.advice = advice
+        #: What the failed request spent, when it is known: the usage a stream that
+        #: broke part-way reported, or its input estimate plus what was received.
+        self.usage = usage
+
+    def redacted(self, secrets: Iterable[str]) -> ProviderError:
+        """The same error with ``secrets`` and URL credentials taken out of its text
+        (a server may echo the key in its error body)."""
+        return ProviderError(
+            self.provider,
+            redact(self.what, secrets),
+            advice=redact(self.advice, secrets),
+            model=self.model,
+            status=self.status,
+            retryable=self.retryable,
+            retry_after=self.retry_after,
+            usage=self.usage,
+        )
+
+    def spent(self, usage: Usage) -> ProviderError:
+        """The same error, saying what the request spent."""
+        self.usage = usage
+        return self
+
+
+# -- secrets: never in what fractor records or prints --------------------------------
+
+#: What stands where a secret was.
+REDACTED = "[redacted]"
+#: Credentials in a URL: ``scheme://user:password@host`` (or ``scheme://token@host``).
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret (an API key, say) and any credentials of a URL
+    replaced by ``[redacted]``: what an error, a stop reason, a trace or a log keeps."""
+    for secret in secrets:
+        if secret and len(secret) >= 4 and secret in text:
+            text = text.replace(secret, REDACTED)
+    if "@" in text:
+        text = _URL_CREDENTIALS.sub(f"{REDACTED}@", text)
+    return text
+
+
+# -- errors -------------------------------------------------------------------------
+
+_MAX_DETAIL = 300
+
+
+def clipped(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) > _MAX_DETAIL:
+        text = text[: _MAX_DETAIL - 3] + "..."
+    return text
+
+
+def _error_fields(body: object) -> tuple[str, str]:
+    """(message, code-or-type) of a provider's JSON error body, best effort."""
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping):
+            message = inner.get("message")
+            code = inner.get("code") or inner.get("type") or ""
+            return (str(message) if message else "", str(code))
+        if isinstance(inner, str):
+            return inner, ""
+    if isinstance(body, str):
+        return body, ""
+    return "", ""
+
+
+def _retry_after(headers: Mapping[str, str] | None) -> float | None:
+    if not headers:
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / scale
+        except ValueError:
+            continue
+        if seconds >= 0:
+            return seconds
+    return None
+
+
+def status_error(
+    provider: str,
+    model: str,
+    status: int,
+    body: object,
+    headers: Mapping[str, str] | None,
+    *,
+    key_hint: str,
+    base_url: str,
+) -> ProviderError:
+    """The ``ProviderError`` for an HTTP error status, classified for ``RetryPolicy``."""
+    message, code = _error_fields(body)
+    summary = f"{code}: {message}" if code and message else message or code
+    said = f" ({clipped(summary)})" if summary else ""
+    retryable: bool
+    if status in (401, 403):
+        retryable = False
+        what = "the API key was rejected" if status == 401 else "access was refused"
+        what += said
+        advice = (
+            f"check the key ({key_hint}), that it is valid for {base_url} and that it may "
+            "use this model; not retried"
+        )
+    elif status == 404:
+        retryable = False
+        what = f"the model or the endpoint was not found{said}"
+        advice = (
+            f"check the model name {model!r} and the base URL {base_url} (a local "
+            "OpenAI-compatible server's usually ends in /v1); not retried"
+        )
+    elif status == 429 and code in ("insufficient_quota", "billing_hard_limit_reached"):
+        retryable = False
+        what = f"the account's quota is used up{said}"
+        advice = "check the plan and billing of this account; not retried"
+    elif status in (408, 409, 429):
+        retryable = True
+        what = f"rate limited or busy{said}"
+        advice = (
+            "retryable (the agent's RetryPolicy decides how often, with backoff); if it "
+            "persists, lower the concurrency or raise the account's rate limit"
+        )
+    elif status >= 500:
+        retryable = True
+        what = f"the provider's server failed or is overloaded{said}"
+        advice = (
+            "retryable (the agent's RetryPolicy decides how often, with backoff); if it "
+            "persists, check the provider's status or try again later"
+        )
+    elif status == 413:
+        retryable = False
+        what = f"the request is too large{said}"
+        advice = "shorten the context or lower the input token budget; not retried"
+    else:
+        retryable = False
+        what = f"the request was rejected{said}"
+        advice = "fix the request or the model options; not retried"
+    should_retry = (headers or {}).get("x-should-retry")
+    if should_retry in ("true", "false"):
+        retryable = should_retry == "true"
+    return ProviderError(
+        provider,
+        what,
+        advice=advice,
+        model=model,
+        status=status,
+        retryable=retryable,
+        retry_after=_retry_after(headers),
+    )
+
+
+def translate_sdk_error(
+    sdk: ModuleType,
+    exc: Exception,
+    *,
+    provider: str,
+    model: str,
+    key_hint: str,
+    base_url: str,
+    timeout: float,
+) -> ProviderError | None:
+    """The ``ProviderError`` for an exception of the provider's SDK, else ``None``.
+
+    Both SDKs share the class names: ``APIStatusError`` (an HTTP error status),
+    ``APITimeoutError`` (a subclass of ``APIConnectionError``), ``APIConnectionError``
+    and ``APIResponseValidationError``.
+    """
+    error: Any = exc  # the SDK's classes, known only at run time
+    if isinstance(exc, sdk.APIStatusError):
+        headers = {k.lower(): v for k, v in error.response.headers.items()}
+        return status_error(
+            provider,
+            model,
+            error.status_code,
+            error.body if error.body is not None else error.message,
+            headers,
+            key_hint=key_hint,
+            base_url=base_url,
+        )
+    if isinstance(exc, sdk.APITimeoutError):
+        return ProviderError(
+            provider,
+            f"no response within the {timeout:g} s timeout",
+            advice=(
+                "retryable (the agent's RetryPolicy decides how often); for long outputs "
+                "give the model a longer timeout=..."
+            ),
+            model=model,
+            retryable=True,
+        )
+    if isinstance(exc, sdk.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return ProviderError(
+            provider,
+            f"could not reach {base_url} ({clipped(f'{type(cause).__name__}: {cause}')})",
+            advice=(
+                "retryable (the agent's RetryPolicy decides how often); check the base "
+                "URL, the network and that the server is running"
+            ),
+            model=model,
+            retryable=True,
+        )
+    if isinstance(exc, sdk.APIResponseValidationError):
+        return malformed(provider, model, error.status_code, str(exc))
+    return None
+
+
+def malformed(provider: str, model: str, status: int | None, detail: str) -> ProviderError:
+    """A response that is not what the provider's wire format promises."""
+    return ProviderError(
+        provider,
+        f"the response is malformed ({clipped(detail)})",
+        advice=(
+            "retryable (the agent's RetryPolicy decides how often); if it persists, check "
+            f"that the server at the base URL speaks the {provider} API"
+        ),
+        model=model,
+        status=status,
+        retryable=True,
+    )
