@@ -1,5 +1,6 @@
 """How an execution runs the tool calls of one step (``Calling``, a mixin of
-``Execution``): concurrently on a bounded number of workers, subagent calls as child
+``Execution``): each call with an id of its own (a model's slip repaired),
+concurrently on a bounded number of workers, subagent calls as child
 actors in the step's task group (``Delegation``), each call charged with the
 supervisor first; with events when someone observes the tree, and without a frame
 of its own when nobody does.
@@ -12,6 +13,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import anyio
+import msgspec
 
 from runtime import BudgetExceeded, EventKind, Node, Supervisor
 from runtime.lowlevel import HeldUp
@@ -39,6 +41,8 @@ class _Calling(Protocol):
     agent: Agent
     node: Node
     supervisor: Supervisor
+    #: The tool call ids of this execution so far (see ``_unique``).
+    call_ids: set[str]
 
     @property
     def observed(self) -> bool: ...
@@ -64,6 +68,38 @@ class Calling:
     """The tool calls of an ``Execution``'s steps (see the module)."""
 
     __slots__ = ()
+
+    def _ids_unique(self: _Calling, calls: tuple[ToolCall, ...]) -> bool:
+        """Whether every call has an id not used before in this execution (and
+        remember them): each tool result must name the one call it answers."""
+        seen = self.call_ids
+        if len(calls) == 1:  # the usual step: one look-up, no set built
+            call_id = calls[0].id
+            if call_id and call_id not in seen:
+                seen.add(call_id)
+                return True
+            return False
+        ids = {tool_call.id for tool_call in calls}
+        if len(ids) == len(calls) and "" not in ids and seen.isdisjoint(ids):
+            seen.update(ids)
+            return True
+        return False
+
+    def _unique(self: _Calling, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+        """``calls`` with a missing or repeated id replaced by a new one (a model's
+        slip: providers need every result to follow its own call)."""
+        seen = self.call_ids
+        fixed: list[ToolCall] = []
+        for tool_call in calls:
+            call_id = tool_call.id
+            if not call_id or call_id in seen:
+                number = len(seen)
+                while (new := f"{call_id or 'call'}~{number}") in seen:
+                    number += 1
+                tool_call = msgspec.structs.replace(tool_call, id=new)
+            seen.add(tool_call.id)
+            fixed.append(tool_call)
+        return tuple(fixed)
 
     async def _run_tools(
         self: _Calling, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]

@@ -46,7 +46,6 @@ from ._messages import (
     Result,
     Status,
     StepRecord,
-    ToolCall,
     ToolOutcome,
     ToolResultMessage,
     exception_text,
@@ -477,38 +476,6 @@ class Execution(Calling, Recording):
                 self._cancelled()
             raise
         return self._finish(tokens, False) if alone else None
-
-    def _ids_unique(self, calls: tuple[ToolCall, ...]) -> bool:
-        """Whether every call has an id not used before in this execution (and
-        remember them): each tool result must name the one call it answers."""
-        seen = self.call_ids
-        if len(calls) == 1:  # the usual step: one look-up, no set built
-            call_id = calls[0].id
-            if call_id and call_id not in seen:
-                seen.add(call_id)
-                return True
-            return False
-        ids = {tool_call.id for tool_call in calls}
-        if len(ids) == len(calls) and "" not in ids and seen.isdisjoint(ids):
-            seen.update(ids)
-            return True
-        return False
-
-    def _unique(self, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
-        """``calls`` with a missing or repeated id replaced by a new one (a model's
-        slip: providers need every result to follow its own call)."""
-        seen = self.call_ids
-        fixed: list[ToolCall] = []
-        for tool_call in calls:
-            call_id = tool_call.id
-            if not call_id or call_id in seen:
-                number = len(seen)
-                while (new := f"{call_id or 'call'}~{number}") in seen:
-                    number += 1
-                tool_call = msgspec.structs.replace(tool_call, id=new)
-            seen.add(tool_call.id)
-            fixed.append(tool_call)
-        return tuple(fixed)
 
     def _send_inner(self, request: ModelRequest) -> Awaitable[ModelResponse]:
         """How a model built on another (ReAct) sends each of its own requests: every

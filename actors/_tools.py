@@ -167,8 +167,7 @@ class Tool(Generic[P, R]):
         self._attempts = retries + 1
         self._invalid_prefix = f"invalid arguments for tool {name!r}: "
         self._expected = f"Expected arguments: {msgspec.json.encode(parameters).decode()}"
-        timed_out = f"tool {name!r} timed out after {self.timeout:g} s" if timeout else ""
-        self._timed_out = timed_out
+        self._timed_out = f"tool {name!r} timed out after {self.timeout:g} s" if timeout else ""
         #: An async tool with no timeout and no retries: its caller may await it
         #: itself (``arguments``, the call, then ``succeeded`` or ``failed``), one
         #: frame less per call than ``invoke``.
@@ -270,22 +269,14 @@ class Tool(Generic[P, R]):
         try:
             arguments = self._decoder.decode(raw)
         except msgspec.ValidationError as exc:
-            return self._finish(call, f"{self._invalid_prefix}{exc}. {self._expected}", 0, start)
+            problem = str(exc)
         except msgspec.DecodeError as exc:
-            return self._finish(
-                call,
-                f"{self._invalid_prefix}the arguments are not valid JSON ({exc}). {self._expected}",
-                0,
-                start,
-            )
+            problem = f"the arguments are not valid JSON ({exc})"
         except Exception as exc:  # e.g. a __post_init__ of a nested type raising
-            return self._finish(
-                call,
-                f"{self._invalid_prefix}{exception_text(exc)}. {self._expected}",
-                0,
-                start,
-            )
-        return msgspec.structs.asdict(arguments)
+            problem = exception_text(exc)
+        else:
+            return msgspec.structs.asdict(arguments)
+        return self._finish(call, f"{self._invalid_prefix}{problem}. {self._expected}", 0, start)
 
     def succeeded(self, call: ToolCall, value: object, start: float, attempts: int) -> ToolOutcome:
         """The outcome of a call that returned ``value`` (as text, cut to the cap)."""
@@ -295,9 +286,8 @@ class Tool(Generic[P, R]):
         self, call: ToolCall, failure: BaseException | None, start: float, attempts: int
     ) -> ToolOutcome:
         """The outcome of a call whose last attempt raised ``failure`` (None: timed out)."""
-        if failure is None:
-            text = self._timed_out
-        else:
+        text = self._timed_out
+        if failure is not None:
             text = f"tool {self.name!r} failed: {exception_text(failure)}"
         if attempts > 1:
             text = f"{text} (gave up after {attempts} attempts)"

@@ -1,0 +1,380 @@
+"""``AgentActor``: an ``Agent`` definition running, one task at a time.
+
+An agent actor owns its context sections: the system prompt (the agent's
+instructions), a **summary** and a **buffer** section (room for compaction of old
+turns), the persistent **messages** (user turns and final answers only) and the
+ephemeral **execution buffer**. It handles one task at a time; each task is one
+``Execution``. Snapshots of the conversation and the traces are asked through the
+mailbox like everything else (``actors._agent_ref``): nobody reaches into the
+actor's state. With a store, the runtime keeps the traces of every top-level
+execution (its subtree's included) and, for a top-level agent with an id of its own,
+the persistent sections (``actors._persistence``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import structlog
+
+from runtime import Actor, Budget, BudgetExceeded, Node, Price, Record, Store, Usage
+from runtime.lowlevel import HeldUp
+
+from ._agent_ref import GetConversation, GetProgress, GetTrace
+from ._execution import Execution
+from ._messages import (
+    AssistantMessage,
+    Conversation,
+    ExecutionTrace,
+    Message,
+    Progress,
+    Result,
+    SystemMessage,
+    Task,
+    UserMessage,
+    exception_text,
+)
+from ._persistence import AgentState, decode_state, encode_state, is_automatic_id
+from ._traces import trace_record
+
+if TYPE_CHECKING:
+    from ._agent import Agent
+
+__all__ = ["AgentActor"]
+
+#: How long saving an execution to the store may take (shielded from cancellation).
+SAVE_TIMEOUT = 10.0
+
+log = structlog.get_logger("fractor.actors")
+
+
+class AgentActor(Actor):
+    """The running agent: owns its conversation, execution buffer and traces."""
+
+    accepts = (Task, GetConversation, GetTrace)
+    controls = (GetProgress,)
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.mailbox_size = agent.mailbox_size
+        # Subagents run in a task group of the step that calls them (spawn_soon), not
+        # in one of the actor's own: it needs none.
+        self.spawns_children = False
+        self.system = agent.instructions
+        self.summary: list[Message] = []
+        self.buffer: list[Message] = []
+        self.messages: list[Message] = []
+        self.execution: list[Message] = []
+        # Plain lists, not deques: an idle agent's footprint counts (10,000 of them).
+        self.traces: list[ExecutionTrace] = []
+        self.restarts: list[float] = []
+        #: Whether this agent keeps its state in the runtime's store (set on start).
+        self.persistent = False
+        #: Saves to the store that failed (each one logged as a warning).
+        self.store_failures = 0
+        # Trace records whose save failed, a group per execution (with its subtree's):
+        # retried with the next save.
+        self._unsaved: list[list[Record]] = []
+        #: The execution running now, if one is (read by ``control``).
+        self.running: Execution | None = None
+
+    async def on_start(self) -> None:
+        """Resume the persistent sections from the runtime's store, if it has them.
+
+        Only a top-level agent with an id of its own keeps a state (see
+        ``actors._persistence``). A stored state that cannot be read fails the spawn
+        with ``StoreError``: starting over would overwrite it at the next save. A cost
+        limit over models with no price fails it too, before any request.
+        """
+        context = self.context
+        budget = context.runtime.budget
+        _check_prices(self.agent, context.runtime.supervisor.prices, budget)
+        store = context.runtime.store
+        self.persistent = (
+            store is not None
+            and context.parent_id is None
+            and not is_automatic_id(context.id, context.name)
+        )
+        if store is None or not self.persistent:
+            return
+        data = await store.load(context.id)
+        if data is not None:
+            state = decode_state(data, store=repr(store), actor_id=context.id)
+            self.summary[:] = state.summary
+            self.buffer[:] = state.buffer
+            self.messages[:] = state.messages
+
+    def receive(self, message: Task | GetConversation | GetTrace) -> Coroutine[Any, Any, Any]:
+        """Handle one message. Not a coroutine of its own: a task hands back
+        ``execute``'s, one frame less for every agent a cancellation unwinds."""
+        if isinstance(message, Task):
+            if message.node and not self.agent.restart.max_restarts:
+                return self._delegated(message).start()
+            return self.execute(message)
+        return self._look(message)
+
+    def control(self, message: GetProgress) -> Progress:
+        """What this agent is doing now, answered past the mailbox (``AgentRef.progress``)."""
+        context = self.context
+        execution = self.running
+        queued = context.statistics().queued
+        turns = len(self.messages)
+        if execution is None:
+            return Progress(
+                agent_id=context.id, running=False, queued=queued, conversation_turns=turns
+            )
+        return execution.progress(queued=queued, turns=turns)
+
+    async def _look(self, message: GetConversation | GetTrace) -> Any:
+        if isinstance(message, GetConversation):
+            return self.snapshot()
+        return tuple(self.traces)
+
+    def snapshot(self) -> Conversation:
+        return Conversation(
+            system=self.system,
+            summary=tuple(self.summary),
+            buffer=tuple(self.buffer),
+            messages=tuple(self.messages),
+            execution=tuple(self.execution),
+        )
+
+    def _delegated(self, task: Task) -> Execution:
+        """The execution of a subagent call (its node opened by the parent): one that
+        ends itself (``Execution.run``), this actor's only task."""
+        self.execution.clear()
+        node = self.context.runtime.supervisor.get(task.node)
+        node.actor_id = self.context.id
+        execution = self.running = self._new_execution(
+            node, task, self._history(task), conversation=self.messages
+        )
+        return execution
+
+    def _history(self, task: Task) -> tuple[Message, ...]:
+        """The conversation with ``task`` as its new user turn, and everything the model
+        sees before it: the context of the execution that answers it."""
+        self.messages.append(UserMessage(content=task.text))
+        head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
+        if head or self.summary or self.buffer:
+            return (*head, *self.summary, *self.buffer, *self.messages)
+        return tuple(self.messages)  # one copy, not a list and then a tuple
+
+    async def execute(self, task: Task) -> Result:
+        agent = self.agent
+        context = self.context
+        supervisor = context.runtime.supervisor
+        if task.budget is not None and task.budget.cost is not None:
+            _check_prices(agent, supervisor.prices, task.budget)
+        # An earlier execution may have died mid-way: never carry its buffer over.
+        self.execution.clear()
+        if task.node:
+            node = supervisor.get(task.node)  # opened by the parent that delegated
+        else:
+            budget = agent.budget.merge(task.budget) if agent.budget else task.budget
+            try:
+                try:
+                    node = supervisor.open(supervisor.root, name=agent.name, limits=budget)
+                except HeldUp:  # headroom leased to subtrees on other hosts
+                    node = await supervisor.open_waiting(
+                        supervisor.root, name=agent.name, limits=budget
+                    )
+            except BudgetExceeded as exc:
+                # Nothing ran: the turn joins neither the live nor the stored conversation.
+                return self._refused(str(exc))
+        history = self._history(task)
+        node.actor_id = context.id
+        if task.watch:
+            node.watch = context.runtime.event_bus.watchers.get(task.watch)
+        store = context.runtime.store
+        if store is not None and not task.node:
+            node.traces = []  # the subtree's executions leave themselves here
+        execution = self.running = self._new_execution(node, task, history)
+        earlier: list[Execution] = []  # attempts before a restart
+        try:
+            await execution.run()
+            while execution.status == "failed" and self._may_restart():
+                self.restarts.append(anyio.current_time())
+                if context.runtime.event_bus.active:
+                    context.runtime.event_bus.emit(
+                        "restart",
+                        agent=agent.name,
+                        agent_id=context.id,
+                        execution_id=node.id,
+                        reason=execution.reason,
+                        restarts=len(self.restarts),
+                    )
+                # Every attempt's trace is kept and stored: the last one has the
+                # node's id (the Result's), each earlier one an id of its own.
+                execution.execution_id = f"{node.id}~{execution.attempt}"
+                self._keep(execution.final_trace())
+                earlier.append(execution)
+                self.execution.clear()  # fresh buffer, same conversation
+                execution = self.running = self._new_execution(node, task, history)
+                execution.attempt = len(earlier) + 1
+                await execution.run()
+        except BaseException:
+            self.running = None
+            # Cancelled: the buffer is emptied all the same. A delegated child's actor
+            # ends with this cancellation (it has no other task) and nothing reads its
+            # conversation or traces again: its execution is handed to the top-level
+            # one, whose save builds its trace (a cancelled tree of a thousand
+            # children does no more per child than it must).
+            self.execution.clear()
+            if task.node:
+                supervisor.close(node, execution.status, execution.reason)
+                if node.traces is not None:
+                    node.traces += (*earlier, execution)
+                raise
+            # Invariant 2 holds on this path too: the turn and its synthesized answer
+            # join the conversation, the live one and the stored one alike.
+            self._conclude(execution)
+            supervisor.close(node, execution.status, execution.reason)
+            if store is not None:
+                await self._save(store, [*earlier, execution], node)
+            raise
+        # Every other path: empty buffer, one final response.
+        self.running = None
+        self.execution.clear()
+        text = self._conclude(execution)
+        supervisor.close(node, execution.status, execution.reason)
+        if task.node:
+            if node.traces is not None:
+                node.traces += (*earlier, execution)
+        elif store is not None:
+            await self._save(store, [*earlier, execution], node)
+        return execution.result(text)
+
+    def _conclude(self, execution: Execution) -> str:
+        """The final response joins the conversation and the trace is kept."""
+        trace = execution.final_trace()
+        self.messages.append(AssistantMessage(content=trace.final_text))
+        self._keep(trace)
+        return trace.final_text
+
+    async def _save(self, store: Store, executions: list[Execution], node: Node) -> None:
+        """Save the persistent sections and the traces of ``executions`` (an ask's
+        attempts) and of every execution of their subtree, in one transaction: no
+        trace is stored without its parent's.
+
+        Shielded: once an execution has ended, its turn is stored even if the actor
+        is cancelled meanwhile, and a cancelled execution's turn and traces are
+        stored as the actor ends. A failure never loses the ``Result``: it is logged
+        as a warning and counted in ``store_failures``; the next save writes the
+        whole state again and retries the traces that were not saved.
+        """
+        below, node.traces = node.traces, None
+        groups = self._unsaved
+        try:  # encoding too: whatever fails, the Result is returned
+            group = [trace_record(execution.final_trace()) for execution in executions]
+            if below:
+                group += [trace_record(execution.final_trace()) for execution in below]
+            groups = [*self._unsaved, group]
+            records = [record for each in groups for record in each]
+            state = None
+            if self.persistent:
+                state = encode_state(
+                    AgentState(
+                        summary=tuple(self.summary),
+                        buffer=tuple(self.buffer),
+                        messages=tuple(self.messages),
+                    )
+                )
+            with anyio.fail_after(SAVE_TIMEOUT, shield=True):
+                await store.save(self.context.id, state, records=records)
+        except Exception as exc:
+            self.store_failures += 1
+            self._unsaved = groups[-self.agent.trace_limit :]
+            log.warning(
+                "agent state not saved",
+                agent_id=self.context.id,
+                execution_id=executions[-1].execution_id,
+                store=repr(store),
+                error=exception_text(exc),
+                unsaved_traces=sum(len(each) for each in self._unsaved),
+                failures=self.store_failures,
+            )
+        else:
+            self._unsaved.clear()
+        finally:
+            if below:
+                below.clear()  # the subtree's nodes may outlive this: let go of them
+
+    def _new_execution(
+        self,
+        node: Node,
+        task: Task,
+        history: tuple[Message, ...],
+        conversation: list[Message] | None = None,
+    ) -> Execution:
+        context = self.context
+        return Execution(
+            agent=self.agent,
+            agent_id=context.id,
+            node=node,
+            supervisor=context.runtime.supervisor,
+            task=task.text,
+            history=history,
+            buffer=self.execution,
+            context=context,
+            delegated=bool(task.node),
+            conversation=conversation,
+        )
+
+    def _keep(self, trace: ExecutionTrace) -> None:
+        """Keep ``trace``, and at most ``trace_limit`` traces in all."""
+        self.traces.append(trace)
+        if len(self.traces) > self.agent.trace_limit:
+            del self.traces[0]
+
+    def _may_restart(self) -> bool:
+        policy = self.agent.restart
+        if policy.max_restarts == 0:
+            return False
+        now = anyio.current_time()
+        self.restarts = [at for at in self.restarts if now - at <= policy.window]
+        return len(self.restarts) < policy.max_restarts
+
+    def _refused(self, reason: str) -> Result:
+        """A task the supervisor would not start (depth or agents limit): its answer,
+        kept out of the conversation (live and stored alike)."""
+        text = f"[budget_exceeded] The task was not started: {reason}."
+        return Result(
+            text=text,
+            status="budget_exceeded",
+            stop_reason=reason,
+            usage=Usage(),
+            agent_id=self.context.id,
+        )
+
+
+def _check_prices(agent: Agent, prices: Mapping[str, Price], budget: Budget | None) -> None:
+    """Refuse a cost limit (``budget``'s or one in ``agent``'s tree) over a model with
+    no price, naming the models: a cost cannot be counted, so it cannot be limited."""
+    if not (budget is not None and budget.cost is not None) and not _limits_cost(agent):
+        return
+    missing = sorted({name for name in _priced_names(agent) if name not in prices})
+    if missing:
+        names = ", ".join(map(repr, missing))
+        raise ValueError(
+            f"a cost limit applies to agent {agent.name!r} but no price is known for model "
+            f"{names}: pass Runtime(prices={{{missing[0]!r}: Price(...)}})"
+        )
+
+
+def _limits_cost(agent: Agent) -> bool:
+    budget = agent.budget
+    if budget is not None and budget.cost is not None:
+        return True
+    return any(_limits_cost(subagent) for subagent in agent.subagents)
+
+
+def _priced_names(agent: Agent) -> Iterator[str]:
+    """The names prices are looked up by, for every model in ``agent``'s tree (an
+    adapter's requests are its inner model's)."""
+    model = agent.model
+    inner = getattr(model, "inner", None)
+    yield inner.name if inner is not None else model.name
+    for subagent in agent.subagents:
+        yield from _priced_names(subagent)

@@ -1,0 +1,119 @@
+"""``AgentRef``: the handle to a running agent, and the questions it asks.
+
+``Runtime.spawn(agent)`` returns one (``Agent.make_ref``). Tasks go through the
+agent's mailbox (``ask``, ``tell``, ``stream``); so do the snapshot questions
+``GetConversation`` and ``GetTrace``, which queue behind the tasks sent before them.
+``GetProgress`` is a control question, answered past the mailbox even while a task
+runs (``progress``). A task's text and budget are checked here, before anything
+reaches the agent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from runtime import ActorRef, Budget, MailboxStatistics
+
+from ._messages import Conversation, ExecutionTrace, Progress, Result, Task, safe_text
+from ._streaming import AgentStream
+
+if TYPE_CHECKING:
+    from ._agent import Agent
+
+__all__ = ["AgentRef", "GetConversation", "GetProgress", "GetTrace"]
+
+
+class GetConversation(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask an agent for a snapshot of its context sections."""
+
+
+class GetTrace(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask an agent for the traces of its recent executions."""
+
+
+class GetProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask an agent, past its mailbox, what it is doing now (a control question)."""
+
+
+class AgentRef:
+    """The handle to a running agent."""
+
+    __slots__ = ("_ref", "agent")
+
+    def __init__(self, ref: ActorRef, agent: Agent) -> None:
+        self._ref = ref
+        self.agent = agent
+
+    @property
+    def id(self) -> str:
+        return self._ref.id
+
+    @property
+    def actor(self) -> ActorRef:
+        """The kernel reference underneath."""
+        return self._ref
+
+    def __repr__(self) -> str:
+        return f"<AgentRef {self._ref.id!r} ({self.agent.name})>"
+
+    async def ask(self, text: str, *, budget: Budget | None = None) -> Result:
+        """Give the agent a task and wait for its one ``Result``."""
+        result: Result = await self._ref.ask(_task(text, budget))
+        return result
+
+    async def tell(self, text: str, *, budget: Budget | None = None) -> None:
+        """Give the agent a task without waiting; its answer joins its conversation."""
+        await self._ref.tell(_task(text, budget))
+
+    def stream(
+        self,
+        text: str,
+        *,
+        budget: Budget | None = None,
+        subagents: bool = False,
+        buffer: int = 1_000,
+    ) -> AgentStream:
+        """Give the agent a task and watch it run: ``async with ref.stream(text) as
+        run: async for event in run: ...``, then ``run.result`` (the ``Result`` that
+        ``ask`` would return). ``subagents=True`` also streams what subagents do
+        (their text, tool calls, waits), not only their start and finish. At most
+        ``buffer`` events wait for a slow consumer (see ``actors._streaming``).
+        Leaving the block before the answer stops the execution."""
+        return AgentStream(self._ref, _task(text, budget), subagents=subagents, buffer=buffer)
+
+    def progress(self) -> Progress:
+        """What the agent is doing now, answered at once even while it runs a task
+        (past the mailbox: see ``Progress``). ``conversation`` and ``trace`` queue
+        behind the tasks sent before them; this never waits."""
+        progress: Progress = self._ref.inspect(GetProgress())
+        return progress
+
+    async def conversation(self) -> Conversation:
+        """A snapshot of the agent's context sections, asked through its mailbox."""
+        snapshot: Conversation = await self._ref.ask(GetConversation())
+        return snapshot
+
+    async def trace(self) -> tuple[ExecutionTrace, ...]:
+        """The traces of the agent's recent executions, oldest first."""
+        traces: tuple[ExecutionTrace, ...] = await self._ref.ask(GetTrace())
+        return traces
+
+    async def stop(self, *, grace: float | None = None) -> None:
+        await self._ref.stop(grace=grace)
+
+    def cancel(self) -> None:
+        self._ref.cancel()
+
+    def statistics(self) -> MailboxStatistics:
+        return self._ref.statistics()
+
+
+def _task(text: str, budget: Budget | None) -> Task:
+    """The task to send, checked before anything reaches the agent."""
+    if not isinstance(text, str):
+        raise TypeError(f"a task is text (str), got {type(text).__qualname__}")
+    if budget is not None and not isinstance(budget, Budget):
+        raise TypeError(f"budget must be a runtime.Budget or None, got {type(budget).__qualname__}")
+    return Task(text=safe_text(text), budget=budget)
