@@ -18,16 +18,22 @@ same request.
   every agent shares one ``OpenAIModel`` (one SDK client, with its connection pool),
   built with ``stream=False`` for the first row and ``stream=True`` for the second.
   Every ``Result`` must be completed, with the server's text.
-- The bare client: one ``AsyncOpenAI(max_retries=0)``; 1,000 tasks in a task group
-  each call ``chat.completions.create`` with the same messages and ``max_tokens``
-  (streamed: ``stream=True, stream_options={"include_usage": True}``, the chunks
-  consumed and their text joined), checking the text.
+- The bare client: one ``AsyncOpenAI`` configured as ``OpenAIModel`` configures its
+  own (no retries, the same timeout); 1,000 tasks in a task group each call
+  ``chat.completions.create`` with the same messages and ``max_tokens`` (streamed:
+  ``stream=True, stream_options={"include_usage": True}``, the chunks consumed and
+  their text joined), checking the text.
 
-Throughput (requests per second) of each, medians of interleaved rounds after a
-warm-up; target (DESIGN.md section 6): fractor at least 0.9 x the bare client,
-streamed and not. With 1,000 requests in flight the server's latency is hidden:
-what is measured is the client side's work per request (fractor's agent and
-supervisor bookkeeping and its parsing, against the SDK's own parsing).
+Before the rounds, one request of each side is compared as the server received it:
+the bodies must be the same JSON. Throughput (requests per second) of each, medians
+of interleaved rounds after a warm-up; target (DESIGN.md section 6): fractor at
+least 0.9 x the bare client, streamed and not. With 1,000 requests in flight the
+server's latency is hidden and the server (on the other core) is idle most of the
+time: what is measured is the client side's work per request. Most of it is the
+SDK's, on both sides (building the request, and its connection pool, which looks at
+every connection each time a request comes or goes); fractor adds the agent (spawn,
+the supervisor's reserve and settle, the execution's records) and reads the response
+with msgspec where the SDK builds pydantic objects (one per chunk when streamed).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from .._messages import (
     UserMessage,
 )
 from .._models import Sink
-from ._base import ProviderModel, estimate_request_tokens, output_cap, read_raw
+from ._base import ProviderModel, estimate_request_tokens, output_cap
 from ._openai_response import CHARS_PER_TOKEN, read_completion
 from ._openai_stream import OpenAIStreamReader
 
@@ -169,8 +169,17 @@ class OpenAIModel(ProviderModel):
         return kwargs
 
     async def send(self, client: Any, request: ModelRequest) -> tuple[int, bytes]:
-        raw = await client.chat.completions.with_raw_response.create(**self.body(request))
-        return await read_raw(raw)
+        """Post the request as its JSON body, through the client's own ``post``: the
+        same request, headers and errors as ``chat.completions.create``, minus that
+        method's transformation of every parameter against its types (a walk of the
+        whole context on each request: about a tenth of the client's work per
+        request in the provider benchmark, more with a long context)."""
+        kwargs = self.body(request)
+        extra = kwargs.pop("extra_body", None)
+        if extra:
+            kwargs.update(extra)
+        body: bytes = await client.post("/chat/completions", cast_to=bytes, body=kwargs)
+        return 200, body  # any other 2xx reads the same; an error status raised
 
     def parse(self, status: int, body: bytes, request: ModelRequest) -> ModelResponse:
         return read_completion(self, status, body, request)
