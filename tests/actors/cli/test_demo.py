@@ -187,6 +187,17 @@ async def test_on_a_terminal_it_draws_the_live_tree_and_a_table(tmp_path: Path) 
     assert "view it with: fractor trace 'lead#" in out
 
 
+async def test_the_demo_streams_each_agents_latest_line_into_the_tree() -> None:
+    of = Console(force_terminal=True, file=io.StringIO(), width=130)
+    args = _parser().parse_args(["demo", "--speed", "5", "--no-store"])
+    assert await demo_command(args, console=of) == 0
+    out = output(of)
+    # While they ran, frames showed what the models were streaming, under their agent.
+    streamed = re.findall(r"“([^”]+)”", out)
+    assert streamed
+    assert any("Findings" in line or "Sources" in line or "Verified" in line for line in streamed)
+
+
 def test_the_default_database_is_fractor_db_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
