@@ -301,101 +301,27 @@ class AgentStream:
             wake.set()
 
     def _convert(self, event: Event) -> StreamEvent | None:
+        """The stream's event for ``event`` (None: not one the stream shows)."""
+        kind = event.kind
         depth = event.depth - self._root_depth
-        own = depth == 0
-        if not own and not self._subagents and event.kind not in _SUBAGENT_EDGES:
+        if depth and not self._subagents and kind not in _SUBAGENT_EDGES:
             return None
+        shown = _SHOWN.get(kind)
+        if shown is None:
+            return None
+        kind_of, names = shown
+        if kind_of is None:  # the start or end of an execution: a subagent's only
+            if not depth:
+                return None
+            kind_of = SubagentStarted if kind == "execution_start" else SubagentFinished
         detail = event.detail
-        agent, execution_id, at = event.agent, event.execution_id, event.at
-        match event.kind:
-            case "text":
-                return TextDelta(
-                    text=detail.get("text", ""),
-                    step=detail.get("step", 0),
-                    agent=agent,
-                    execution_id=execution_id,
-                    depth=depth,
-                    at=at,
-                )
-            case "tool_start":
-                return ToolCallStarted(
-                    tool=detail.get("tool", ""),
-                    call_id=detail.get("call_id", ""),
-                    arguments=detail.get("arguments", ""),
-                    agent=agent,
-                    execution_id=execution_id,
-                    depth=depth,
-                    at=at,
-                )
-            case "tool_end":
-                return ToolCallFinished(
-                    tool=detail.get("tool", ""),
-                    call_id=detail.get("call_id", ""),
-                    is_error=bool(detail.get("is_error", False)),
-                    result=detail.get("result", ""),
-                    seconds=float(detail.get("seconds", 0.0)),
-                    agent=agent,
-                    execution_id=execution_id,
-                    depth=depth,
-                    at=at,
-                )
-            case "execution_start" if not own:
-                return SubagentStarted(
-                    parent_id=event.parent_id,
-                    task=detail.get("task", ""),
-                    agent=agent,
-                    execution_id=execution_id,
-                    depth=depth,
-                    at=at,
-                )
-            case "execution_end" if not own:
-                return SubagentFinished(
-                    status=detail.get("status", "failed"),
-                    reason=detail.get("reason", ""),
-                    agent=agent,
-                    execution_id=execution_id,
-                    depth=depth,
-                    at=at,
-                )
-            case "budget_wait":
-                return BudgetWaiting(
-                    reason=detail.get("reason", ""),
-                    agent=agent,
-                    execution_id=execution_id,
-                    depth=depth,
-                    at=at,
-                )
-            case "budget_resume":
-                return BudgetResumed(
-                    seconds=float(detail.get("seconds", 0.0)),
-                    agent=agent,
-                    execution_id=execution_id,
-                    depth=depth,
-                    at=at,
-                )
-            case "retry":
-                return Retrying(
-                    attempt=int(detail.get("attempt", 0)),
-                    error=str(detail.get("error", "")),
-                    delay=float(detail.get("delay", 0.0)),
-                    agent=agent,
-                    execution_id=execution_id,
-                    depth=depth,
-                    at=at,
-                )
-            case "budget_exceeded" | "deadline":
-                status: Literal["budget_exceeded", "timed_out"] = (
-                    "budget_exceeded" if event.kind == "budget_exceeded" else "timed_out"
-                )
-                return Stopped(
-                    status=status,
-                    reason=detail.get("reason", ""),
-                    agent=agent,
-                    execution_id=execution_id,
-                    depth=depth,
-                    at=at,
-                )
-        return None
+        fields = {name: detail[name] for name in names if name in detail}
+        fields.update(agent=event.agent, execution_id=event.execution_id, depth=depth, at=event.at)
+        if kind_of is SubagentStarted:
+            fields["parent_id"] = event.parent_id
+        elif kind_of is Stopped:
+            fields["status"] = "budget_exceeded" if kind == "budget_exceeded" else "timed_out"
+        return msgspec.convert(fields, kind_of)
 
     def _answered(self, reply: PendingReply) -> None:
         self._ref.runtime.event_bus.watchers.pop(self._key, None)
@@ -432,3 +358,18 @@ class AgentStream:
 
 #: The events of a subagent that a stream shows without ``subagents=True``.
 _SUBAGENT_EDGES = frozenset({"execution_start", "execution_end"})
+
+#: For each kind of runtime event a stream shows: its type here (None: a subagent's
+#: start or end) and the details it keeps.
+_SHOWN: dict[str, tuple[type[StreamEvent] | None, tuple[str, ...]]] = {
+    "text": (TextDelta, ("text", "step")),
+    "tool_start": (ToolCallStarted, ("tool", "call_id", "arguments")),
+    "tool_end": (ToolCallFinished, ("tool", "call_id", "is_error", "result", "seconds")),
+    "execution_start": (None, ("task",)),
+    "execution_end": (None, ("status", "reason")),
+    "budget_wait": (BudgetWaiting, ("reason",)),
+    "budget_resume": (BudgetResumed, ("seconds",)),
+    "retry": (Retrying, ("attempt", "error", "delay")),
+    "budget_exceeded": (Stopped, ("reason",)),
+    "deadline": (Stopped, ("reason",)),
+}

@@ -1,10 +1,11 @@
 """The real model providers, three modules per wire format, and the model-string registry.
 
 - ``_base.py``: what every provider shares (``ProviderModel``: configuration, the
-  SDK client, requests and streams; the token estimates), with ``_errors.py``
-  (``ProviderError``, its classification, ``redact``) and ``_sse.py`` (server-sent
-  events and the ``StreamReader`` each wire format implements). Both providers build
-  on them; neither imports the other, nor this ``__init__``.
+  SDK client, requests and streams), with ``_errors.py`` (``ProviderError``, its
+  classification, ``redact``), ``_sse.py`` (server-sent events and the
+  ``StreamReader`` each wire format implements) and ``_estimates.py`` (token
+  estimates). Both providers build on them; neither imports the other, nor this
+  ``__init__``.
 - ``_openai.py``: ``OpenAIModel``, the chat completions wire format (OpenAI and every
   OpenAI-compatible server: vLLM, Ollama, llama.cpp, LM Studio), and its requests;
   ``_openai_response.py`` reads a completion, ``_openai_stream.py`` a streamed one

@@ -53,8 +53,9 @@ from .._messages import (
 from .._models import Sink
 from ._anthropic_response import CHARS_PER_TOKEN, read_message
 from ._anthropic_stream import AnthropicStreamReader
-from ._base import ProviderModel, estimate_request_tokens, output_cap, read_raw
+from ._base import ProviderModel, output_cap, read_raw
 from ._errors import ProviderError
+from ._estimates import estimate_request_tokens
 
 __all__ = ["DEFAULT_MAX_OUTPUT_TOKENS", "AnthropicModel"]
 

@@ -15,14 +15,14 @@ output = ``output_tokens``; ``stop_reason`` ``end_turn``/``stop_sequence`` ->
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
-from .._messages import FinishReason, ModelRequest, ModelResponse, ToolCall, Usage
-from ._errors import ProviderError
+from .._messages import FinishReason, ModelResponse, ToolCall, Usage
+from ._base import Asker
 
-__all__ = ["CHARS_PER_TOKEN", "Asker", "Block", "finish_of", "read_message", "usage_of"]
+__all__ = ["CHARS_PER_TOKEN", "Block", "finish_of", "read_message", "usage_of"]
 
 #: Claude's tokenizer averages about 3.5 characters per token on English and JSON:
 #: what an output estimate divides by (and ``AnthropicModel``'s input estimate).
@@ -39,28 +39,6 @@ _FINISH: dict[str, FinishReason] = {
 }
 
 _json_encoder = msgspec.json.Encoder()
-
-
-class Asker(Protocol):
-    """What reading a response needs of the model that asked for it (an
-    ``AnthropicModel``): its names, its input estimate, call ids, its errors."""
-
-    @property
-    def provider(self) -> str: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def model(self) -> str: ...
-
-    def estimate_tokens(self, request: ModelRequest) -> int: ...
-
-    def new_call_id(self) -> str: ...
-
-    def broken(self, status: int | None, detail: str) -> ProviderError: ...
-
-    def malformed(self, status: int, detail: str) -> ProviderError: ...
 
 
 # -- the response, as much of it as is read ----------------------------------------------

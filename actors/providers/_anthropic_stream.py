@@ -38,9 +38,10 @@ import msgspec
 
 from .._messages import ModelRequest, ModelResponse, ToolCall, Usage
 from .._models import Sink
-from ._anthropic_response import CHARS_PER_TOKEN, Asker, Block, finish_of, usage_of
-from ._base import estimate_output_tokens
+from ._anthropic_response import CHARS_PER_TOKEN, Block, finish_of, usage_of
+from ._base import Asker
 from ._errors import ProviderError, malformed
+from ._estimates import estimate_output_tokens
 
 __all__ = ["AnthropicStreamReader"]
 

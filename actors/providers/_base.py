@@ -1,4 +1,4 @@
-"""What the model providers share: their base, and the token estimates.
+"""What the model providers share: their base.
 
 - ``ProviderModel``: the base of ``OpenAIModel`` (``_openai.py``) and
   ``AnthropicModel`` (``_anthropic.py``): configuration, the SDK client's life, error
@@ -9,8 +9,10 @@
   the usage of what was received. Neither provider imports the other; the
   ``model_from_string`` registry that names them both lives in the package's
   ``__init__``.
-- ``estimate_request_tokens``: the cheap input-token estimate of the budget pre-check,
-  with each provider's own constants.
+- ``Asker``: what reading a response needs of the model that asked for it (each
+  wire format's response and stream readers take one).
+- Around it: ``_errors.py`` (``ProviderError``), ``_sse.py`` (server-sent events,
+  ``StreamReader``), ``_estimates.py`` (the token estimates of the budget pre-check).
 
 Both providers send requests through their official SDK, with the SDK's own retries
 off: the agent's ``RetryPolicy`` is the one that retries. The SDKs are optional
@@ -27,29 +29,48 @@ import os
 import urllib.parse
 from collections.abc import AsyncGenerator, Mapping
 from types import ModuleType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 import anyio
-import msgspec
 
-from .._messages import AssistantMessage, ModelRequest, ModelResponse
+from .._messages import ModelRequest, ModelResponse
 from .._models import Sink
 from ._errors import ProviderError, clipped, malformed, redact, translate_sdk_error
 from ._sse import SinkFailed, StreamReader, finish_stream, sse_events
 
 __all__ = [
+    "Asker",
     "ProviderModel",
-    "estimate_output_tokens",
-    "estimate_request_tokens",
 ]
 
 #: The placeholder key sent to a server given by ``base_url`` when no key is known:
 #: local servers (vLLM, Ollama, llama.cpp, LM Studio) ignore it, the SDKs want one.
 PLACEHOLDER_KEY = "not-needed"
 
-_json_encoder = msgspec.json.Encoder()
 #: How long ``aclose`` may take to close the SDK client's connections.
 _CLOSE_SECONDS = 5.0
+
+
+class Asker(Protocol):
+    """What reading a response (in one piece or streamed) needs of the model that
+    asked for it: its names, its input estimate, call ids, its errors."""
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    def estimate_tokens(self, request: ModelRequest) -> int: ...
+
+    def new_call_id(self) -> str: ...
+
+    def broken(self, status: int | None, detail: str) -> ProviderError: ...
+
+    def malformed(self, status: int, detail: str) -> ProviderError: ...
 
 
 # -- configuration shared by the providers ------------------------------------------
@@ -453,44 +474,3 @@ async def read_raw(raw: Any) -> tuple[int, bytes]:
     body: bytes = await http_response.aread()
     status: int = http_response.status_code
     return status, body
-
-
-# -- token estimates ------------------------------------------------------------------
-
-
-def estimate_request_tokens(
-    request: ModelRequest,
-    *,
-    chars_per_token: float,
-    per_message: int,
-    per_tool: int,
-    base: int = 0,
-    tools_preamble: int = 0,
-) -> int:
-    """A provider's estimate of the input tokens of ``request``, linear in its size.
-
-    ``ceil(chars / chars_per_token)`` over every message's text (tool call names and
-    arguments, tool results included) and every tool spec (name, description, JSON
-    schema), plus ``per_message`` tokens per message, ``per_tool`` per tool,
-    ``tools_preamble`` once when tools are offered and ``base`` once.
-    """
-    chars = 0
-    for message in request.messages:
-        chars += len(message.content)
-        if type(message) is AssistantMessage:
-            for tool_call in message.tool_calls:
-                chars += len(tool_call.name) + len(tool_call.arguments) + len(tool_call.id)
-    for spec in request.tools:
-        chars += len(spec.name) + len(spec.description)
-        chars += len(_json_encoder.encode(spec.parameters))
-    tokens = -int(-chars // chars_per_token) if chars else 0
-    tokens += base + per_message * len(request.messages)
-    if request.tools:
-        tokens += tools_preamble + per_tool * len(request.tools)
-    return tokens
-
-
-def estimate_output_tokens(text: str, arguments: int = 0, chars_per_token: float = 4.0) -> int:
-    """Output tokens of a response whose server reported no usage: an estimate."""
-    chars = len(text) + arguments
-    return max(1, -int(-chars // chars_per_token)) if chars else 0

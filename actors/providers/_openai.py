@@ -48,7 +48,8 @@ from .._messages import (
     UserMessage,
 )
 from .._models import Sink
-from ._base import ProviderModel, estimate_request_tokens, output_cap
+from ._base import ProviderModel, output_cap
+from ._estimates import estimate_request_tokens
 from ._openai_response import CHARS_PER_TOKEN, read_completion
 from ._openai_stream import OpenAIStreamReader
 

@@ -17,17 +17,16 @@ there are some, else ``stop``. A thinking model's ``reasoning_content`` (or
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
 from .._messages import FinishReason, ModelRequest, ModelResponse, ToolCall, Usage
-from ._base import estimate_output_tokens
-from ._errors import ProviderError
+from ._base import Asker
+from ._estimates import estimate_output_tokens
 
 __all__ = [
     "CHARS_PER_TOKEN",
-    "Asker",
     "Function",
     "WireToolCall",
     "WireUsage",
@@ -52,25 +51,6 @@ _FINISH: dict[str, FinishReason] = {
 }
 
 _json_encoder = msgspec.json.Encoder()
-
-
-class Asker(Protocol):
-    """What reading a response needs of the model that asked for it (an
-    ``OpenAIModel``): its names, its input estimate, call ids, its errors."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def model(self) -> str: ...
-
-    def estimate_tokens(self, request: ModelRequest) -> int: ...
-
-    def new_call_id(self) -> str: ...
-
-    def broken(self, status: int | None, detail: str) -> ProviderError: ...
-
-    def malformed(self, status: int, detail: str) -> ProviderError: ...
 
 
 # -- the response, as much of it as is read ----------------------------------------------

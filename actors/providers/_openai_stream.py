@@ -55,11 +55,11 @@ import msgspec
 
 from .._messages import ModelRequest, ModelResponse, Usage
 from .._models import Sink
-from ._base import estimate_output_tokens
+from ._base import Asker
 from ._errors import ProviderError, clipped, malformed
+from ._estimates import estimate_output_tokens
 from ._openai_response import (
     CHARS_PER_TOKEN,
-    Asker,
     Function,
     WireToolCall,
     WireUsage,

@@ -27,7 +27,7 @@ from actors import (
     Usage,
     UserMessage,
 )
-from actors.providers._base import estimate_output_tokens
+from actors.providers._estimates import estimate_output_tokens
 from runtime import Runtime
 
 from ..loopback import LoopbackServer, Received, Reply, json_reply, sse_reply, text_reply
