@@ -29,6 +29,7 @@ import structlog
 from runtime import (
     ActorContext,
     BudgetExceeded,
+    Event,
     EventKind,
     Node,
     Supervisor,
@@ -337,8 +338,9 @@ class Execution(Calling, Recording):
         node = self.node
         parent = node.parent
         bus = self.context.runtime.event_bus
-        event = bus.make(
-            kind,
+        event = Event(
+            kind=kind,
+            at=bus.now(),
             agent=self.agent.name,
             agent_id=self.agent_id,
             execution_id=node.id,

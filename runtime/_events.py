@@ -14,7 +14,7 @@ that an unobserved runtime pays one attribute check per event site:
   ``execution_id`` as keys.
 
 A third way sees one subtree only: a node's ``watch`` (set by whoever streams an
-ask) is called with every event of that subtree, made with ``make``; the bus
+ask) is called with every event of that subtree (stamped with ``now``); the bus
 delivers it to its subscribers as well when it is active (``deliver``).
 """
 
@@ -131,8 +131,9 @@ class EventBus:
     ) -> None:
         """Publish one event to every subscriber (and the log, if enabled)."""
         self.deliver(
-            self.make(
-                kind,
+            Event(
+                kind=kind,
+                at=self._now() - self._origin,
                 agent=agent,
                 agent_id=agent_id,
                 execution_id=execution_id,
@@ -140,29 +141,6 @@ class EventBus:
                 depth=depth,
                 detail=detail,
             )
-        )
-
-    def make(
-        self,
-        kind: EventKind,
-        *,
-        agent: str,
-        agent_id: str,
-        execution_id: str,
-        parent_id: str,
-        depth: int,
-        detail: dict[str, Any],
-    ) -> Event:
-        """An event stamped with the runtime's time, delivered to no one yet."""
-        return Event(
-            kind=kind,
-            at=self._now() - self._origin,
-            agent=agent,
-            agent_id=agent_id,
-            execution_id=execution_id,
-            parent_id=parent_id,
-            depth=depth,
-            detail=detail,
         )
 
     def deliver(self, event: Event) -> None:
