@@ -409,6 +409,8 @@ class Execution(Calling, Recording):
                     response = safe_response(response)
                 if response.text:
                     self.last_text = response.text
+                    if self.sink is None and self.observed:  # it came in one piece
+                        self.emit("text", text=response.text, step=len(self.steps))
                 calls = response.tool_calls
                 if calls and not self._ids_unique(calls):
                     response = msgspec.structs.replace(response, tool_calls=self._unique(calls))

@@ -201,6 +201,11 @@ class AgentStream:
         if self._error is not None:
             raise self._error
         if self._result is None:
+            if self._closed:
+                raise RuntimeError(
+                    "the stream was left before its task started: there is no result "
+                    "(the task is stopped as soon as the agent takes it)"
+                )
             raise RuntimeError(
                 "the stream has not ended yet: iterate it to the end (async for) first"
             )
@@ -232,8 +237,12 @@ class AgentStream:
             return
         # Left before the answer: stop the execution, and wait (a little) for it.
         self._closed = True
-        if self._root:
-            self._stop(self._root)
+        if not self._root:
+            # Still queued behind other tasks: it is stopped as soon as it starts (see
+            # ``_watch``); nothing to wait for here, and no result to give.
+            self._events.clear()
+            return
+        self._stop(self._root)
         with (
             anyio.CancelScope(shield=True),
             anyio.move_on_after(_STOP_WAIT),

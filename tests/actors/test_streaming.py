@@ -11,6 +11,7 @@ import pytest
 from actors import (
     Agent,
     AgentStream,
+    CycleModel,
     FunctionModel,
     ModelRequest,
     Progress,
@@ -357,3 +358,47 @@ async def test_a_hanging_tool_shows_in_progress_and_a_stream_left_early_cancels_
         assert run.result.status == "cancelled"
         await anyio.lowlevel.checkpoint()
         assert ref.progress().running is False
+
+
+async def test_a_model_that_does_not_stream_shows_its_text_in_one_piece() -> None:
+    model = CycleModel(
+        [call("lookup", id="call_0_0", topic="x", text="Let me see."), reply("Done.")]
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("plain", model, tools=[lookup]))
+        async with ref.stream("go") as run:
+            events = await collect(run)
+    texts = [(e.text, e.step) for e in events if isinstance(e, TextDelta)]
+    assert texts == [("Let me see.", 0), ("Done.", 1)]
+    assert run.result.text == "Done."
+
+
+async def test_leaving_a_stream_whose_task_waits_in_the_mailbox_returns_at_once() -> None:
+    entered, release = anyio.Event(), anyio.Event()
+
+    @tool
+    async def gate() -> str:
+        """Wait to be let through."""
+        entered.set()
+        await release.wait()
+        return "through"
+
+    model = ScriptedModel([call("gate"), reply("first done"), reply("never")])
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("busy", model, tools=[gate]))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "first")
+            await entered.wait()
+            with anyio.fail_after(1):  # not the 5 s a stop may wait for its answer
+                async with ref.stream("second") as run:
+                    pass
+            assert ref.progress().queued == 1
+            release.set()
+        # Taken after the first, the second task was stopped as it started.
+        conversation = await ref.conversation()
+    with pytest.raises(RuntimeError, match="left before its task started"):
+        run.result  # noqa: B018
+    turns = [m.content for m in conversation.messages]
+    assert turns[:3] == ["first", "first done", "second"]
+    assert turns[3].startswith("[cancelled]")
+    assert model.remaining == 1  # the stopped task sent no request
