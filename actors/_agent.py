@@ -18,9 +18,11 @@ from runtime import ActorRef, Budget
 
 from ._agent_actor import AgentActor
 from ._agent_ref import AgentRef, GetConversation, GetProgress, GetTrace
+from ._approval import ApprovalPolicy
 from ._execution import StopCondition
 from ._messages import Task, ToolSpec
 from ._models import Model
+from ._output import OutputMode
 from ._policy import RestartPolicy, RetryPolicy
 from ._tools import Tool, Toolbox, tool
 
@@ -55,6 +57,14 @@ class Agent:
     ``host`` names a pool of the runtime's hosts (``Runtime(hosts=...)``): each
     execution of this agent as a subagent runs there, with its whole subtree (by
     default the runtime's placement decides: see ``actors._hosts``).
+    ``output_type`` asks for a typed answer (a msgspec Struct, a dataclass, a
+    TypedDict or a scalar): ``Result.output`` holds it, ``Result.text`` its JSON;
+    ``output_mode`` says how the model is asked for it (``"native"``: the provider's
+    structured output; ``"tool"``: a final-answer tool; ``"text"``: instructions and
+    a parse; ``"auto"``: the best the model has), and ``output_retries`` how many bad
+    answers go back to the model before the execution fails. ``approval`` names the
+    tool calls a person must approve first (tool names, or a function of the call;
+    ``@tool(approval=True)`` marks a tool itself): see ``AgentRef.approve``.
     """
 
     name: str
@@ -73,6 +83,10 @@ class Agent:
     mailbox_size: int = 16
     trace_limit: int = 100
     host: str | None = None
+    output_type: Any = None
+    output_mode: OutputMode = "auto"
+    output_retries: int = 2
+    approval: ApprovalPolicy | None = None
     toolbox: Toolbox = field(init=False, repr=False, compare=False)
     specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
     subagents_by_name: dict[str, Agent] = field(init=False, repr=False, compare=False)

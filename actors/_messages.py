@@ -122,6 +122,10 @@ class Result(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     agent_id: str
     execution_id: str = ""
     steps: int = 0
+    #: The typed answer of an agent with an ``output_type`` (``text`` is its JSON);
+    #: None otherwise, or when the execution ended without a valid one. Across
+    #: hosts it travels as its JSON, decoded again where the type is known.
+    output: Any = None
 
     @property
     def ok(self) -> bool:
@@ -138,6 +142,10 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     attempts: int = 1
     #: Still running when its execution stopped: ``content`` says so.
     interrupted: bool = False
+    #: For a call that needed approval: "approved", or "denied: <reason>"; and the
+    #: seconds it waited for the decision.
+    approval: str = ""
+    waited: float = 0.0
 
 
 class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
