@@ -9,9 +9,14 @@ answer kept in the conversation.
 from ._agent import Agent as Agent
 from ._agent_actor import AgentActor as AgentActor
 from ._agent_ref import AgentRef as AgentRef
+from ._agent_ref import Decide as Decide
+from ._agent_ref import GetApprovals as GetApprovals
 from ._agent_ref import GetConversation as GetConversation
 from ._agent_ref import GetProgress as GetProgress
 from ._agent_ref import GetTrace as GetTrace
+from ._approval import ApprovalError as ApprovalError
+from ._approval import ApprovalPolicy as ApprovalPolicy
+from ._approval import ApprovalRequest as ApprovalRequest
 from ._execution import StopCondition as StopCondition
 from ._fakes import CycleModel as CycleModel
 from ._fakes import FunctionModel as FunctionModel
@@ -49,6 +54,8 @@ from ._policy import RetryPolicy as RetryPolicy
 from ._react import MalformedAction as MalformedAction
 from ._react import ReActModel as ReActModel
 from ._streaming import AgentStream as AgentStream
+from ._streaming import ApprovalDecided as ApprovalDecided
+from ._streaming import ApprovalRequested as ApprovalRequested
 from ._streaming import BudgetResumed as BudgetResumed
 from ._streaming import BudgetWaiting as BudgetWaiting
 from ._streaming import Retrying as Retrying
@@ -59,8 +66,8 @@ from ._streaming import SubagentStarted as SubagentStarted
 from ._streaming import TextDelta as TextDelta
 from ._streaming import ToolCallFinished as ToolCallFinished
 from ._streaming import ToolCallStarted as ToolCallStarted
+from ._toolbox import Toolbox as Toolbox
 from ._tools import Tool as Tool
-from ._tools import Toolbox as Toolbox
 from ._tools import ToolDefinitionError as ToolDefinitionError
 from ._tools import tool as tool
 from ._traces import collect_trace_tree as collect_trace_tree
@@ -86,14 +93,21 @@ __all__ = [
     "AgentState",
     "AgentStream",
     "AnthropicModel",
+    "ApprovalDecided",
+    "ApprovalError",
+    "ApprovalPolicy",
+    "ApprovalRequest",
+    "ApprovalRequested",
     "AssistantMessage",
     "BudgetResumed",
     "BudgetWaiting",
     "Conversation",
     "CycleModel",
+    "Decide",
     "ExecutionTrace",
     "FinishReason",
     "FunctionModel",
+    "GetApprovals",
     "GetConversation",
     "GetProgress",
     "GetTrace",

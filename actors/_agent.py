@@ -18,13 +18,14 @@ from runtime import ActorRef, Budget
 
 from ._agent_actor import AgentActor
 from ._agent_ref import AgentRef, GetConversation, GetProgress, GetTrace
-from ._approval import ApprovalPolicy
+from ._approval import ApprovalPolicy, approver
 from ._execution import StopCondition
-from ._messages import Task, ToolSpec
+from ._messages import Task, ToolCall, ToolSpec
 from ._models import Model
 from ._output import OutputMode
 from ._policy import RestartPolicy, RetryPolicy
-from ._tools import Tool, Toolbox, tool
+from ._toolbox import Toolbox
+from ._tools import Tool, tool
 
 __all__ = [
     "Agent",
@@ -90,6 +91,9 @@ class Agent:
     toolbox: Toolbox = field(init=False, repr=False, compare=False)
     specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
     subagents_by_name: dict[str, Agent] = field(init=False, repr=False, compare=False)
+    #: Whether a call needs approval (the ``approval`` policy and the tools marked
+    #: so); None when no call of this agent ever does.
+    approve: Callable[[ToolCall], bool] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -140,6 +144,11 @@ class Agent:
         object.__setattr__(self, "subagents", subagents)
         object.__setattr__(self, "toolbox", toolbox)
         object.__setattr__(self, "subagents_by_name", by_name)
+        try:
+            approve = approver(self.approval, [t.name for t in tools if t.approval])
+        except TypeError as exc:
+            raise TypeError(f"Agent {self.name!r}: {exc}") from None
+        object.__setattr__(self, "approve", approve)
         object.__setattr__(
             self, "specs", toolbox.specs + tuple(_subagent_spec(s) for s in subagents)
         )

@@ -22,7 +22,8 @@ import structlog
 from runtime import Actor, Budget, BudgetExceeded, Node, Price, Record, Store, Usage
 from runtime.lowlevel import HeldUp
 
-from ._agent_ref import GetConversation, GetProgress, GetTrace
+from ._agent_ref import Decide, GetApprovals, GetConversation, GetProgress, GetTrace
+from ._approval import approvals_of
 from ._execution import Execution
 from ._messages import (
     AssistantMessage,
@@ -54,7 +55,7 @@ class AgentActor(Actor):
     """The running agent: owns its conversation, execution buffer and traces."""
 
     accepts = (Task, GetConversation, GetTrace)
-    controls = (GetProgress,)
+    controls = (GetProgress, GetApprovals, Decide)
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -115,9 +116,18 @@ class AgentActor(Actor):
             return self.execute(message)
         return self._look(message)
 
-    def control(self, message: GetProgress) -> Progress:
-        """What this agent is doing now, answered past the mailbox (``AgentRef.progress``)."""
+    def control(self, message: GetProgress | GetApprovals | Decide) -> Any:
+        """Answered past the mailbox: what this agent is doing now
+        (``AgentRef.progress``), which calls of its tree wait for approval, and the
+        decisions on them (``AgentRef.approvals``, ``approve``, ``deny``)."""
         context = self.context
+        if isinstance(message, GetApprovals):
+            return approvals_of(context.runtime).pending(context.id)
+        if isinstance(message, Decide):
+            approvals_of(context.runtime).decide(
+                message.id, context.id, approved=message.approved, reason=message.reason
+            )
+            return None
         execution = self.running
         queued = context.statistics().queued
         turns = len(self.messages)

@@ -16,13 +16,14 @@ import msgspec
 
 from runtime import ActorRef, Budget, MailboxStatistics
 
+from ._approval import ApprovalRequest
 from ._messages import Conversation, ExecutionTrace, Progress, Result, Task, safe_text
 from ._streaming import AgentStream
 
 if TYPE_CHECKING:
     from ._agent import Agent
 
-__all__ = ["AgentRef", "GetConversation", "GetProgress", "GetTrace"]
+__all__ = ["AgentRef", "Decide", "GetApprovals", "GetConversation", "GetProgress", "GetTrace"]
 
 
 class GetConversation(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,6 +36,18 @@ class GetTrace(msgspec.Struct, frozen=True, kw_only=True):
 
 class GetProgress(msgspec.Struct, frozen=True, kw_only=True):
     """Ask an agent, past its mailbox, what it is doing now (a control question)."""
+
+
+class GetApprovals(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask an agent, past its mailbox, which tool calls of its tree wait for approval."""
+
+
+class Decide(msgspec.Struct, frozen=True, kw_only=True):
+    """Approve or deny a tool call of an agent's tree, past its mailbox."""
+
+    id: str
+    approved: bool
+    reason: str = ""
 
 
 class AgentRef:
@@ -90,6 +103,24 @@ class AgentRef:
         progress: Progress = self._ref.inspect(GetProgress())
         return progress
 
+    def approvals(self) -> tuple[ApprovalRequest, ...]:
+        """The tool calls of this agent's tree (its subagents' included) that wait for
+        a person's approval, oldest first; at once, past the mailbox."""
+        requests: tuple[ApprovalRequest, ...] = self._ref.inspect(GetApprovals())
+        return requests
+
+    def approve(self, request_id: str | ApprovalRequest) -> None:
+        """Let a held tool call run (``approvals()`` lists them). ``ApprovalError`` if
+        none with this id waits in this agent's tree."""
+        self._ref.inspect(Decide(id=_request_id(request_id), approved=True))
+
+    def deny(self, request_id: str | ApprovalRequest, reason: str = "") -> None:
+        """Answer a held tool call without running it: its result, which the model
+        reads, says a person denied it, and ``reason``."""
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__qualname__}")
+        self._ref.inspect(Decide(id=_request_id(request_id), approved=False, reason=reason))
+
     async def conversation(self) -> Conversation:
         """A snapshot of the agent's context sections, asked through its mailbox."""
         snapshot: Conversation = await self._ref.ask(GetConversation())
@@ -117,3 +148,13 @@ def _task(text: str, budget: Budget | None) -> Task:
     if budget is not None and not isinstance(budget, Budget):
         raise TypeError(f"budget must be a runtime.Budget or None, got {type(budget).__qualname__}")
     return Task(text=safe_text(text), budget=budget)
+
+
+def _request_id(request_id: object) -> str:
+    if isinstance(request_id, ApprovalRequest):
+        return request_id.id
+    if not isinstance(request_id, str):
+        raise TypeError(
+            f"an approval is named by its id (a str, or the ApprovalRequest), got {request_id!r}"
+        )
+    return request_id

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import anyio
 import msgspec
 
-from runtime import BudgetExceeded, EventKind, Node, Supervisor
+from runtime import ActorContext, BudgetExceeded, EventKind, Node, Supervisor
 from runtime.lowlevel import HeldUp
 
+from ._approval import approvals_of
 from ._delegation import Delegation, refused
 from ._messages import ToolCall, ToolOutcome
 
@@ -39,8 +40,10 @@ class _Calling(Protocol):
     """What the tool calls use of a running ``Execution``."""
 
     agent: Agent
+    agent_id: str
     node: Node
     supervisor: Supervisor
+    context: ActorContext
     #: The tool call ids of this execution so far (see ``_unique``).
     call_ids: set[str]
 
@@ -58,6 +61,10 @@ class _Calling(Protocol):
     ) -> None: ...
 
     def _run_call(self, call: ToolCall) -> Awaitable[ToolOutcome]: ...
+
+    async def _run_call_approved(self, call: ToolCall) -> ToolOutcome: ...
+
+    def _run_call_now(self, call: ToolCall) -> Awaitable[ToolOutcome]: ...
 
     async def _run_call_held_up(self, call: ToolCall) -> ToolOutcome: ...
 
@@ -170,7 +177,7 @@ class Calling:
         the tree: the call charged and its arguments validated, or the outcome that
         answers it at once (refused, invalid arguments); None for any other call."""
         tool = self.agent.toolbox.direct.get(call.name)
-        if tool is None or self.observed:
+        if tool is None or self.observed or self.agent.approve is not None:
             return None
         try:
             self.supervisor.charge(self.node, tool_calls=1)
@@ -185,8 +192,58 @@ class Calling:
         return tool, kwargs, start
 
     def _run_call(self: _Calling, call: ToolCall) -> Awaitable[ToolOutcome]:
-        """Charge and run one tool call. Not a coroutine of its own when nothing
-        observes the tree: it hands back the tool's, one frame less per call."""
+        """Charge and run one tool call (after a person's approval, if it needs one).
+        Not a coroutine of its own when nothing observes the tree and no approval is
+        needed: it hands back the tool's, one frame less per call."""
+        approve = self.agent.approve
+        if approve is not None and approve(call):
+            return self._run_call_approved(call)
+        return self._run_call_now(call)
+
+    async def _run_call_approved(self: _Calling, call: ToolCall) -> ToolOutcome:
+        """Hold ``call`` until a person decides (see ``_approval``): run it approved,
+        answer it denied. The wait ends with the execution, as any await does."""
+        approvals = approvals_of(self.context.runtime)
+        bus = self.context.runtime.event_bus
+        request, pending = approvals.open(
+            self.node, self.agent.name, self.agent_id, call, bus.now()
+        )
+        if self.observed:
+            self.emit(
+                "approval_request",
+                id=request.id,
+                tool=call.name,
+                call_id=call.id,
+                arguments=call.arguments[:200],
+                path=list(request.path),
+            )
+        approved, reason, waited = await approvals.wait(pending)
+        if self.observed:
+            self.emit(
+                "approval_decision",
+                id=request.id,
+                tool=call.name,
+                call_id=call.id,
+                approved=approved,
+                reason=reason,
+                waited=waited,
+            )
+        if not approved:
+            said = f": {reason}" if reason else ""
+            return ToolOutcome(
+                call=call,
+                content=f"[denied] a person denied this call{said}",
+                is_error=True,
+                seconds=waited,
+                attempts=0,
+                approval=f"denied{said}",
+                waited=waited,
+            )
+        outcome = await self._run_call_now(call)
+        return msgspec.structs.replace(outcome, approval="approved", waited=waited)
+
+    def _run_call_now(self: _Calling, call: ToolCall) -> Awaitable[ToolOutcome]:
+        """Charge and run one tool call (see ``_run_call``)."""
         try:
             self.supervisor.charge(self.node, tool_calls=1)
         except BudgetExceeded as exc:

@@ -15,12 +15,14 @@
 The stream yields typed events (frozen Structs, a tagged union on ``kind``):
 ``TextDelta`` (the model's text as it is generated), ``ToolCallStarted`` and
 ``ToolCallFinished``, ``SubagentStarted`` and ``SubagentFinished``, ``BudgetWaiting``
-and ``BudgetResumed``, ``Retrying`` (text after it starts over), and ``Stopped`` (a
-budget limit or the deadline). Each names its agent, its execution and its ``depth``
-below the agent asked (0: the agent itself). By default the events of subagents are
-their start and finish only; ``subagents=True`` adds their text, tool calls, waits
-and stops. The iteration ends once the execution has answered; ``run.result`` is the
-same ``Result`` that ``ask`` returns.
+and ``BudgetResumed``, ``Retrying`` (text after it starts over), ``Stopped`` (a
+budget limit or the deadline), and ``ApprovalRequested`` / ``ApprovalDecided`` (a
+tool call held for a person's decision: see ``_approval``). Each names its agent, its
+execution and its ``depth`` below the agent asked (0: the agent itself). By default
+the events of subagents are their start and finish and their approvals only;
+``subagents=True`` adds their text, tool calls, waits and stops. The iteration ends
+once the execution has answered; ``run.result`` is the same ``Result`` that ``ask``
+returns.
 
 How it works: the ask carries the name of a watcher (``Task.watch``); the execution's
 node takes it, and every node opened below inherits it (``runtime.Node.watch``), so
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentStream",
+    "ApprovalDecided",
+    "ApprovalRequested",
     "BudgetResumed",
     "BudgetWaiting",
     "Retrying",
@@ -133,6 +137,27 @@ class Retrying(_Base, frozen=True, kw_only=True, tag="retry"):
     delay: float = 0.0
 
 
+class ApprovalRequested(_Base, frozen=True, kw_only=True, tag="approval_request"):
+    """A tool call waits for a person's decision: answer it with the ref of the agent
+    asked, ``ref.approve(id)`` or ``ref.deny(id, reason)``. Shown at every depth.
+    ``path`` names the agents from the top down to the one that asked."""
+
+    id: str
+    tool: str
+    call_id: str
+    arguments: str = ""
+    path: tuple[str, ...] = ()
+
+
+class ApprovalDecided(_Base, frozen=True, kw_only=True, tag="approval_decision"):
+    id: str
+    tool: str
+    call_id: str
+    approved: bool
+    reason: str = ""
+    waited: float = 0.0
+
+
 class Stopped(_Base, frozen=True, kw_only=True, tag="stopped"):
     """A budget limit or the deadline stopped this execution."""
 
@@ -141,7 +166,9 @@ class Stopped(_Base, frozen=True, kw_only=True, tag="stopped"):
 
 
 StreamEvent: TypeAlias = (
-    TextDelta
+    ApprovalDecided
+    | ApprovalRequested
+    | TextDelta
     | ToolCallStarted
     | ToolCallFinished
     | SubagentStarted
@@ -365,8 +392,11 @@ class AgentStream:
         self._ref.runtime.event_bus.watchers.pop(self._key, None)
 
 
-#: The events of a subagent that a stream shows without ``subagents=True``.
-_SUBAGENT_EDGES = frozenset({"execution_start", "execution_end"})
+#: The events of a subagent that a stream shows without ``subagents=True``: its start
+#: and end, and the approvals it waits for (someone must answer them).
+_SUBAGENT_EDGES = frozenset(
+    {"execution_start", "execution_end", "approval_request", "approval_decision"}
+)
 
 #: For each kind of runtime event a stream shows: its type here (None: a subagent's
 #: start or end) and the details it keeps.
@@ -381,4 +411,9 @@ _SHOWN: dict[str, tuple[type[StreamEvent] | None, tuple[str, ...]]] = {
     "retry": (Retrying, ("attempt", "error", "delay")),
     "budget_exceeded": (Stopped, ("reason",)),
     "deadline": (Stopped, ("reason",)),
+    "approval_request": (ApprovalRequested, ("id", "tool", "call_id", "arguments", "path")),
+    "approval_decision": (
+        ApprovalDecided,
+        ("id", "tool", "call_id", "approved", "reason", "waited"),
+    ),
 }

@@ -30,7 +30,7 @@ import functools
 import importlib
 import inspect
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
@@ -48,7 +48,7 @@ from ._schema import (
     parse_docstring,
 )
 
-__all__ = ["Tool", "ToolDefinitionError", "Toolbox", "tool"]
+__all__ = ["DEFAULT_MAX_RESULT_CHARS", "Tool", "ToolDefinitionError", "tool", "truncate"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -70,6 +70,7 @@ class Tool(Generic[P, R]):
         "_expected",
         "_invalid_prefix",
         "_timed_out",
+        "approval",
         "arguments_type",
         "description",
         "direct",
@@ -93,6 +94,8 @@ class Tool(Generic[P, R]):
     retry_delay: float
     max_result_chars: int
     limiter: anyio.CapacityLimiter | None
+    #: Whether each call waits for a person's approval (``AgentRef.approve``).
+    approval: bool
     is_async: bool
     #: The msgspec Struct the JSON arguments are decoded (and validated) into.
     arguments_type: type[msgspec.Struct]
@@ -108,6 +111,7 @@ class Tool(Generic[P, R]):
         retry_delay: float = 0.0,
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
         limiter: anyio.CapacityLimiter | None = None,
+        approval: bool = False,
     ) -> None:
         candidate: object = fn
         subject = f"cannot make a tool of {describe(candidate)}"
@@ -158,6 +162,9 @@ class Tool(Generic[P, R]):
         self.retry_delay = float(retry_delay)
         self.max_result_chars = max_result_chars
         self.limiter = limiter
+        if not isinstance(approval, bool):
+            raise ToolDefinitionError(subject, f"approval={approval!r}", "give True or False")
+        self.approval = approval
         self.is_async = inspect.iscoroutinefunction(fn) or (
             not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
         )
@@ -217,6 +224,7 @@ class Tool(Generic[P, R]):
             "retries": self.retries,
             "retry_delay": self.retry_delay,
             "max_result_chars": self.max_result_chars,
+            "approval": self.approval,
         }
         return (_rebuilt, (self.fn, options))
 
@@ -309,7 +317,7 @@ class Tool(Generic[P, R]):
     ) -> ToolOutcome:
         """``content`` (cut to the result cap) as the outcome of ``call``."""
         if len(content) > self.max_result_chars:
-            content = _truncate(content, self.max_result_chars)
+            content = truncate(content, self.max_result_chars)
         return ToolOutcome(
             call=call,
             content=content,
@@ -334,7 +342,7 @@ def _to_text(value: object) -> str:
             return f"<{type(value).__qualname__} object that cannot be shown>"
 
 
-def _truncate(content: str, limit: int) -> str:
+def truncate(content: str, limit: int) -> str:
     """Cut ``content`` to at most ``limit`` characters, ending with a visible marker."""
     total = len(content)
     # The marker's length depends on the number cut; size it for the largest number
@@ -370,6 +378,7 @@ def tool(
     retry_delay: float = 0.0,
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
     limiter: anyio.CapacityLimiter | None = None,
+    approval: bool = False,
 ) -> Tool[P, R]: ...
 
 
@@ -383,6 +392,7 @@ def tool(
     retry_delay: float = 0.0,
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
     limiter: anyio.CapacityLimiter | None = None,
+    approval: bool = False,
 ) -> _ToolDecorator: ...
 
 
@@ -397,6 +407,7 @@ def tool(
     retry_delay: float = 0.0,
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
     limiter: anyio.CapacityLimiter | None = None,
+    approval: bool = False,
 ) -> Tool[..., Any] | _ToolDecorator:
     """Turn a typed function, async or sync, into a ``Tool``; bare or with options.
 
@@ -418,8 +429,9 @@ def tool(
     ``timeout`` (seconds, per attempt); ``retries`` (extra attempts after an exception
     or a timeout) with ``retry_delay`` (seconds, doubled after each failed attempt);
     ``max_result_chars`` caps the result text; ``limiter`` bounds how many calls of a
-    sync tool run in threads at once (default: anyio's default thread limiter).
-    Raises ``ToolDefinitionError`` when the function or an option cannot work.
+    sync tool run in threads at once (default: anyio's default thread limiter);
+    ``approval=True`` makes each call wait for a person's approval. Raises
+    ``ToolDefinitionError`` when the function or an option cannot work.
     """
 
     def decorate(fn: Callable[P, R], /) -> Tool[P, R]:
@@ -432,69 +444,9 @@ def tool(
             retry_delay=retry_delay,
             max_result_chars=max_result_chars,
             limiter=limiter,
+            approval=approval,
         )
 
     if fn is None:
         return decorate
     return decorate(fn)
-
-
-class Toolbox:
-    """The tools of one agent definition, by unique name, in the order given.
-
-    Plain callables are accepted too and wrapped with ``tool`` (default options).
-    """
-
-    __slots__ = ("_no_such_tool", "_tools", "direct", "names", "specs")
-
-    def __init__(self, tools: Iterable[Tool[..., Any] | Callable[..., Any]] = ()) -> None:
-        entries = [entry if isinstance(entry, Tool) else tool(entry) for entry in tools]
-        names = [entry.name for entry in entries]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            listed = ", ".join(f"{name!r} ({names.count(name)} times)" for name in duplicates)
-            raise ToolDefinitionError(
-                "cannot build the toolbox",
-                f"several tools have the same name: {listed}",
-                "give every tool a unique name, e.g. with @tool(name=...)",
-            )
-        self._tools: dict[str, Tool[..., Any]] = {entry.name: entry for entry in entries}
-        self.names: tuple[str, ...] = tuple(names)
-        self.specs: tuple[ToolSpec, ...] = tuple(entry.spec for entry in entries)
-        #: The tools a caller may await itself (see ``Tool.direct``), by name.
-        self.direct: dict[str, Tool[..., Any]] = {e.name: e for e in entries if e.direct}
-        self._no_such_tool = (
-            f"; available tools: {', '.join(names)}" if names else "; this agent has no tools"
-        )
-
-    def __len__(self) -> int:
-        return len(self._tools)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._tools
-
-    def __iter__(self) -> Iterator[Tool[..., Any]]:
-        return iter(self._tools.values())
-
-    def __repr__(self) -> str:
-        return f"Toolbox({', '.join(self.names)})"
-
-    def get(self, name: str) -> Tool[..., Any] | None:
-        """The tool called ``name``, or ``None``."""
-        return self._tools.get(name)
-
-    def run(self, call: ToolCall) -> Awaitable[ToolOutcome]:
-        """Run ``call`` with the tool it names; never raises an ``Exception``.
-
-        Not a coroutine of its own: it hands back the tool's, one frame less per call.
-        """
-        found = self._tools.get(call.name)
-        if found is None:
-            return self._unknown(call)
-        return found.invoke(call)
-
-    async def _unknown(self, call: ToolCall) -> ToolOutcome:
-        content = f"unknown tool {call.name!r}{self._no_such_tool}"
-        if len(content) > DEFAULT_MAX_RESULT_CHARS:
-            content = _truncate(content, DEFAULT_MAX_RESULT_CHARS)
-        return ToolOutcome(call=call, content=content, is_error=True, seconds=0.0, attempts=0)

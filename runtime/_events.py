@@ -48,6 +48,8 @@ EventKind = Literal[
     "budget_resume",
     "budget_exceeded",
     "deadline",
+    "approval_request",
+    "approval_decision",
     "execution_end",
     "stop",
 ]

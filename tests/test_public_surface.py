@@ -66,6 +66,9 @@ def test_actors_surface_names() -> None:
         "AgentStream", "BudgetResumed", "BudgetWaiting", "GetProgress", "Progress", "Retrying",
         "Sink", "Stopped", "StreamEvent", "Streamed", "StreamingModel", "SubagentFinished",
         "SubagentStarted", "TextDelta", "ToolCallFinished", "ToolCallStarted", "streamed",
+        # a human in the loop
+        "ApprovalDecided", "ApprovalError", "ApprovalPolicy", "ApprovalRequest",
+        "ApprovalRequested", "Decide", "GetApprovals",
     }  # fmt: skip
     assert set(actors.__all__) == expected
 

@@ -36,8 +36,13 @@ class LatestLines:
             if len(text) > 4 * self.width:
                 text = text[-2 * self.width :]
             self._text[key] = text
-        elif kind in ("step_start", "retry", "execution_end"):  # a new line, or none
-            self._text.pop(event.execution_id, None)
+        elif kind == "approval_request":
+            detail = event.detail
+            self._text[event.execution_id] = (
+                f"\n⧗ waiting for approval: {detail.get('tool', '?')} [{detail.get('id', '?')}]"
+            )
+        elif kind in ("step_start", "retry", "execution_end", "approval_decision"):
+            self._text.pop(event.execution_id, None)  # a new line, or none
 
     def line(self, execution_id: str) -> str:
         """The latest non-empty line ``execution_id`` streamed ("" if none), its tail
@@ -116,6 +121,17 @@ class ProgressLines:
                 )
             case "execution_end":
                 return self._end(agent, event)
+            case "approval_request":
+                return (
+                    f"{agent}: waiting for approval of {detail.get('tool', '?')}"
+                    f"({_clip(str(detail.get('arguments', '')))}) [{detail.get('id', '?')}]"
+                )
+            case "approval_decision":
+                verdict = "approved" if detail.get("approved") else "denied"
+                reason = detail.get("reason", "")
+                return f"{agent}: {detail.get('tool', '?')} {verdict}" + (
+                    f": {reason}" if reason else ""
+                )
             case "tool_start" if self.steps:
                 calls = self._calls.setdefault(event.execution_id, [])
                 calls.append((str(detail.get("tool", "")), str(detail.get("arguments", ""))))

@@ -12,25 +12,38 @@
 live view of ``_live.py``: a live tree on a terminal; elsewhere one plain line
 per execution start and end, retry and model step (its tool calls, tokens and time).
 With ``--stream`` the answer is printed as it arrives instead (``AgentRef.stream``),
-with a line for each tool call and retry. Exit status: 0 when the task completed, 1
-when it ended otherwise (failed, budget, time), 2 for bad options.
+with a line for each tool call and retry. ``--tool MODULE:NAME`` gives the agent a
+tool (a ``@tool`` function of an importable module); a tool marked
+``@tool(approval=True)``, or named by ``--approve``, waits for a person: the command
+asks on the terminal (``y`` runs it; anything else denies it, the text as the
+reason the model reads), with progress lines instead of the live tree. Exit status:
+0 when the task completed, 1 when it ended otherwise (failed, budget, time), 2 for
+bad options.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from runtime import Budget, Runtime
+import anyio
+import anyio.to_thread
+
+from runtime import Budget, Runtime, Subscription
 
 from .._agent import Agent, AgentRef
+from .._approval import ApprovalError
 from .._messages import Result
 from .._policy import RetryPolicy
 from .._streaming import Retrying, Stopped, TextDelta, ToolCallFinished, ToolCallStarted
+from .._tools import Tool, tool
 from ..providers import ProviderError, model_from_string, redact
 from ._live import watch
 
@@ -176,6 +189,18 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="seconds one model request may take (default 60)",
     )
     run.add_argument(
+        "--tool",
+        action="append",
+        metavar="MODULE:NAME",
+        help="give the agent this tool (a @tool function of an importable module); repeatable",
+    )
+    run.add_argument(
+        "--approve",
+        action="append",
+        metavar="TOOL",
+        help="ask on the terminal before each call of this tool; repeatable",
+    )
+    run.add_argument(
         "--stream",
         action="store_true",
         help="print the answer as it arrives (instead of the live view)",
@@ -247,12 +272,20 @@ async def run_command(args: argparse.Namespace) -> int:
             tokens=args.budget_tokens, seconds=args.budget_seconds, requests=args.budget_requests
         )
     try:
+        tools = _load_tools(args.tool or [])
+    except ValueError as exc:
+        print(f"fractor run: {exc}", file=sys.stderr)
+        await model.aclose()
+        return 2
+    try:
         agent = Agent(
             name="assistant",
             model=model,
+            tools=tools,
             instructions=args.instructions,
             max_tokens=args.max_tokens,
             retry=RetryPolicy(retries=args.retries),
+            approval=args.approve or None,
         )
         base_url = redact(getattr(model, "base_url", ""), ())  # no credentials shown
         show(
@@ -260,19 +293,72 @@ async def run_command(args: argparse.Namespace) -> int:
                 agent=agent.name, model=model.name, base_url=base_url, task=args.task, budget=budget
             )
         )
+        asking = agent.approve is not None
         if args.stream:
             async with Runtime(budget=budget) as runtime:
                 ref = await runtime.spawn(agent)
-                result, printed = await _streamed(ref, args.task, sys.stdout)
+                async with _approvals_asked(runtime, ref, asking):
+                    result, printed = await _streamed(ref, args.task, sys.stdout)
             show(Finished(result=result, streamed=printed))
         else:
             async with (
                 Runtime(budget=budget) as runtime,
-                watch(runtime, steps=True, title="fractor run"),
+                watch(runtime, steps=True, title="fractor run", plain=True if asking else None),
             ):
                 ref = await runtime.spawn(agent)
-                result = await ref.ask(args.task)
+                async with _approvals_asked(runtime, ref, asking):
+                    result = await ref.ask(args.task)
             show(Finished(result=result))
     finally:
         await model.aclose()
     return 0 if result.ok else 1
+
+
+def _load_tools(specs: list[str]) -> list[Tool[..., Any]]:
+    """The tools named ``module:name`` (a ``@tool`` function, or a plain one)."""
+    tools: list[Tool[..., Any]] = []
+    for spec in specs:
+        module_name, _, name = spec.partition(":")
+        if not module_name or not name:
+            raise ValueError(f"--tool {spec!r}: expected MODULE:NAME, e.g. mytools:search")
+        try:
+            found = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"--tool {spec!r}: {exc}") from None
+        tools.append(found if isinstance(found, Tool) else tool(found))
+    return tools
+
+
+@asynccontextmanager
+async def _approvals_asked(runtime: Runtime, ref: AgentRef, asking: bool) -> AsyncIterator[None]:
+    """While the block runs, ask on the terminal about each call held for approval."""
+    if not asking:
+        yield
+        return
+    async with runtime.events() as events, anyio.create_task_group() as tg:
+        tg.start_soon(_ask_each, events, ref)
+        yield
+        tg.cancel_scope.cancel()
+
+
+async def _ask_each(events: Subscription, ref: AgentRef) -> None:
+    async for event in events:
+        if event.kind != "approval_request":
+            continue
+        detail = event.detail
+        prompt = (
+            f"approve {detail.get('tool', '?')}({detail.get('arguments', '')})? "
+            "[y to run it; anything else denies it, as the reason] "
+        )
+        try:
+            line = await anyio.to_thread.run_sync(input, prompt, abandon_on_cancel=True)
+        except EOFError:
+            line = "no answer: the terminal's input is closed"
+        answer = line.strip()
+        request_id = str(detail.get("id", ""))
+        with contextlib.suppress(ApprovalError):  # ended meanwhile (a deadline, a stop)
+            if answer.lower() in ("y", "yes"):
+                ref.approve(request_id)
+            else:
+                reason = answer[1:].strip() if answer.lower().startswith("n ") else answer
+                ref.deny(request_id, "" if answer.lower() in ("", "n", "no") else reason)

@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors._messages import ToolCall, ToolOutcome, ToolSpec
-from actors._tools import Tool, Toolbox, ToolDefinitionError, tool
+from actors._toolbox import Toolbox
+from actors._tools import Tool, ToolDefinitionError, tool
 from runtime import FractorError
 
 

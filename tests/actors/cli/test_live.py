@@ -366,3 +366,25 @@ async def test_the_live_tree_shows_what_a_running_agent_streams() -> None:
     async with Runtime() as rt, watch(rt, console=console, refresh=0.01):
         await (await rt.spawn(Agent(name="talker", model=model))).ask("go")
     assert "“thinking out" in written(console)
+
+
+def test_an_approval_shows_in_the_lines_and_under_the_agent() -> None:
+    detail = {"id": "approval-1", "tool": "send_email", "arguments": '{"to": "a"}'}
+    asked = Event(kind="approval_request", at=1.0, agent="mailer", execution_id="e", detail=detail)
+    decided = Event(
+        kind="approval_decision",
+        at=2.0,
+        agent="mailer",
+        execution_id="e",
+        detail={**detail, "approved": False, "reason": "no"},
+    )
+    lines = ProgressLines()
+    assert lines.line(asked) == (
+        '[  1.00s] mailer: waiting for approval of send_email({"to": "a"}) [approval-1]'
+    )
+    assert lines.line(decided) == "[  2.00s] mailer: send_email denied: no"
+    latest = LatestLines()
+    latest.feed(asked)
+    assert latest.line("e") == "⧗ waiting for approval: send_email [approval-1]"
+    latest.feed(decided)
+    assert latest.line("e") == ""

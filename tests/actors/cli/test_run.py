@@ -6,6 +6,7 @@ asserts on what it received and on what the command printed. No network, no real
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 
 import pytest
@@ -205,3 +206,59 @@ def test_fractor_run_stream_prints_the_answer_as_it_arrives(
     assert "status: completed (final answer)" in out
     assert all(r.json()["stream"] is True for r in server.requests)
     assert "step 1:" not in out  # no live view lines while streaming
+
+
+@pytest.mark.parametrize(
+    ("answer", "sent", "result"),
+    [
+        ("y\n", ["hi team"], "note sent: hi team"),
+        ("n not on a Friday\n", [], "[denied] a person denied this call: not on a Friday"),
+        ("", [], "[denied] a person denied this call: no answer: the terminal's input is closed"),
+    ],
+)
+def test_fractor_run_asks_on_the_terminal_before_a_tool_that_needs_approval(
+    server: LoopbackServer,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    answer: str,
+    sent: list[str],
+    result: str,
+) -> None:
+    from . import run_tools
+
+    run_tools.SENT.clear()
+    monkeypatch.setattr("sys.stdin", io.StringIO(answer))
+    server.queue(
+        json_reply(completion(None, (wire_call("c1", "send_note", '{"text": "hi team"}'),))),
+        json_reply(completion("Done.")),
+    )
+    code = main(
+        [
+            "run",
+            "--model",
+            "openai:test",
+            "--base-url",
+            f"{server.url}/v1",
+            "--tool",
+            "tests.actors.cli.run_tools:send_note",
+            "--tool",
+            "tests.actors.cli.run_tools:word_count",
+            "Tell the team hi",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert 'approve send_note({"text": "hi team"})?' in out
+    assert "waiting for approval of send_note" in out  # the plain progress lines say so
+    assert sent == run_tools.SENT
+    first, second = (r.json() for r in server.requests)
+    assert {t["function"]["name"] for t in first["tools"]} == {"send_note", "word_count"}
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "c1", "content": result}
+
+
+def test_fractor_run_refuses_a_tool_it_cannot_find(capsys: pytest.CaptureFixture[str]) -> None:
+    url = "http://127.0.0.1:9/v1"
+    command = ["run", "--model", "openai:test", "--base-url", url]
+    code = main([*command, "--tool", "no_such_module_here:thing", "task"])
+    assert code == 2
+    assert "--tool 'no_such_module_here:thing'" in capsys.readouterr().err

@@ -1,0 +1,236 @@
+"""A human in the loop: tool calls held for a person's approval, answered through the
+agent's ref at once (past the mailbox), with the deadline and cancellation still in
+force while a call waits."""
+
+from __future__ import annotations
+
+import anyio
+import msgspec
+import pytest
+
+from actors import (
+    Agent,
+    AgentRef,
+    ApprovalDecided,
+    ApprovalError,
+    ApprovalRequest,
+    ApprovalRequested,
+    FunctionModel,
+    ModelRequest,
+    ScriptedModel,
+    ToolResultMessage,
+    call,
+    calls,
+    reply,
+    tool,
+)
+from actors._turns import Turn
+from runtime import Budget, Runtime
+
+RAN: list[str] = []
+
+
+@tool(approval=True)
+async def send_email(to: str) -> str:
+    """Send an email."""
+    RAN.append(to)
+    return f"sent to {to}"
+
+
+@tool
+async def lookup(topic: str) -> str:
+    """Look a topic up."""
+    return f"notes on {topic}"
+
+
+@pytest.fixture(autouse=True)
+def clean() -> None:
+    RAN.clear()
+
+
+async def pending(ref: AgentRef, count: int = 1) -> tuple[ApprovalRequest, ...]:
+    """The approvals waiting in ``ref``'s tree, once everything else has run."""
+    await anyio.wait_all_tasks_blocked()
+    requests = ref.approvals()
+    assert len(requests) == count, requests
+    return requests
+
+
+def results(model: ScriptedModel) -> list[ToolResultMessage]:
+    return [m for m in model.requests[-1].messages if isinstance(m, ToolResultMessage)]
+
+
+async def test_an_approved_call_runs_and_the_trace_keeps_the_decision() -> None:
+    model = ScriptedModel([call("send_email", to="ana@example.org"), reply("Sent.")])
+    agent = Agent("mailer", model, tools=[send_email])
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "mail Ana")
+            (request,) = await pending(ref)
+            assert RAN == []  # held
+            assert (request.agent, request.depth, request.path) == ("mailer", 1, ("mailer",))
+            assert request.call.name == "send_email"
+            assert ref.progress().in_flight == (request.call,)
+            ref.approve(request.id)
+        (trace,) = await ref.trace()
+        assert ref.approvals() == ()
+    assert RAN == ["ana@example.org"]
+    (outcome,) = trace.steps[0].outcomes
+    assert outcome.content == "sent to ana@example.org"
+    assert outcome.approval == "approved"
+    assert outcome.waited > 0
+    assert trace.final_text == "Sent."
+
+
+async def test_a_denied_call_is_a_result_the_model_reads() -> None:
+    model = ScriptedModel([call("send_email", to="boss@example.org"), reply("I won't.")])
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("mailer", model, tools=[send_email]))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "mail the boss")
+            (request,) = await pending(ref)
+            ref.deny(request, "not on a Sunday")  # the request itself names its id
+        (trace,) = await ref.trace()
+    assert RAN == []
+    (result,) = results(model)
+    assert result.is_error
+    assert result.content == "[denied] a person denied this call: not on a Sunday"
+    assert trace.steps[0].outcomes[0].approval == "denied: not on a Sunday"
+
+
+async def test_several_calls_wait_in_one_step_and_the_others_go_on() -> None:
+    model = ScriptedModel(
+        [
+            calls(
+                call("send_email", to="a"),
+                call("lookup", topic="x"),
+                call("send_email", to="b"),
+            ),
+            reply("done"),
+        ]
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("mailer", model, tools=[send_email, lookup]))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "go")
+            first, second = await pending(ref, 2)
+            assert [r.call.arguments for r in (first, second)] == ['{"to":"a"}', '{"to":"b"}']
+            # The lookup did not wait for them.
+            in_flight = ref.progress().in_flight
+            assert [c.name for c in in_flight] == ["send_email", "send_email"]
+            ref.deny(second.id)
+            ref.approve(first.id)
+    contents = [r.content for r in results(model)]
+    assert contents == ["sent to a", "notes on x", "[denied] a person denied this call"]
+    assert RAN == ["a"]
+
+
+async def test_a_policy_on_the_agent_names_the_calls_that_need_approval() -> None:
+    def risky(call_: object) -> bool:
+        return '"danger"' in getattr(call_, "arguments", "")
+
+    model = ScriptedModel(
+        [calls(call("lookup", topic="safe"), call("lookup", topic="danger")), reply("ok")]
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("careful", model, tools=[lookup], approval=risky))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "go")
+            (request,) = await pending(ref)
+            assert request.call.arguments == '{"topic":"danger"}'
+            ref.approve(request.id)
+    by_name = Agent("named", ScriptedModel([reply("x")]), tools=[lookup], approval=["lookup"])
+    assert by_name.approve is not None
+    assert by_name.approve(call("lookup", topic="a").tool_calls[0])
+    assert Agent("free", ScriptedModel([reply("x")]), tools=[lookup]).approve is None
+    with pytest.raises(TypeError, match="tool names"):
+        Agent("bad", ScriptedModel([reply("x")]), tools=[lookup], approval="lookup")
+
+
+async def test_a_deadline_ends_the_wait() -> None:
+    model = ScriptedModel([call("send_email", to="late"), reply("never")])
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("mailer", model, tools=[send_email]))
+        with anyio.fail_after(5):
+            result = await ref.ask("go", budget=Budget(seconds=0.2))
+        (trace,) = await ref.trace()
+        assert ref.approvals() == ()  # withdrawn with the call
+    assert result.status == "timed_out"
+    assert RAN == []
+    (outcome,) = trace.steps[0].outcomes
+    assert outcome.interrupted
+
+
+async def test_a_cancellation_ends_the_wait_and_withdraws_the_request() -> None:
+    model = ScriptedModel([call("send_email", to="x"), reply("never")])
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("mailer", model, tools=[send_email]))
+        async with ref.stream("go") as run:
+            async for event in run:
+                if isinstance(event, ApprovalRequested):
+                    requested = event
+                    break  # leaving the stream stops the execution
+        assert run.result.status == "cancelled"
+        assert ref.approvals() == ()
+        with pytest.raises(ApprovalError, match="no approval"):
+            ref.approve(requested.id)
+    assert RAN == []
+
+
+async def test_a_subagents_call_is_answered_through_the_top_agent() -> None:
+    def mailer_turns(request: ModelRequest) -> Turn:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return reply(f"mailer: {request.messages[-1].content}")
+        return call("send_email", to="team")
+
+    mailer = Agent("mailer", FunctionModel(mailer_turns), tools=[send_email])
+    lead = Agent("lead", ScriptedModel([call("mailer", task="mail the team"), reply("ok")]),
+                 subagents=[mailer])  # fmt: skip
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        other = await rt.spawn(Agent("other", ScriptedModel([reply("x")])))
+        async with ref.stream("go") as run:
+            async for event in run:
+                if isinstance(event, ApprovalRequested):
+                    requested = event
+                    (request,) = ref.approvals()
+                    assert other.approvals() == ()  # another tree's agent sees nothing
+                    with pytest.raises(ApprovalError):
+                        other.approve(request.id)
+                    ref.approve(event.id)
+                if isinstance(event, ApprovalDecided):
+                    decided = event
+    assert (requested.agent, requested.depth) == ("mailer", 1)
+    assert requested.path == ("lead", "mailer")
+    assert (request.agent, request.depth, request.path) == ("mailer", 2, ("lead", "mailer"))
+    assert decided.approved
+    assert decided.waited >= 0
+    assert run.result.text == "ok"
+    assert RAN == ["team"]
+
+
+async def test_approval_events_and_requests_round_trip() -> None:
+    request = ApprovalRequest(
+        id="approval-1",
+        agent="a",
+        agent_id="a-1",
+        execution_id="e",
+        depth=1,
+        path=("a",),
+        call=call("send_email", to="x").tool_calls[0],
+        at=0.5,
+    )
+    assert msgspec.json.decode(msgspec.json.encode(request), type=ApprovalRequest) == request
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(request), type=ApprovalRequest) == request
+
+
+async def test_bad_approval_answers_are_refused_clearly() -> None:
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", ScriptedModel([reply("x")])))
+        with pytest.raises(ApprovalError, match="approval-99"):
+            ref.approve("approval-99")
+        with pytest.raises(TypeError, match="named by its id"):
+            ref.approve(7)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="reason must be a str"):
+            ref.deny("approval-1", reason=3)  # type: ignore[arg-type]
