@@ -203,6 +203,17 @@ class Calling:
     async def _run_call_approved(self: _Calling, call: ToolCall) -> ToolOutcome:
         """Hold ``call`` until a person decides (see ``_approval``): run it approved,
         answer it denied. The wait ends with the execution, as any await does."""
+        if any(node.lender is not None for node in self.node.chain()):
+            # A subtree run for another host's tree: nobody here can answer.
+            return ToolOutcome(
+                call=call,
+                content="[denied] this call needs a person's approval, which a subtree "
+                "placed on another host cannot ask for: run this agent on the driver",
+                is_error=True,
+                seconds=0.0,
+                attempts=0,
+                approval="denied: not available on another host",
+            )
         approvals = approvals_of(self.context.runtime)
         bus = self.context.runtime.event_bus
         request, pending = approvals.open(

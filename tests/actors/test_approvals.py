@@ -234,3 +234,28 @@ async def test_bad_approval_answers_are_refused_clearly() -> None:
             ref.approve(7)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="reason must be a str"):
             ref.deny("approval-1", reason=3)  # type: ignore[arg-type]
+
+
+async def test_a_subtree_on_another_host_cannot_ask_and_is_told_so() -> None:
+    from actors import LocalHosts
+
+    def mailer_turns(request: ModelRequest) -> Turn:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return reply(request.messages[-1].content)
+        return call("send_email", to="x")
+
+    mailer = Agent("mailer", FunctionModel(mailer_turns), tools=[send_email])
+    lead = Agent(
+        "lead",
+        ScriptedModel([call("mailer", task="mail"), reply("ok")]),
+        subagents=[mailer],
+    )
+    async with Runtime(hosts=LocalHosts(1)) as rt:
+        ref = await rt.spawn(lead)
+        with anyio.fail_after(10):  # nothing waits for an answer nobody can give
+            result = await ref.ask("go")
+        (trace,) = await ref.trace()
+    assert result.status == "completed"
+    (outcome,) = trace.steps[0].outcomes
+    assert "cannot ask for" in outcome.content  # the mailer's answer: its call denied
+    assert RAN == []
