@@ -33,6 +33,7 @@ from ._messages import FinishReason as FinishReason
 from ._messages import Message as Message
 from ._messages import ModelRequest as ModelRequest
 from ._messages import ModelResponse as ModelResponse
+from ._messages import OutputSchema as OutputSchema
 from ._messages import Progress as Progress
 from ._messages import Result as Result
 from ._messages import Status as Status
@@ -48,6 +49,7 @@ from ._messages import UserMessage as UserMessage
 from ._models import Model as Model
 from ._models import Sink as Sink
 from ._models import StreamingModel as StreamingModel
+from ._output import OutputMode as OutputMode
 from ._persistence import AgentState as AgentState
 from ._policy import RestartPolicy as RestartPolicy
 from ._policy import RetryPolicy as RetryPolicy
@@ -119,6 +121,8 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "OpenAIModel",
+    "OutputMode",
+    "OutputSchema",
     "Progress",
     "ProviderError",
     "ReActModel",

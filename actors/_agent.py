@@ -22,7 +22,7 @@ from ._approval import ApprovalPolicy, approver
 from ._execution import StopCondition
 from ._messages import Task, ToolCall, ToolSpec
 from ._models import Model
-from ._output import OutputMode
+from ._output import FINAL_ANSWER, OutputMode, OutputSpec, output_spec
 from ._policy import RestartPolicy, RetryPolicy
 from ._toolbox import Toolbox
 from ._tools import Tool, tool
@@ -94,6 +94,9 @@ class Agent:
     #: Whether a call needs approval (the ``approval`` policy and the tools marked
     #: so); None when no call of this agent ever does.
     approve: Callable[[ToolCall], bool] | None = field(init=False, repr=False, compare=False)
+    #: The typed answer derived from ``output_type`` and its options (see
+    #: ``actors._output``); None without an ``output_type``.
+    output_spec: OutputSpec | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -149,6 +152,19 @@ class Agent:
         except TypeError as exc:
             raise TypeError(f"Agent {self.name!r}: {exc}") from None
         object.__setattr__(self, "approve", approve)
+        output = output_spec(
+            self.name, self.model, self.output_type, self.output_mode, self.output_retries
+        )
+        if (
+            output is not None
+            and output.tool is not None
+            and (FINAL_ANSWER in toolbox or FINAL_ANSWER in by_name)
+        ):
+            raise ValueError(
+                f"Agent {self.name!r}: the name {FINAL_ANSWER!r} is its typed answer's tool "
+                "(output_mode='tool'); rename its tool or subagent of that name"
+            )
+        object.__setattr__(self, "output_spec", output)
         object.__setattr__(
             self, "specs", toolbox.specs + tuple(_subagent_spec(s) for s in subagents)
         )
@@ -202,7 +218,11 @@ def _rebuilt_agent(arguments: dict[str, Any]) -> Agent:
 
 
 def _subagent_spec(agent: Agent) -> ToolSpec:
+    """A subagent as its parent's model sees it; one with an ``output_type`` says
+    that it answers JSON, and the schema."""
     description = agent.description or agent.instructions or f"The {agent.name} agent."
+    if agent.output_spec is not None:
+        description += agent.output_spec.returns()
     return ToolSpec(
         name=agent.name,
         description=f"Delegate a task to the {agent.name} subagent: {description}",

@@ -9,10 +9,11 @@ buffer is emptied and only the final response joins the conversation. If there i
 no final response, one is synthesized from the status, what was done and the last
 useful text, so a caller always gets an answer.
 
-Here: the loop of steps and how an execution begins and ends. Its two other halves
-are mixins of ``Execution``: ``Calling`` (``_calling.py``) runs each step's tool
-calls, ``Recording`` (``_recording.py``) keeps its step records and builds its
-trace, its ``Result`` and a snapshot of it as it runs.
+Here: the loop of steps and how an execution begins and ends. Its other parts are
+mixins of ``Execution``: ``Calling`` (``_calling.py``) runs each step's tool calls,
+``Recording`` (``_recording.py``) keeps its step records and events and builds its
+trace, its ``Result`` and a snapshot of it as it runs, ``Answering``
+(``_answering.py``) takes the typed answer of an agent with an ``output_type``.
 """
 
 from __future__ import annotations
@@ -29,14 +30,13 @@ import structlog
 from runtime import (
     ActorContext,
     BudgetExceeded,
-    Event,
-    EventKind,
     Node,
     Supervisor,
     Usage,
 )
 from runtime.lowlevel import HeldUp
 
+from ._answering import Answering
 from ._calling import Calling, Interrupted
 from ._messages import (
     AssistantMessage,
@@ -47,10 +47,12 @@ from ._messages import (
     Result,
     Status,
     StepRecord,
+    ToolCall,
     ToolOutcome,
     ToolResultMessage,
     exception_text,
 )
+from ._output import FINAL_ANSWER
 from ._recording import NOT_RUN, Recording, synthesize
 from ._requests import EMPTY_USAGE, ascii_arguments, safe_response, send
 
@@ -90,7 +92,7 @@ def _bind_log_context(
     return tuple(bound.values())
 
 
-class Execution(Calling, Recording):
+class Execution(Calling, Recording, Answering):
     """The state and the loop of one execution of one agent.
 
     ``buffer`` is the agent's execution buffer (a list the agent owns and this
@@ -109,8 +111,10 @@ class Execution(Calling, Recording):
         "built",
         "call_ids",
         "charged",
+        "concluded",
         "context",
         "conversation",
+        "corrections",
         "ended",
         "escalation",
         "execution_id",
@@ -118,6 +122,7 @@ class Execution(Calling, Recording):
         "history",
         "last_text",
         "node",
+        "output",
         "own_scope",
         "reason",
         "sink",
@@ -168,6 +173,11 @@ class Execution(Calling, Recording):
         self.final_text = ""
         self.last_text = ""
         self.escalation = ""
+        #: A typed answer (see ``Answering``): its value, the bad answers sent back,
+        #: and whether the answer (or the last bad one) ends the steps.
+        self.output: Any = None
+        self.corrections = 0
+        self.concluded = False
         self.started = time.perf_counter()
         self.ended = 0.0
         #: The step in flight, kept so that an interrupted execution's trace shows it
@@ -301,21 +311,6 @@ class Execution(Calling, Recording):
             return self.result(self._end())
         return None
 
-    def _emit_end(self) -> None:
-        """The events of the execution's end: how a limit or the deadline stopped it,
-        if one did, then its status."""
-        node = self.node
-        if self.status in ("budget_exceeded", "timed_out"):
-            kind: EventKind = "budget_exceeded" if self.status == "budget_exceeded" else "deadline"
-            self.emit(kind, reason=self.reason)
-        self.emit(
-            "execution_end",
-            status=self.status,
-            reason=self.reason,
-            steps=len(self.steps),
-            tokens=node.input_tokens + node.output_tokens,
-        )
-
     def _end(self) -> str:
         """End a delegated child's execution: empty buffer; the final response joins
         its conversation; its node closes; its execution goes to the top-level one's
@@ -331,28 +326,6 @@ class Execution(Calling, Recording):
         if node.traces is not None:
             node.traces.append(self)
         return text
-
-    def emit(self, kind: EventKind, **detail: Any) -> None:
-        """One event of this execution: to the runtime's subscribers when it has any,
-        and to the watcher of the streamed ask above it, if there is one."""
-        node = self.node
-        parent = node.parent
-        bus = self.context.runtime.event_bus
-        event = Event(
-            kind=kind,
-            at=bus.now(),
-            agent=self.agent.name,
-            agent_id=self.agent_id,
-            execution_id=node.id,
-            parent_id=parent.id if parent is not None else "",
-            depth=node.depth,
-            detail=detail,
-        )
-        if bus.active:
-            bus.deliver(event)
-        watch = node.watch
-        if watch is not None:
-            watch(event)
 
     async def _steps(self, *, alone: bool = False) -> Result | None:
         """The steps, until an answer or a stop; never raises an ``Exception``: a
@@ -376,7 +349,12 @@ class Execution(Calling, Recording):
             buffer = self.buffer
             # What the model sees: the history, then this execution's buffer. Grown by
             # one concatenation per step (the buffer list is kept for snapshots).
-            context = self.history + tuple(buffer)
+            output = agent.output_spec
+            if output is None:
+                context = self.history + tuple(buffer)
+            else:  # a typed answer: its tool, or its instructions (see Answering)
+                specs = output.specs(specs)
+                context = output.history(self.history) + tuple(buffer)
             while True:
                 try:
                     supervisor.charge(node, steps=1)
@@ -384,7 +362,10 @@ class Execution(Calling, Recording):
                     await supervisor.charge_waiting(node, steps=1)
                 if self.observed:
                     self.emit("step_start", step=len(self.steps))
-                request = ModelRequest(messages=context, tools=specs, max_tokens=max_tokens)
+                if output is None:
+                    request = ModelRequest(messages=context, tools=specs, max_tokens=max_tokens)
+                else:
+                    request = output.request(context, specs, max_tokens)
                 began = self.step_began = time.perf_counter()
                 self.step_input = len(context)
                 self.step_asked = None
@@ -416,6 +397,15 @@ class Execution(Calling, Recording):
                     response = msgspec.structs.replace(response, tool_calls=self._unique(calls))
                     calls = response.tool_calls
                 if not calls:
+                    if output is not None:
+                        said = self._typed_reply(
+                            output, response, usage, len(context), model_seconds
+                        )
+                        if said is None:
+                            break
+                        buffer.extend(said)
+                        context = context + said
+                        continue
                     self._record(len(context), response, usage, (), model_seconds, 0.0)
                     if response.text:
                         self.final_text = response.text
@@ -429,7 +419,9 @@ class Execution(Calling, Recording):
                 buffer.append(asked)
                 began = time.perf_counter()
                 self.step_asked = (response, usage, model_seconds, began)
-                if len(calls) == 1 and calls[0].name not in agent.subagents_by_name:
+                if output is not None and output.tool is not None and _answers(calls):
+                    outcomes = await self._answer_calls(output, calls)
+                elif len(calls) == 1 and calls[0].name not in agent.subagents_by_name:
                     self.step_outcomes = None  # the usual step: no task group
                     only = calls[0]
                     direct = self._direct(only)
@@ -463,6 +455,8 @@ class Execution(Calling, Recording):
                 record = self._record(
                     len(context), response, usage, outcomes, model_seconds, tools_seconds
                 )
+                if self.concluded:
+                    break
                 if self.escalation:
                     self._stop("failed", self.escalation)
                     break
@@ -486,3 +480,8 @@ class Execution(Calling, Recording):
         one, corrections included, is checked and charged like any other."""
         adapter = cast("ModelAdapter", self.agent.model)  # it has request_via: see run
         return send(self, adapter.inner, request)
+
+
+def _answers(calls: tuple[ToolCall, ...]) -> bool:
+    """Whether a step's calls include the final-answer tool's (``output_mode="tool"``)."""
+    return any(call.name == FINAL_ANSWER for call in calls)

@@ -61,7 +61,8 @@ def estimate_tokens(request: ModelRequest) -> int:
 
     One token per four characters of every message's text (content, tool call names
     and arguments, tool result content) and of every tool spec (name, description,
-    JSON schema), plus four tokens per message. Linear in the size of the request.
+    JSON schema) and of a native structured output's schema, plus four tokens per
+    message. Linear in the size of the request.
     """
     chars = 0
     for message in request.messages:
@@ -72,6 +73,9 @@ def estimate_tokens(request: ModelRequest) -> int:
     for spec in request.tools:
         chars += len(spec.name) + len(spec.description)
         chars += len(_json_encoder.encode(spec.parameters))
+    output = request.output_schema
+    if output is not None and output.native:
+        chars += len(_json_encoder.encode(output.schema))
     return _ceil_tokens(chars) + _TOKENS_PER_MESSAGE * len(request.messages)
 
 
@@ -103,6 +107,11 @@ RECORDED = 1_000
 
 class _ServingModel:
     """What both fakes share: recording requests and turning a turn into a response."""
+
+    #: Typed answers come in the text, as with a provider's structured output
+    #: (``Agent(output_mode="auto")`` asks this way); the turns are served as they
+    #: are, so a test decides whether they match the schema.
+    structured_output = True
 
     def __init__(self, name: str, record: int | None) -> None:
         if record is not None and (

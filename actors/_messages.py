@@ -33,6 +33,7 @@ __all__ = [
     "Message",
     "ModelRequest",
     "ModelResponse",
+    "OutputSchema",
     "Progress",
     "Result",
     "Status",
@@ -91,12 +92,28 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "error"]
 
 
+class OutputSchema(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The JSON schema a typed answer's text must match (``Agent(output_type=...)``).
+
+    ``native``: the model should enforce it with the provider's structured output
+    (``OpenAIModel`` sends ``response_format`` ``json_schema`` named ``name``). Not
+    native: the instructions in the context ask for it; a model may ignore it
+    (``ReActModel`` takes a JSON value as its ``"final"``).
+    """
+
+    name: str
+    schema: dict[str, Any]
+    native: bool = True
+
+
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One inference request: the compiled context, the tools offered, the output cap."""
+    """One inference request: the compiled context, the tools offered, the output cap,
+    and for a typed answer in the text, its schema (``output_schema``)."""
 
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int | None = None
+    output_schema: OutputSchema | None = None
 
 
 class ModelResponse(msgspec.Struct, frozen=True, kw_only=True, gc=False):

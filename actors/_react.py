@@ -18,6 +18,11 @@ Actions become tool calls with ids ``react_1``, ``react_2``, ... (unique per ada
 a final becomes the response text. A reply that does not fit is shown back to the
 inner model with a correction saying what was wrong, in a local copy of the context
 that the caller never sees, up to ``max_corrections`` times; then ``MalformedAction``.
+
+For a typed answer (``Agent(output_type=...)``: the request carries an
+``output_schema``, and the agent's instructions the schema), the ``"final"`` may be
+any JSON value: one that is not a string becomes its JSON text, which the agent
+validates.
 """
 
 from __future__ import annotations
@@ -79,7 +84,16 @@ class _Reply(msgspec.Struct, frozen=True, kw_only=True):
     final: str | None = None
 
 
+class _TypedReply(msgspec.Struct, frozen=True, kw_only=True):
+    """One reply of the inner model asked for a typed answer: ``final`` is JSON."""
+
+    thought: str = ""
+    actions: tuple[_Action, ...] | None = None
+    final: Any = None
+
+
 _decoder = msgspec.json.Decoder(_Reply)
+_typed_decoder = msgspec.json.Decoder(_TypedReply)
 _encoder = msgspec.json.Encoder()
 _FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n?(.*?)```", re.DOTALL)
 
@@ -93,6 +107,12 @@ _FORMATS = (
 _NO_TOOLS = (
     "No tools are available for this reply. Answer in plain text, or as one JSON "
     'object: {"thought": "<your reasoning>", "final": "<your answer>"}'
+)
+
+
+_TYPED_FINAL = (
+    '\nYour "final" is your answer as the JSON the instructions above describe (an '
+    "object, a list, a number, ...), not a string that holds it."
 )
 
 
@@ -114,20 +134,20 @@ def _extract_object(text: str) -> str | None:
     return body[start : end + 1]
 
 
-def _decode(text: str) -> _Reply:
+def _decode(text: str, typed: bool = False) -> _Reply | _TypedReply:
     """The reply in ``text``, or ``_Malformed`` saying why there is none."""
     candidate = _extract_object(text)
     if candidate is None:
         raise _Malformed("the reply contains no JSON object")
     try:
-        return _decoder.decode(candidate)
+        return (_typed_decoder if typed else _decoder).decode(candidate)
     except msgspec.ValidationError as exc:
         raise _Malformed(f"the JSON object does not have the expected shape: {exc}") from None
     except msgspec.DecodeError as exc:
         raise _Malformed(f"the reply is not valid JSON: {exc}") from None
 
 
-def _check(reply: _Reply, tool_names: frozenset[str]) -> None:
+def _check(reply: _Reply | _TypedReply, tool_names: frozenset[str]) -> None:
     """Raise ``_Malformed`` unless ``reply`` has exactly one of actions and final."""
     if reply.actions is not None and reply.final is not None:
         raise _Malformed('the reply has both "actions" and "final"; give exactly one of them')
@@ -151,13 +171,14 @@ def _check(reply: _Reply, tool_names: frozenset[str]) -> None:
         )
 
 
-def _interpret(text: str, tool_names: frozenset[str]) -> _Reply:
+def _interpret(text: str, tool_names: frozenset[str], typed: bool = False) -> _Reply | _TypedReply:
     """The reply ``text`` stands for, or ``_Malformed`` saying why it stands for none.
 
     With no tools offered, text that is not a reply object is the final answer itself.
+    ``typed``: a final may be any JSON value (see the module).
     """
     try:
-        reply = _decode(text)
+        reply = _decode(text, typed)
     except _Malformed:
         if tool_names:
             raise
@@ -255,6 +276,9 @@ class ReActModel:
     short is the answer, with ``finish_reason="length"``.
     """
 
+    #: A typed answer comes in the text, by the agent's instructions (``"text"``).
+    structured_output = False
+
     def __init__(self, inner: Model, *, max_corrections: int = 2, name: str | None = None) -> None:
         if isinstance(max_corrections, bool) or not isinstance(max_corrections, int):
             raise TypeError(f"max_corrections must be an int, got {max_corrections!r}")
@@ -294,6 +318,8 @@ class ReActModel:
         if request is last:
             return rendered
         protocol = self._system(request.tools)
+        if request.output_schema is not None:
+            protocol += _TYPED_FINAL
         messages = request.messages
         out: list[Message] = []
         first = messages[0] if messages else None
@@ -330,6 +356,7 @@ class ReActModel:
         """Answer ``request``, sending each inner request (corrections included)
         through ``send``."""
         tool_names = frozenset(spec.name for spec in request.tools)
+        typed = request.output_schema is not None
         context = list(self.render(request))  # local: corrections never leave this call
         cap = limit = request.max_tokens
         usage = Usage()
@@ -343,7 +370,7 @@ class ReActModel:
                 usage = msgspec.structs.replace(usage, requests=usage.requests + 1)
             text = response.text
             try:
-                reply = _interpret(text, tool_names)
+                reply = _interpret(text, tool_names, typed)
             except _Malformed as exc:
                 problem = str(exc)
                 if response.finish_reason == "length":
@@ -361,10 +388,13 @@ class ReActModel:
                 context.append(AssistantMessage(content=text))
                 context.append(UserMessage(content=_correction(problem, bool(tool_names))))
                 continue
-            if reply.final is not None:
+            final = reply.final
+            if final is not None:
+                if not isinstance(final, str):  # a typed answer's JSON value
+                    final = _encoder.encode(final).decode()
                 # A final cut short (plain text with no tools offered) says so.
                 cut = response.finish_reason == "length"
-                return self._answer(reply.final, usage, "length" if cut else "stop")
+                return self._answer(final, usage, "length" if cut else "stop")
             assert reply.actions is not None
             tool_calls = tuple(
                 ToolCall(

@@ -1,10 +1,11 @@
-"""What an execution keeps of itself: its step records, its trace, its answer, a
-snapshot of it as it runs (``Recording``, a mixin of ``Execution``), and the answer
-synthesized when it stopped without one (``synthesize``).
+"""What an execution keeps of itself: its step records, its events, its trace, its
+answer, a snapshot of it as it runs (``Recording``, a mixin of ``Execution``), and
+the answer synthesized when it stopped without one (``synthesize``).
 
 The methods here only read the execution's state and build frozen values from it
 (``StepRecord``, ``ExecutionTrace``, ``Result``, ``Progress``), except ``_record``,
-which appends the step it records. They are typed by ``_Running``, the part of an
+which appends the step it records, and ``emit``, which hands an event to whoever
+observes the execution. They are typed by ``_Running``, the part of an
 ``Execution`` they use.
 """
 
@@ -14,7 +15,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from runtime import ActorContext, EventKind, Node, NodeSnapshot, Supervisor, Usage
+from runtime import ActorContext, Event, EventKind, Node, NodeSnapshot, Supervisor, Usage
 
 from ._messages import (
     ExecutionTrace,
@@ -89,6 +90,8 @@ class _Running(Protocol):
     reason: str
     final_text: str
     last_text: str
+    #: The typed answer (``Agent(output_type=...)``), once the model gave a valid one.
+    output: Any
     started: float
     ended: float
     step_began: float
@@ -131,6 +134,7 @@ class Recording:
         outcomes: Sequence[ToolOutcome],
         model_seconds: float,
         tools_seconds: float,
+        error: str = "",
     ) -> StepRecord:
         record = StepRecord(
             index=len(self.steps),
@@ -142,6 +146,7 @@ class Recording:
             model_seconds=model_seconds,
             tools_seconds=tools_seconds,
             finish_reason=response.finish_reason,
+            error=error,
         )
         self.steps.append(record)
         self.step_began = 0.0
@@ -173,6 +178,43 @@ class Recording:
             )
         )
         self.step_began = 0.0
+
+    def emit(self: _Running, kind: EventKind, **detail: Any) -> None:
+        """One event of this execution: to the runtime's subscribers when it has any,
+        and to the watcher of the streamed ask above it, if there is one."""
+        node = self.node
+        parent = node.parent
+        bus = self.context.runtime.event_bus
+        event = Event(
+            kind=kind,
+            at=bus.now(),
+            agent=self.agent.name,
+            agent_id=self.agent_id,
+            execution_id=node.id,
+            parent_id=parent.id if parent is not None else "",
+            depth=node.depth,
+            detail=detail,
+        )
+        if bus.active:
+            bus.deliver(event)
+        watch = node.watch
+        if watch is not None:
+            watch(event)
+
+    def _emit_end(self: _Running) -> None:
+        """The events of the execution's end: how a limit or the deadline stopped it,
+        if one did, then its status."""
+        node = self.node
+        if self.status in ("budget_exceeded", "timed_out"):
+            kind: EventKind = "budget_exceeded" if self.status == "budget_exceeded" else "deadline"
+            self.emit(kind, reason=self.reason)
+        self.emit(
+            "execution_end",
+            status=self.status,
+            reason=self.reason,
+            steps=len(self.steps),
+            tokens=node.input_tokens + node.output_tokens,
+        )
 
     def _stop(self: _Running, status: Status, reason: str) -> None:
         self.status = status
@@ -252,6 +294,7 @@ class Recording:
             agent_id=self.agent_id,
             execution_id=self.execution_id,
             steps=len(self.steps) + (1 if self.step_began else 0),
+            output=self.output if self.status == "completed" else None,
         )
 
     def progress(self: _Running, *, queued: int, turns: int) -> Progress:

@@ -69,6 +69,8 @@ def test_actors_surface_names() -> None:
         # a human in the loop
         "ApprovalDecided", "ApprovalError", "ApprovalPolicy", "ApprovalRequest",
         "ApprovalRequested", "Decide", "GetApprovals",
+        # typed answers
+        "OutputMode", "OutputSchema",
     }  # fmt: skip
     assert set(actors.__all__) == expected
 

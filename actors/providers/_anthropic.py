@@ -17,6 +17,10 @@ How a ``ModelRequest`` goes out (``POST {base_url}/v1/messages``):
   (``DEFAULT_MAX_OUTPUT_TOKENS`` = 8192 unless given) when the request has none.
 - ``options`` are extra request fields sent as they are (``temperature``,
   ``tool_choice``, ``metadata``, ...).
+- Typed answers (``Agent(output_type=...)``) take the final-answer tool: a tool like
+  any other here (``tool_choice`` is not needed: the model calls it when done).
+  A request asking for native structured output (``output_schema`` with
+  ``native=True``) is refused: this model has none (``structured_output = False``).
 
 How the answer comes back is told where it is read: in one piece in
 ``_anthropic_response.py``, streamed in ``_anthropic_stream.py``. This module imports
@@ -102,6 +106,8 @@ class AnthropicModel(ProviderModel):
     reserved: ClassVar[frozenset[str]] = frozenset(
         {"model", "messages", "system", "tools", "max_tokens", "stream"}
     )
+    #: No native structured output: an agent's typed answer takes the final-answer tool.
+    structured_output: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -152,6 +158,14 @@ class AnthropicModel(ProviderModel):
 
     def body(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for ``request``."""
+        output = request.output_schema
+        if output is not None and output.native:
+            raise ProviderError(
+                "anthropic",
+                "this model has no native structured output (the request asks for the "
+                f"schema {output.name!r} natively)",
+                advice="give the agent output_mode='tool' (the default for this model)",
+            )
         system: list[str] = []
         turns: list[dict[str, Any]] = []
 

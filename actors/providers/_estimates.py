@@ -28,9 +28,10 @@ def estimate_request_tokens(
     """A provider's estimate of the input tokens of ``request``, linear in its size.
 
     ``ceil(chars / chars_per_token)`` over every message's text (tool call names and
-    arguments, tool results included) and every tool spec (name, description, JSON
-    schema), plus ``per_message`` tokens per message, ``per_tool`` per tool,
-    ``tools_preamble`` once when tools are offered and ``base`` once.
+    arguments, tool results included), every tool spec (name, description, JSON
+    schema) and a native structured output's schema, plus ``per_message`` tokens per
+    message, ``per_tool`` per tool, ``tools_preamble`` once when tools are offered and
+    ``base`` once.
     """
     chars = 0
     for message in request.messages:
@@ -41,6 +42,9 @@ def estimate_request_tokens(
     for spec in request.tools:
         chars += len(spec.name) + len(spec.description)
         chars += len(_json_encoder.encode(spec.parameters))
+    output = request.output_schema
+    if output is not None and output.native:
+        chars += len(_json_encoder.encode(output.schema))
     tokens = -int(-chars // chars_per_token) if chars else 0
     tokens += base + per_message * len(request.messages)
     if request.tools:

@@ -22,13 +22,19 @@ How a ``ModelRequest`` goes out:
   Without a cap in the request, none is sent.
 - ``options`` are extra request fields sent as they are (``temperature``, ``seed``,
   ``tool_choice``, ``parallel_tool_calls``, ``reasoning_effort``, ...).
+- A typed answer's schema asked natively (``request.output_schema`` with
+  ``native=True``: ``Agent(output_type=...)``) -> ``response_format``
+  ``{"type": "json_schema", "json_schema": {"name", "schema", "strict": false}}``
+  (in place of one in ``options``). Not strict: OpenAI's strict mode refuses
+  schemas with optional fields, and the local servers (llama.cpp, vLLM, LM Studio,
+  Ollama) constrain their output to the schema either way. The answer's text is
+  the JSON; the agent validates it.
 
 How the answer comes back is told where it is read: in one piece in
 ``_openai_response.py``, streamed (with what the servers people run send) in
 ``_openai_stream.py``. This module imports those two, never the reverse.
 
-Not yet: images and other content parts in requests, structured outputs, the
-Responses API.
+Not yet: images and other content parts in requests, the Responses API.
 """
 
 from __future__ import annotations
@@ -80,6 +86,9 @@ class OpenAIModel(ProviderModel):
     ``max_completion_tokens`` for OpenAI, ``max_tokens`` with a ``base_url``).
     ``stream`` says whether agents stream its answers (``stream``, text to a sink as
     it is generated) or ask for them in one piece (``request``).
+    ``structured_output`` says whether the server takes a ``json_schema``
+    ``response_format`` (an agent with an ``output_type`` then asks for its answer
+    that way; False: with a final-answer tool).
 
     ``name`` is ``"openai:<model>"`` (for example ``"openai:gpt-4.1-mini"``), also for
     a local server: it is the key of the model's prices in ``Runtime(prices=...)``.
@@ -116,6 +125,7 @@ class OpenAIModel(ProviderModel):
         max_output_tokens: int | None = DEFAULT_MAX_OUTPUT_TOKENS,
         max_tokens_param: Literal["max_tokens", "max_completion_tokens"] | None = None,
         stream: bool = True,
+        structured_output: bool = True,
     ) -> None:
         super().__init__(
             model,
@@ -134,6 +144,9 @@ class OpenAIModel(ProviderModel):
                 f"got {max_tokens_param!r}"
             )
         self._max_tokens_param = max_tokens_param
+        if not isinstance(structured_output, bool):
+            raise TypeError(f"openai: structured_output must be a bool, got {structured_output!r}")
+        self.structured_output = structured_output
 
     def estimate_tokens(self, request: ModelRequest) -> int:
         """About four characters per token, three tokens per message and three for
@@ -163,6 +176,13 @@ class OpenAIModel(ProviderModel):
         if request.tools:
             kwargs["tools"] = [_tool(spec) for spec in request.tools]
         extra = dict(self._options)
+        output = request.output_schema
+        if output is not None and output.native:
+            extra.pop("response_format", None)
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": output.name, "schema": output.schema, "strict": False},
+            }
         if request.max_tokens is not None:
             extra[self._max_tokens_param] = output_cap(request.max_tokens, self._max_output_tokens)
         if extra:
