@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from ._actor import Spawnable
 from ._budget import Budget, Caps, Price
@@ -43,6 +43,23 @@ State = Literal["not started", "running", "closing", "closed"]
 
 #: The default caps of every runtime (see ``Caps``).
 DEFAULT_CAPS = Caps()
+#: How long closing the runtime waits for its shared resources (``Runtime.enter``)
+#: to exit, all together, before cancelling what is left.
+RESOURCE_CLOSE_TIMEOUT = 5.0
+
+
+class _Resource:
+    """One context entered by ``Runtime.enter``: held open by a task of its own."""
+
+    __slots__ = ("done", "error", "ready", "release", "scope", "value")
+
+    def __init__(self) -> None:
+        self.ready = anyio.Event()
+        self.release = anyio.Event()
+        self.done = anyio.Event()
+        self.scope = anyio.CancelScope(shield=True)
+        self.value: Any = None
+        self.error: BaseException | None = None
 
 
 class Hosts(Protocol):
@@ -144,6 +161,9 @@ class Runtime:
         self.cancelled_exc: type[BaseException] = _NotRunning  # set on entering
         self._state: State = "not started"
         self._task_group: TaskGroup | None = None
+        self._resource_group: TaskGroup | None = None
+        self._resources: dict[Hashable, _Resource] = {}
+        self._held: list[_Resource] = []  # every one started, in order, to release
         self._root = ActorGroup()
         self._cells: dict[str, Cell] = {}
         self._ids = itertools.count(1)
@@ -164,6 +184,9 @@ class Runtime:
         self.cancelled_exc = anyio.get_cancelled_exc_class()
         if self.hosts is not None:
             await self.hosts.start(self)
+        resource_group = anyio.create_task_group()
+        await resource_group.__aenter__()
+        self._resource_group = resource_group
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -196,8 +219,88 @@ class Runtime:
         finally:
             self._state = "closed"
             self._task_group = None
-            if self.hosts is not None:
-                await self.hosts.aclose()
+            try:
+                await self._close_resources()
+            finally:
+                if self.hosts is not None:
+                    await self.hosts.aclose()
+
+    async def enter(
+        self, key: Hashable, factory: Callable[[], AbstractAsyncContextManager[R]]
+    ) -> R:
+        """The value of the context ``factory()`` makes, entered once per ``key`` and
+        shared: later calls with the same key get the same value (concurrent first
+        calls wait for the one that enters it). Each context is held open by a task of
+        the runtime and exited when the runtime closes, after its actors stopped, in
+        the reverse order of entering, on every path (shielded, bounded by
+        ``RESOURCE_CLOSE_TIMEOUT``). A context that fails to enter raises here, to
+        every waiter, and is not kept: the next call tries again.
+        """
+        while True:
+            group = self._resource_group
+            if group is None or self._state == "closed":
+                raise RuntimeClosed(self._state)
+            resource = self._resources.get(key)
+            if resource is None:
+                resource = self._resources[key] = _Resource()
+                self._held.append(resource)
+                try:
+                    resource.value = await group.start(self._hold, resource, factory)
+                except BaseException as exc:
+                    resource.error = exc
+                    del self._resources[key]
+                    raise
+                finally:
+                    resource.ready.set()
+                return resource.value  # type: ignore[no-any-return]
+            await resource.ready.wait()
+            if resource.error is None:
+                return resource.value  # type: ignore[no-any-return]
+            if isinstance(resource.error, Exception):
+                raise resource.error
+            # The first caller was cancelled while entering: try again.
+
+    async def _hold(
+        self,
+        resource: _Resource,
+        factory: Callable[[], AbstractAsyncContextManager[Any]],
+        *,
+        task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        started = False
+        try:
+            # Shielded from entering to exiting: a cancellation of the runtime's body
+            # must not cut the context's exit short; the runtime releases it when it
+            # closes (and cancels this scope past RESOURCE_CLOSE_TIMEOUT).
+            with resource.scope:
+                async with factory() as value:
+                    started = True
+                    task_status.started(value)
+                    await resource.release.wait()
+        except Exception:
+            if not started:
+                raise
+            # A context that fails on exit is closed all the same; nothing to report to.
+        finally:
+            resource.done.set()
+
+    async def _close_resources(self) -> None:
+        group = self._resource_group
+        if group is None:
+            return
+        self._resource_group = None
+        resources, self._held = self._held, []
+        self._resources.clear()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(RESOURCE_CLOSE_TIMEOUT):
+                for resource in reversed(resources):
+                    resource.release.set()
+                    await resource.done.wait()
+            for resource in resources:
+                resource.scope.cancel()
+        group.cancel_scope.cancel()
+        # Outside the shield: a task group exits in the cancel scope it was entered in.
+        await group.__aexit__(None, None, None)
 
     async def spawn(
         self,

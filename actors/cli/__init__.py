@@ -7,6 +7,8 @@ module of its own:
 - ``_demo.py``: ``fractor demo``, the scripted research team of ``_scenario.py`` in
   the scripted world of ``_world.py``, with the usage table of ``_usage.py``.
 - ``_trace.py``: ``fractor trace``, a stored or exported execution as a tree.
+- ``_mcp_serve.py``: ``fractor mcp-serve``, an agent served as one MCP tool
+  (``actors.integrations.mcp_serve``; the ``mcp`` extra), on asyncio.
 - ``_bench.py``: ``fractor bench``, the benchmark suite (``python -m benchmarks``, in
   a subprocess: the product never imports ``benchmarks``) or one of your tools under
   the runtime (``_tool_bench.py``).
@@ -28,7 +30,7 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     # The commands are imported when the command line runs, not with the package:
     # ``import actors`` (which re-exports ``watch`` from ``_live.py``) loads none of them.
-    from . import _bench, _demo, _run, _trace
+    from . import _bench, _demo, _mcp_serve, _run, _trace
 
     parser = argparse.ArgumentParser(
         prog="fractor", description="An actor runtime for nested LLM agents."
@@ -38,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     _trace.add_trace_parser(commands)
     _run.add_run_parser(commands)
     _bench.add_bench_parser(commands)
+    _mcp_serve.add_mcp_serve_parser(commands)
     return parser
 
 
@@ -53,7 +56,7 @@ def main(argv: collections.abc.Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from . import _bench, _demo, _run, _trace
+    from . import _bench, _demo, _mcp_serve, _run, _trace
 
     if args.command == "demo":
         return anyio.run(_demo.demo_command, args, backend=args.backend)
@@ -61,6 +64,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return anyio.run(_trace.trace_command, args)
     if args.command == "run":
         return anyio.run(_run.run_command, args, backend=args.backend)
+    if args.command == "mcp-serve":
+        # The mcp SDK's HTTP server is uvicorn, on asyncio; stdio runs there too.
+        return anyio.run(_mcp_serve.mcp_serve_command, args, backend="asyncio")
     if args.command == "bench":
         return _bench.bench_command(args)  # starts its own event loop
     return 2  # pragma: no cover - argparse rejects unknown commands

@@ -1,0 +1,288 @@
+"""Tools served by MCP servers, as ``Tool``\\ s of an agent (extra ``fractor[mcp]``).
+
+::
+
+    server = MCPServer.stdio(sys.executable, ["my_server.py"])
+    async with Runtime() as rt:
+        tools = await mcp_tools(rt, server, include=["search"], prefix="web_")
+        agent = Agent(name="a", model=model, tools=[*tools, my_own_tool])
+        result = await (await rt.spawn(agent)).run("...")
+
+A server is a definition (``MCPServer.stdio``: a command the runtime starts;
+``MCPServer.http``: a streamable-HTTP URL), immutable and hashable. ``mcp_tools``
+connects this runtime to it (once: ``Runtime.enter`` keys the session by the server,
+so every agent of the runtime shares it, and calls are multiplexed on it), lists its
+tools and makes each one a ``Tool`` whose name, description and JSON schema are the
+server's (``include`` keeps some, by the server's names; ``prefix`` goes before each
+name). The session, and the server process of a stdio server, end when the runtime
+block exits, after its actors stopped, on every path.
+
+A call is a tool call like any other: counted by the budget, bounded by ``timeout``
+and the execution's deadline, cancelled with its execution. A server error, a crash of
+the server process, a malformed reply all become error results the model reads; after
+a crash, every later call says the server is gone.
+
+The tools are bound to the runtime that listed them: build the agent inside the
+runtime block. They cannot be shipped to another host.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, Literal
+
+import anyio
+import msgspec
+import pydantic
+from mcp import types
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED
+
+from runtime import Runtime
+
+from .._messages import ToolCall, ToolOutcome, ToolSpec, exception_text
+from .._tools import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError
+
+__all__ = ["MCPServer", "MCPTool", "mcp_tools"]
+
+#: How long connecting to a server (starting it, the MCP handshake) may take.
+CONNECT_TIMEOUT = 30.0
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_object_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+@dataclass(frozen=True, slots=True)
+class MCPServer:
+    """Where an MCP server is: a command to start (stdio) or a URL (streamable HTTP).
+
+    Immutable and hashable: one runtime holds one session per distinct server.
+    """
+
+    transport: Literal["stdio", "http"]
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
+    url: str = ""
+
+    @classmethod
+    def stdio(
+        cls,
+        command: str,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> MCPServer:
+        """A server the runtime starts as ``command *args`` and talks to over its
+        stdin and stdout; ``env`` is added to a minimal default environment."""
+        if not isinstance(command, str) or not command:
+            raise ValueError(f"an MCP stdio server needs a command, got {command!r}")
+        if isinstance(args, str):
+            raise TypeError(f"args is a sequence of strings, got the string {args!r}")
+        return cls(
+            transport="stdio",
+            command=command,
+            args=tuple(str(arg) for arg in args),
+            env=tuple(sorted((env or {}).items())),
+            cwd=cwd,
+        )
+
+    @classmethod
+    def http(cls, url: str) -> MCPServer:
+        """A server already running at ``url`` (streamable HTTP, e.g. ``.../mcp``)."""
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"an MCP HTTP server needs an http(s) URL, got {url!r}")
+        return cls(transport="http", url=url)
+
+    def __str__(self) -> str:
+        if self.transport == "http":
+            return self.url
+        return " ".join((self.command, *self.args))
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[ClientSession]:
+        """A session with this server, initialized (the server started, for stdio)."""
+        async with AsyncExitStack() as stack:
+            if self.transport == "stdio":
+                parameters = StdioServerParameters(
+                    command=self.command, args=list(self.args), env=dict(self.env), cwd=self.cwd
+                )
+                read, write = await stack.enter_async_context(stdio_client(parameters))
+            else:
+                read, write = await stack.enter_async_context(streamable_http_client(self.url))
+            session = await stack.enter_async_context(ClientSession(read, write))
+            with anyio.fail_after(CONNECT_TIMEOUT):
+                await session.initialize()
+            yield session
+
+
+class MCPTool(Tool[..., Any]):
+    """One tool of an MCP server, called through a runtime's session with it."""
+
+    __slots__ = ("remote_name", "server", "session")
+
+    def __init__(
+        self,
+        session: ClientSession,
+        server: MCPServer,
+        listed: types.Tool,
+        *,
+        name: str,
+        timeout: float | None,
+        max_result_chars: int,
+    ) -> None:
+        if not _NAME.fullmatch(name):
+            raise ToolDefinitionError(
+                f"cannot use the tool {listed.name!r} of the MCP server {server}",
+                f"its name {name!r} is not 1 to 64 letters, digits, '_' or '-'",
+                "leave it out with include=, or choose another prefix",
+            )
+        self.session = session
+        self.server = server
+        self.remote_name = listed.name
+        self.fn = self._unbound
+        self.name = name
+        self.description = listed.description or ""
+        self.timeout = timeout
+        self.retries = 0
+        self.retry_delay = 0.0
+        self.max_result_chars = max_result_chars
+        self.limiter = None
+        self.approval = False
+        self.is_async = True
+        self.arguments_type = msgspec.Struct
+        parameters = dict(listed.input_schema or {"type": "object", "properties": {}})
+        self.spec = ToolSpec(name=name, description=self.description, parameters=parameters)
+        self._attempts = 1
+        self._invalid_prefix = f"invalid arguments for tool {name!r}: "
+        self._expected = f"Expected arguments: {msgspec.json.encode(parameters).decode()}"
+        self._timed_out = f"tool {name!r} timed out after {timeout:g} s" if timeout else ""
+        self.direct = False
+
+    def _unbound(self, **kwargs: Any) -> Any:
+        raise TypeError(f"the MCP tool {self.name!r} is called by the agent, not directly")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError(
+            f"the MCP tool {self.name!r} uses this runtime's session with {self.server}: "
+            "it cannot run on another host"
+        )
+
+    def __repr__(self) -> str:
+        return f"<MCPTool {self.name!r} of {self.server} timeout={self.timeout!r}>"
+
+    async def invoke(self, call: ToolCall) -> ToolOutcome:
+        """Call the server's tool; the outcome is its text, or an error the model reads."""
+        start = perf_counter()
+        raw = call.arguments
+        try:
+            arguments = _object_decoder.decode(raw if raw and not raw.isspace() else "{}")
+        except msgspec.DecodeError as exc:
+            problem = f"the arguments are not a JSON object ({exc})"
+            return self._finish(
+                call, f"{self._invalid_prefix}{problem}. {self._expected}", 0, start
+            )
+        try:
+            with anyio.move_on_after(self.timeout) as scope:
+                result = await self.session.call_tool(self.remote_name, arguments)
+        except MCPError as exc:
+            if exc.error.code == CONNECTION_CLOSED:
+                text = (
+                    f"tool {self.name!r} failed: the MCP server {self.server} is gone "
+                    "(its connection closed); none of its tools can be called any more"
+                )
+            else:
+                text = f"tool {self.name!r} failed: the MCP server answered {exception_text(exc)}"
+            return self._finish(call, text, 1, start)
+        except pydantic.ValidationError as exc:
+            text = (
+                f"tool {self.name!r} failed: the MCP server {self.server} sent a malformed "
+                f"reply ({exception_text(exc)})"
+            )
+            return self._finish(call, text, 1, start)
+        except Exception as exc:
+            text = f"tool {self.name!r} (MCP server {self.server}) failed: {exception_text(exc)}"
+            return self._finish(call, text, 1, start)
+        if scope.cancelled_caught:
+            return self._finish(call, self._timed_out, 1, start)
+        text = _text(result)
+        if result.is_error:
+            return self._finish(call, f"tool {self.name!r} failed: {text}", 1, start)
+        return self._outcome(call, text, False, 1, start)
+
+
+def _text(result: types.CallToolResult) -> str:
+    """A tool result's content as the text the model reads."""
+    parts: list[str] = []
+    for block in result.content:
+        if isinstance(block, types.TextContent):
+            parts.append(block.text)
+        elif isinstance(block, types.ImageContent | types.AudioContent):
+            parts.append(f"[{block.type}: {block.mime_type}]")
+        else:
+            parts.append(block.model_dump_json(by_alias=True, exclude_none=True))
+    if not parts and result.structured_content is not None:
+        return msgspec.json.encode(result.structured_content).decode()
+    return "\n".join(parts)
+
+
+async def mcp_tools(
+    runtime: Runtime,
+    server: MCPServer,
+    *,
+    include: Iterable[str] | None = None,
+    prefix: str = "",
+    timeout: float | None = None,
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+) -> tuple[MCPTool, ...]:
+    """The tools of ``server``, through ``runtime``'s session with it (connected on
+    first use, shared, closed with the runtime).
+
+    ``include`` keeps the tools of those names (the server's names; one it does not
+    have is an error naming those it has); ``prefix`` goes before every name the model
+    sees; ``timeout`` bounds each call, in seconds; ``max_result_chars`` caps a result.
+    """
+    if not isinstance(server, MCPServer):
+        raise TypeError(f"server is an MCPServer, got {type(server).__qualname__}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+    session = await runtime.enter((MCPServer, server), server.connect)
+    listed: list[types.Tool] = []
+    cursor: str | None = None
+    while True:
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        page = await session.list_tools(params=params)
+        listed.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    if include is not None:
+        wanted = [include] if isinstance(include, str) else list(include)
+        names = {t.name for t in listed}
+        missing = [name for name in wanted if name not in names]
+        if missing:
+            raise ValueError(
+                f"the MCP server {server} has no tool {', '.join(map(repr, missing))}; "
+                f"it has {', '.join(sorted(names)) or 'none'}"
+            )
+        chosen = set(wanted)
+        listed = [t for t in listed if t.name in chosen]
+    return tuple(
+        MCPTool(
+            session,
+            server,
+            entry,
+            name=f"{prefix}{entry.name}",
+            timeout=None if timeout is None else float(timeout),
+            max_result_chars=max_result_chars,
+        )
+        for entry in listed
+    )

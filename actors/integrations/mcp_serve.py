@@ -1,0 +1,208 @@
+"""An agent served over MCP: any MCP client hands it a task and gets its final answer.
+
+::
+
+    fractor mcp-serve myagents:researcher                       # stdio
+    fractor mcp-serve myagents:researcher --http 127.0.0.1:8000  # streamable HTTP
+
+The server offers **one tool**, named after the agent, described by the agent's
+``description`` (or its instructions), with one ``task`` string argument. A call
+runs the task and returns ``Result.text``; an execution that ends otherwise
+(``budget_exceeded``, ``timed_out``, ``failed``, ``cancelled``) comes back as a tool
+result marked as an error, whose text names the status and the stop reason.
+
+One ``Runtime`` lives as long as the server. **Each call spawns the agent afresh**
+and stops it after the answer: calls are independent (no conversation carried from
+one client's task to another's) and run concurrently. Each call's execution is
+bounded by the agent's own ``budget`` and by ``budget`` given here (the tighter of
+the two, field by field), for the whole tree of subagents behind it.
+
+``agent_server`` builds the MCP ``Server`` (the SDK's low-level one) for a running
+runtime, to mount or to drive in process (on asyncio or trio); ``serve_stdio`` and
+``serve_http`` run it over a transport. Streamable HTTP runs on uvicorn, so on
+asyncio only; ``fractor mcp-serve`` runs both transports on asyncio.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+
+from runtime import Budget, Runtime
+
+from .._agent import Agent
+from .._messages import Result
+
+__all__ = [
+    "TASK_SCHEMA",
+    "agent_server",
+    "agent_tool",
+    "bind",
+    "serve_http",
+    "serve_stdio",
+    "tool_result",
+]
+
+#: The input schema of the agent's tool: one ``task`` string.
+TASK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"task": {"type": "string", "description": "what the agent should do"}},
+    "required": ["task"],
+    "additionalProperties": False,
+}
+
+#: Seconds a call's agent is given to stop once its answer is in (or the call ended).
+STOP_GRACE = 5.0
+
+
+def agent_tool(agent: Agent) -> types.Tool:
+    """The MCP tool that stands for ``agent``."""
+    description = agent.description or agent.instructions or f"Ask the agent {agent.name!r}."
+    return types.Tool(name=agent.name, description=description, input_schema=TASK_SCHEMA)
+
+
+def tool_result(result: Result) -> types.CallToolResult:
+    """The MCP tool result of an execution: its text, or an error naming how it ended."""
+    if result.ok:
+        return types.CallToolResult(content=[types.TextContent(text=result.text)])
+    text = f"{result.status}: {result.stop_reason}"
+    if result.text:
+        text += f"\n{result.text}"
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def _error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def agent_server(agent: Agent, runtime: Runtime, *, budget: Budget | None = None) -> Server[Any]:
+    """An MCP server offering ``agent`` as one tool, each call run in ``runtime``
+    (which must be running while the server serves) under ``budget``."""
+    if not isinstance(agent, Agent):
+        raise TypeError(f"agent_server() serves an actors.Agent, got {type(agent).__qualname__}")
+    if budget is not None and not isinstance(budget, Budget):
+        raise TypeError(f"budget must be a runtime.Budget or None, got {type(budget).__qualname__}")
+    tool = agent_tool(agent)
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool])
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        if params.name != agent.name:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"unknown tool {params.name!r}: this server has one tool, {agent.name!r}",
+            )
+        arguments = params.arguments or {}
+        task = arguments.get("task")
+        if not isinstance(task, str) or set(arguments) != {"task"}:
+            return _error(
+                f"{agent.name}: expected one argument, 'task' (a string), got {sorted(arguments)}"
+            )
+        return await _run(agent, runtime, task, budget)
+
+    return Server(
+        agent.name,
+        description=tool.description,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        get_tool_input_schema=lambda name: TASK_SCHEMA if name == agent.name else None,
+    )
+
+
+async def _run(
+    agent: Agent, runtime: Runtime, task: str, budget: Budget | None
+) -> types.CallToolResult:
+    """One call: a fresh actor for ``agent``, its answer, then the actor stopped
+    (cancelled, with its execution, when the call is)."""
+    try:
+        ref = await runtime.spawn(agent)
+    except Exception as exc:  # a closing runtime: the call fails, the server goes on
+        return _error(f"failed: could not start agent {agent.name!r}: {exc}")
+    result: Result | None = None
+    try:
+        result = await ref.ask(task, budget=budget)
+    except Exception as exc:  # a task the agent refuses (e.g. bad text): a value here
+        return _error(f"failed: {exc}")
+    finally:
+        # The call cancelled (the client gave up, the server stops): so is its execution,
+        # with its whole tree. Else the actor is idle and stops at once.
+        if result is None:
+            ref.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_GRACE):
+            await ref.stop()
+    return tool_result(result)
+
+
+async def serve_stdio(
+    agent: Agent, *, budget: Budget | None = None, runtime: Runtime | None = None
+) -> None:
+    """Serve ``agent`` over this process's stdin and stdout until the client closes
+    them, in ``runtime`` (by default one of its own, for the server's life)."""
+    if runtime is None:
+        async with Runtime() as own:
+            await serve_stdio(agent, budget=budget, runtime=own)
+        return
+    server = agent_server(agent, runtime, budget=budget)
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (port 0: one the system picks)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_http(
+    agent: Agent,
+    sock: socket.socket,
+    *,
+    budget: Budget | None = None,
+    runtime: Runtime | None = None,
+    path: str = "/mcp",
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve ``agent`` over streamable HTTP at ``path`` on the listening socket
+    ``sock`` (see ``bind``) until the process is told to stop (SIGINT, SIGTERM).
+    ``ready`` is called with the endpoint's URL once it accepts connections.
+    Runs on asyncio (uvicorn)."""
+    import uvicorn  # a dependency of the mcp SDK's HTTP server
+
+    if runtime is None:
+        async with Runtime() as own:
+            await serve_http(agent, sock, budget=budget, runtime=own, path=path, ready=ready)
+        return
+    host, port = sock.getsockname()[:2]
+    server = agent_server(agent, runtime, budget=budget)
+    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if ready is not None and self.started:
+                ready(url)
+
+    web = _Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    await web.serve(sockets=[sock])

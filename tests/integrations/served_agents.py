@@ -1,0 +1,59 @@
+"""Agents that ``fractor mcp-serve`` serves in the tests (``tests/integrations/test_mcp_serve.py``).
+
+Their models are ``FunctionModel``\\ s answering from the request, so each call (a fresh
+actor on every one) gets the same script, with no network: ``echo`` calls its tool
+``shout`` on the task and answers with the result; ``greedy`` asks for ``shout`` twice
+in each step, under a budget of one tool call, so its tree is stopped.
+"""
+
+from __future__ import annotations
+
+from actors import (
+    Agent,
+    FunctionModel,
+    ModelRequest,
+    ModelResponse,
+    ToolResultMessage,
+    call,
+    calls,
+    reply,
+    tool,
+)
+from runtime import Budget
+
+
+@tool
+def shout(text: str) -> str:
+    """Repeat the text in capitals."""
+    return text.upper()
+
+
+def _echo(request: ModelRequest) -> ModelResponse:
+    last = request.messages[-1]
+    if isinstance(last, ToolResultMessage):
+        return reply(f"The agent says: {last.content}")
+    return call("shout", {"text": getattr(last, "content", "")})
+
+
+def _greedy(request: ModelRequest) -> ModelResponse:
+    last = request.messages[-1]
+    text = getattr(last, "content", "")
+    return calls(call("shout", {"text": text}), call("shout", {"text": text}))
+
+
+echo = Agent(
+    name="echo",
+    model=FunctionModel(_echo),
+    tools=[shout],
+    description="Shouts the task back, through its tool.",
+)
+
+greedy = Agent(
+    name="greedy",
+    model=FunctionModel(_greedy),
+    tools=[shout],
+    instructions="Shout everything twice.",
+    budget=Budget(tool_calls=1),
+)
+
+not_an_agent = 42

@@ -1,0 +1,234 @@
+"""``fractor mcp-serve``: an agent served as one MCP tool, driven by the ``mcp`` SDK's client.
+
+The command runs as a subprocess (``python -m actors.cli mcp-serve``, the agents of
+``served_agents.py``), over stdio and over streamable HTTP on 127.0.0.1; the server
+itself (``agent_server``) is also driven in process, on both backends, for the edges.
+No network, no real model: the agents' models are ``FunctionModel``\\ s.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp.types as types
+import pytest
+from mcp import Client
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from actors import Agent, FunctionModel, ModelRequest, ModelResponse, UserMessage, reply
+from actors.cli import main
+from actors.integrations.mcp_serve import TASK_SCHEMA, agent_server
+from runtime import Budget, Runtime
+
+from .served_agents import echo, greedy
+
+ROOT = pathlib.Path(__file__).parent.parent.parent
+AGENTS = "tests.integrations.served_agents"
+#: Seconds a test's exchange with a served agent may take (a subprocess starts in ~1 s).
+LIMIT = 30
+
+
+def _text(result: types.CallToolResult) -> str:
+    return "".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+@asynccontextmanager
+async def _stdio_session(
+    spec: str, tmp_path: pathlib.Path, *options: str
+) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "actors.cli", "mcp-serve", spec, *options], cwd=ROOT
+    )
+    with (tmp_path / "server.err").open("w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            yield session
+    # The client closed the server's stdin: it stopped its runtime and exited cleanly.
+    assert "Traceback" not in (tmp_path / "server.err").read_text()
+
+
+# -- over stdio, as a subprocess --------------------------------------------------------
+
+
+async def test_stdio_lists_the_agent_as_one_tool_and_answers_a_call(
+    tmp_path: pathlib.Path,
+) -> None:
+    with anyio.fail_after(LIMIT):
+        async with _stdio_session(f"{AGENTS}:echo", tmp_path) as session:
+            listed = await session.list_tools()
+            assert [tool.name for tool in listed.tools] == ["echo"]
+            (tool,) = listed.tools
+            assert tool.description == "Shouts the task back, through its tool."
+            assert tool.input_schema == TASK_SCHEMA
+            result = await session.call_tool("echo", {"task": "hello there"})
+            assert not result.is_error
+            assert _text(result) == "The agent says: HELLO THERE"
+            # Each call spawns the agent afresh: the second answers the same way.
+            again = await session.call_tool("echo", {"task": "once more"})
+            assert _text(again) == "The agent says: ONCE MORE"
+    assert "serving agent 'echo' over stdio" in (tmp_path / "server.err").read_text()
+
+
+async def test_stdio_the_agents_budget_stops_its_tree(tmp_path: pathlib.Path) -> None:
+    with anyio.fail_after(LIMIT):
+        async with _stdio_session(f"{AGENTS}:greedy", tmp_path) as session:
+            result = await session.call_tool("greedy", {"task": "hi"})
+    assert result.is_error
+    text = _text(result)
+    assert text.startswith("budget_exceeded: tool_calls limit of 1 reached"), text
+
+
+async def test_stdio_budget_options_apply_to_each_call(tmp_path: pathlib.Path) -> None:
+    with anyio.fail_after(LIMIT):
+        async with _stdio_session(f"{AGENTS}:echo", tmp_path, "--budget-requests", "1") as session:
+            result = await session.call_tool("echo", {"task": "hi"})
+    assert result.is_error
+    assert _text(result).startswith("budget_exceeded: requests limit of 1 reached"), _text(result)
+
+
+# -- over streamable HTTP on 127.0.0.1 -----------------------------------------------
+
+
+# The SDK's streamable HTTP client leaves httpx2's async generators to trio's garbage
+# collector (a ResourceWarning, an error here): the client side runs on asyncio only.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_http_serves_the_agent_on_a_port_of_its_own() -> None:
+    command = [sys.executable, "-m", "actors.cli", "mcp-serve", f"{AGENTS}:echo"]
+    with anyio.fail_after(LIMIT):
+        async with await anyio.open_process(
+            [*command, "--http", "127.0.0.1:0"], cwd=ROOT, stderr=subprocess.PIPE
+        ) as process:
+            assert process.stderr is not None
+            seen = ""
+            async for chunk in process.stderr:
+                seen += chunk.decode()
+                if "\n" in seen:
+                    break
+            assert "serving agent 'echo' at http://127.0.0.1:" in seen, seen
+            url = seen.split(" at ", 1)[1].strip()
+            try:
+                async with (
+                    streamable_http_client(url) as (read, write),
+                    ClientSession(read, write) as session,
+                ):
+                    await session.initialize()
+                    listed = await session.list_tools()
+                    assert [tool.name for tool in listed.tools] == ["echo"]
+                    result = await session.call_tool("echo", {"task": "over http"})
+                    assert _text(result) == "The agent says: OVER HTTP"
+            finally:
+                process.terminate()
+            rest = b"".join([chunk async for chunk in process.stderr]).decode()
+            # uvicorn shuts down gracefully, then lets SIGTERM end the process as asked.
+            assert await process.wait() in (0, -signal.SIGTERM)
+    assert "Traceback" not in rest, rest
+
+
+# -- the server in process: the edges ---------------------------------------------------
+
+
+@asynccontextmanager
+async def _client(agent: Any, budget: Budget | None = None) -> AsyncIterator[Client]:
+    async with Runtime() as runtime, Client(agent_server(agent, runtime, budget=budget)) as client:
+        yield client
+
+
+async def test_a_call_needs_one_task_string() -> None:
+    with anyio.fail_after(LIMIT):
+        async with _client(echo) as client:
+            for arguments in ({}, {"task": 3}, {"task": "x", "more": 1}):
+                result = await client.call_tool("echo", arguments)
+                assert result.is_error
+                assert "expected one argument, 'task' (a string)" in _text(result)
+            with pytest.raises(MCPError, match="unknown tool 'other'"):
+                await client.call_tool("other", {"task": "x"})
+
+
+async def test_calls_run_concurrently_and_apart_under_the_servers_budget() -> None:
+    results: dict[str, types.CallToolResult] = {}
+    with anyio.fail_after(LIMIT):
+        async with _client(echo, Budget(tool_calls=1)) as client:
+
+            async def ask(task: str) -> None:
+                results[task] = await client.call_tool("echo", {"task": task})
+
+            async with anyio.create_task_group() as tg:
+                for task in ("a", "b", "c"):
+                    tg.start_soon(ask, task)
+    # Each call is an execution of its own: one tool call each, within its budget.
+    assert {task: _text(result) for task, result in results.items()} == {
+        "a": "The agent says: A",
+        "b": "The agent says: B",
+        "c": "The agent says: C",
+    }
+
+
+async def test_the_agents_own_budget_and_the_servers_both_hold() -> None:
+    with anyio.fail_after(LIMIT):
+        async with _client(greedy, Budget(tokens=100_000)) as client:
+            result = await client.call_tool("greedy", {"task": "hi"})
+    assert result.is_error
+    assert _text(result).startswith("budget_exceeded: tool_calls limit of 1 reached")
+
+
+async def test_a_cancelled_call_stops_its_agent_and_the_server_goes_on() -> None:
+    asked = anyio.Event()
+
+    async def wait_forever(request: ModelRequest) -> ModelResponse:
+        if request.messages[-1] == UserMessage(content="quick"):
+            return reply("done")
+        asked.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    slow = Agent(name="slow", model=FunctionModel(wait_forever))
+    with anyio.fail_after(LIMIT):
+        async with Runtime() as runtime, Client(agent_server(slow, runtime)) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, "slow", {"task": "take your time"})
+                await asked.wait()
+                assert runtime.statistics().live_actors == 1
+                tg.cancel_scope.cancel()
+            assert runtime.statistics().live_actors == 0
+            result = await client.call_tool("slow", {"task": "quick"})
+            assert _text(result) == "done"
+            assert runtime.statistics().live_actors == 0
+
+
+# -- bad usage --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_colon", "expected MODULE:NAME"),
+        ("tests.integrations.no_such_module:agent", "cannot import module"),
+        (f"{AGENTS}:nobody", "has no attribute 'nobody'"),
+        (f"{AGENTS}:not_an_agent", "is a int, not an actors.Agent"),
+    ],
+)
+def test_bad_usage_exits_2_saying_what_is_wrong(
+    spec: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["mcp-serve", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fractor mcp-serve: "), err
+    assert message in err
+
+
+def test_a_bad_address_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mcp-serve", f"{AGENTS}:echo", "--http", "localhost"]) == 2
+    assert "expected HOST:PORT" in capsys.readouterr().err

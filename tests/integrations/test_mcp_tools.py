@@ -1,0 +1,275 @@
+"""Tools from MCP servers the tests start (``tests.integrations.mcp_servers``, written
+with the ``mcp`` SDK's server API), over stdio and over streamable HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import anyio
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from actors import Agent, ScriptedModel, call, calls, reply
+from actors.integrations.mcp import MCPServer, MCPTool, mcp_tools
+from runtime import Budget, Runtime
+
+ROOT = pathlib.Path(__file__).parent.parent.parent
+MODULE = "tests.integrations.mcp_servers"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone as far as anyone can tell, but still answers kill(pid, 0).
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _pids(path: pathlib.Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+@pytest.fixture
+def files(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    return tmp_path / "pids", tmp_path / "marks"
+
+
+@pytest.fixture
+def stdio(files: tuple[pathlib.Path, pathlib.Path]) -> MCPServer:
+    pids, marks = files
+    return MCPServer.stdio(
+        sys.executable,
+        ["-m", MODULE],
+        env={"MCP_PID_FILE": str(pids), "MCP_MARK_FILE": str(marks)},
+        cwd=str(ROOT),
+    )
+
+
+@pytest.fixture(scope="module")
+def http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One streamable-HTTP server for the module, in a subprocess on a free port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", MODULE, "http", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("the MCP HTTP test server did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+async def _written(path: pathlib.Path) -> None:
+    """Wait for another process to write ``path`` (nothing to wait on but the file)."""
+    while not await anyio.Path(path).exists():  # noqa: ASYNC110
+        await anyio.sleep(0.01)
+
+
+def _agent(tools: tuple[MCPTool, ...], *turns: object, **options: object) -> Agent:
+    return Agent("mcp_user", ScriptedModel(turns), tools=list(tools), **options)  # type: ignore[arg-type]
+
+
+async def test_stdio_tools_through_one_shared_session(
+    stdio: MCPServer, files: tuple[pathlib.Path, pathlib.Path]
+) -> None:
+    """One server process for the runtime: listing, filter and prefix, calls, a server
+    error, a hung call past the timeout, the budget, the deadline cancelling a call,
+    and last a crash of the server mid-call; then the process is gone."""
+    pids, marks = files
+    with anyio.fail_after(20):
+        async with Runtime() as rt:
+            tools = await mcp_tools(rt, stdio, timeout=0.3)
+            assert {t.name for t in tools} == {"add", "shout", "fail", "hang", "crash"}
+            add = next(t for t in tools if t.name == "add")
+            assert add.spec.description == "Add two integers."
+            assert add.spec.parameters["properties"].keys() == {"a", "b"}
+            assert set(add.spec.parameters["required"]) == {"a", "b"}
+            with pytest.raises(ValueError, match=r"has no tool 'nope'; it has add, crash"):
+                await mcp_tools(rt, stdio, include=["nope"])
+            # Filtered and prefixed, on the same session: the server started once.
+            chosen = await mcp_tools(rt, stdio, include=["add", "shout"], prefix="m_")
+            assert [t.name for t in chosen] == ["m_add", "m_shout"]
+            assert chosen[0].session is add.session
+            agent = _agent(
+                chosen,
+                calls(call("m_add", a=2, b=3), call("m_shout", {"text": "hi"})),
+                reply("done"),
+            )
+            model = agent.model
+            assert (await (await rt.spawn(agent)).ask("go")).ok
+            assert [s.name for s in model.requests[0].tools] == ["m_add", "m_shout"]  # type: ignore[attr-defined]
+
+            # A server error and a hung call are results; the session goes on.
+            ref = await rt.spawn(
+                _agent(
+                    tools,
+                    call("fail", reason="because"),
+                    call("hang"),
+                    call("add", a=40, b=2),
+                    reply("done"),
+                )
+            )
+            assert (await ref.ask("go")).ok
+            (trace,) = await ref.trace()
+            failed, hung, added = (step.outcomes[0] for step in trace.steps[:3])
+            assert failed.is_error
+            assert "refused: because" in failed.content
+            assert hung.content == "tool 'hang' timed out after 0.3 s"
+            assert (added.content, added.is_error) == ("42", False)
+            # The server was told the hung call was abandoned: its handler was cancelled.
+            await _written(marks)
+            marks.unlink()
+
+            # The budget counts MCP calls.
+            ref = await rt.spawn(
+                _agent(tools, call("add", a=1, b=1), call("add", a=2, b=2), call("add", a=3, b=3))
+            )
+            result = await ref.ask("go", budget=Budget(tool_calls=2))
+            assert result.status == "budget_exceeded"
+            assert "tool_calls" in result.stop_reason
+
+            # The deadline stops the execution and cancels the call, on the server too.
+            (untimed,) = await mcp_tools(rt, stdio, include=["hang"])
+            ref = await rt.spawn(_agent((untimed,), call("hang"), reply("never")))
+            result = await ref.ask("go", budget=Budget(seconds=0.2))
+            assert result.status == "timed_out"
+            (trace,) = await ref.trace()
+            assert trace.steps[0].interrupted
+            await _written(marks)
+            assert marks.read_text() == "hang cancelled\n"
+
+            # The server dies mid-call: an error result, then every call says it is gone.
+            (pid,) = _pids(pids)
+            assert _alive(pid)
+            ref = await rt.spawn(_agent(tools, call("crash"), call("add", a=1, b=2), reply("ok")))
+            assert (await ref.ask("go")).ok
+            (trace,) = await ref.trace()
+            crashed, after = (step.outcomes[0] for step in trace.steps[:2])
+            assert crashed.is_error
+            assert "is gone" in crashed.content
+            assert after.is_error
+            assert "none of its tools can be called any more" in after.content
+    assert not _alive(pid)
+
+
+async def test_a_malformed_reply_is_an_error_result() -> None:
+    server = MCPServer.stdio(
+        sys.executable, ["-m", "tests.integrations.mcp_raw_server"], cwd=str(ROOT)
+    )
+    with anyio.fail_after(20):
+        async with Runtime() as rt:
+            (broken,) = await mcp_tools(rt, server)
+            assert broken.spec.description == "Answers garbage."
+            ref = await rt.spawn(_agent((broken,), call("broken"), reply("done")))
+            assert (await ref.ask("go")).ok
+            (trace,) = await ref.trace()
+    (outcome,) = trace.steps[0].outcomes
+    assert outcome.is_error
+    assert "sent a malformed reply" in outcome.content
+
+
+#: Under trio, the SDK's streamable-HTTP client (on httpx2) leaves the async generators
+#: of its SSE streams to the garbage collector, which trio reports as ResourceWarnings;
+#: nothing of ours, and the calls are right: those, and those only, are let through.
+SDK_HTTP_TRIO_LEAK = pytest.mark.filterwarnings(
+    r"ignore:Exception ignored in. <async_generator object "
+    r"(EventSource|PoolByteStream|Response)\.:pytest.PytestUnraisableExceptionWarning"
+)
+
+
+@SDK_HTTP_TRIO_LEAK
+async def test_http_tools_and_errors(http_url: str) -> None:
+    server = MCPServer.http(http_url)
+    with anyio.fail_after(20):
+        async with Runtime() as rt:
+            tools = await mcp_tools(rt, server, include=["add", "fail", "hang"], timeout=0.3)
+            agent = _agent(
+                tools,
+                calls(
+                    call("add", a=1, b=1),
+                    call("fail", reason="no"),
+                    call("hang"),
+                    call("add", a="x", b=1),
+                    call("add", {"a": 1}, id="bad"),
+                ),
+                reply("done"),
+            )
+            ref = await rt.spawn(agent)
+            assert (await ref.ask("go")).ok
+            (trace,) = await ref.trace()
+            ok, failed, hung, invalid, missing = trace.steps[0].outcomes
+    assert (ok.content, ok.is_error) == ("2", False)
+    assert failed.is_error
+    assert "refused: no" in failed.content
+    assert hung.content == "tool 'hang' timed out after 0.3 s"
+    assert invalid.is_error
+    assert missing.is_error
+
+
+async def test_no_server_process_is_left_on_any_path(
+    stdio: MCPServer, files: tuple[pathlib.Path, pathlib.Path]
+) -> None:
+
+    async def failing_body() -> None:
+        async with Runtime() as rt:
+            (tool,) = await mcp_tools(rt, stdio, include=["hang"])
+            ref = await rt.spawn(_agent((tool,), call("hang"), reply("x")))
+            await ref.tell("go")
+            await wait_all_tasks_blocked()
+            raise ZeroDivisionError
+
+    # The body fails while a call hangs.
+    with anyio.fail_after(20), pytest.raises(ZeroDivisionError):
+        await failing_body()
+    # The body is cancelled from outside.
+    with anyio.move_on_after(20) as outer:
+        async with Runtime() as rt:
+            await mcp_tools(rt, stdio)
+            outer.cancel()
+            await anyio.sleep_forever()
+    pids = _pids(files[0])
+    assert len(pids) == 2
+    assert not any(_alive(pid) for pid in pids)
+
+
+async def test_after_the_runtime_closed_it_cannot_connect(stdio: MCPServer) -> None:
+    async with Runtime() as rt:
+        pass
+    with pytest.raises(Exception, match="the runtime is closed"):
+        await mcp_tools(rt, stdio)
+
+
+def test_server_definitions_are_values() -> None:
+    a = MCPServer.stdio("srv", ["x"], env={"K": "v"})
+    assert a == MCPServer.stdio("srv", ("x",), env={"K": "v"})
+    assert hash(a) == hash(MCPServer.stdio("srv", ["x"], env={"K": "v"}))
+    assert str(MCPServer.http("http://h/mcp")) == "http://h/mcp"
+    with pytest.raises(ValueError, match="needs an http"):
+        MCPServer.http("h/mcp")
+    with pytest.raises(TypeError, match="sequence of strings"):
+        MCPServer.stdio("srv", "x")
