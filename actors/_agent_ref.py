@@ -73,11 +73,13 @@ class AgentRef:
 
     async def ask(self, text: str, *, budget: Budget | None = None) -> Result:
         """Give the agent a task and wait for its one ``Result``."""
+        self._handed()
         result: Result = await self._ref.ask(_task(text, budget))
         return result
 
     async def tell(self, text: str, *, budget: Budget | None = None) -> None:
         """Give the agent a task without waiting; its answer joins its conversation."""
+        self._handed()
         await self._ref.tell(_task(text, budget))
 
     def stream(
@@ -94,7 +96,15 @@ class AgentRef:
         (their text, tool calls, waits), not only their start and finish. At most
         ``buffer`` events wait for a slow consumer (see ``actors._streaming``).
         Leaving the block before the answer stops the execution."""
+        self._handed()
         return AgentStream(self._ref, _task(text, budget), subagents=subagents, buffer=buffer)
+
+    def _handed(self) -> None:
+        """A task from outside is handed over: tell the observer that asked to know
+        (``EventBus.on_task``), here in the caller's task."""
+        on_task = self._ref.runtime.event_bus.on_task
+        if on_task is not None:
+            on_task(self._ref.id)
 
     def progress(self) -> Progress:
         """What the agent is doing now, answered at once even while it runs a task

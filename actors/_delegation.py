@@ -171,6 +171,7 @@ class Delegation:
                         "spawn",
                         child=subagent.name,
                         child_id=node.id,
+                        call_id=call.id,
                         task=task[:200],
                         host=link.name,
                     )
@@ -192,7 +193,9 @@ class Delegation:
             )
             return True
         if execution.observed:
-            execution.emit("spawn", child=subagent.name, child_id=node.id, task=task[:200])
+            execution.emit(
+                "spawn", child=subagent.name, child_id=node.id, call_id=call.id, task=task[:200]
+            )
         self.running[index] = node
         reply.add_done_callback(
             functools.partial(self._answered, index, call, subagent, node, began)

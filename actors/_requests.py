@@ -13,7 +13,7 @@ import msgspec
 
 from runtime import InvalidUsage, Reservation, Usage
 
-from ._messages import ModelRequest, ModelResponse, ToolCall, safe_text
+from ._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
 from ._policy import is_retryable
 
 if TYPE_CHECKING:
@@ -58,6 +58,11 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
             sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
         error: Exception
         sink = execution.sink
+        observed = execution.observed
+        if observed:
+            execution.emit(
+                "request_start", step=len(execution.steps), attempt=attempt + 1, model=name
+            )
         try:
             if sink is None:
                 response = await model.request(sent)
@@ -67,11 +72,17 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
         except Exception as exc:
             _charge(execution, reservation, _reported(exc), name)
             error = exc
+            if observed:
+                _request_end(execution, name, _reported(exc), error=exception_text(exc))
         except BaseException:
             # Cut off (a deadline, a stop): what it read was spent, and what it streamed.
             _charge(execution, reservation, _cut(execution, reservation), name)
+            if observed:
+                _request_end(execution, name, None, error="cut off before the model answered")
             raise
         else:
+            if observed:
+                _request_end(execution, name, response.usage, response=response)
             try:
                 charged = supervisor.settle(node, reservation, response.usage, model=name)
             except InvalidUsage as exc:
@@ -101,6 +112,37 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
         if execution.observed:
             execution.emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
         await anyio.sleep(delay)
+
+
+def _request_end(
+    execution: Execution,
+    model: str,
+    usage: Usage | None,
+    *,
+    response: ModelResponse | None = None,
+    error: str = "",
+) -> None:
+    """The event of one model request's end: its model, usage and finish reason (the
+    tool calls it asked for, by id and name), or its error."""
+    if response is None:
+        execution.emit(
+            "request_end",
+            model=model,
+            input_tokens=usage.input_tokens if usage is not None else 0,
+            output_tokens=usage.output_tokens if usage is not None else 0,
+            finish_reason="error",
+            error=error[:300],
+        )
+        return
+    execution.emit(
+        "request_end",
+        model=model,
+        response_model=response.model,
+        input_tokens=response.usage.input_tokens,
+        output_tokens=response.usage.output_tokens,
+        finish_reason=response.finish_reason,
+        tool_calls=[[call.id, call.name] for call in response.tool_calls],
+    )
 
 
 def _charge(

@@ -13,7 +13,12 @@ that an unobserved runtime pays one attribute check per event site:
   ``fractor.events``) at info level, with ``agent_id``, ``parent_id``, ``depth`` and
   ``execution_id`` as keys.
 
-A third way sees one subtree only: a node's ``watch`` (set by whoever streams an
+A third way, ``EventBus.listen``, calls a function with every event, synchronously,
+where it happens: an integration turning events into something else as they come
+(the OpenTelemetry spans of ``actors.integrations.otel``). It must never block nor
+raise.
+
+A fourth way sees one subtree only: a node's ``watch`` (set by whoever streams an
 ask) is called with every event of that subtree (stamped with ``now``); the bus
 delivers it to its subscribers as well when it is active (``deliver``).
 """
@@ -50,6 +55,8 @@ EventKind = Literal[
     "deadline",
     "approval_request",
     "approval_decision",
+    "request_start",
+    "request_end",
     "execution_end",
     "stop",
 ]
@@ -111,6 +118,12 @@ class EventBus:
         #: Also called with every event when set (a host forwarding its events to the
         #: tree it works for); makes the bus active.
         self.tap: Callable[[Event], None] | None = None
+        self._listeners: list[Callable[[Event], None]] = []
+        #: Called, when set, with an agent's id where a task from outside is handed to
+        #: it (``AgentRef.ask``, ``tell``, ``stream``), in the caller's own task: an
+        #: observer takes what it needs of the caller's context there (the
+        #: OpenTelemetry integration, the caller's current span).
+        self.on_task: Callable[[str], None] | None = None
         #: Watchers of one subtree each, by the key a message names them with: the
         #: actor that opens the subtree's node takes its watcher from here (see
         #: ``Node.watch``).
@@ -151,6 +164,28 @@ class EventBus:
             self.tap(event)
         self.publish(event)
 
+    def listen(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+        """Call ``listener`` with every event from now on, where it happens (it must
+        never block nor raise); makes the bus active. Returns the function that
+        removes it again."""
+        self._listeners.append(listener)
+        self.active = True
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+                self._refresh()
+
+        return remove
+
+    def _refresh(self) -> None:
+        self.active = (
+            self.log_events
+            or bool(self._subscribers)
+            or self.tap is not None
+            or bool(self._listeners)
+        )
+
     def now(self) -> float:
         """Seconds since the runtime started (an event's ``at``)."""
         return self._now() - self._origin
@@ -158,6 +193,8 @@ class EventBus:
     def publish(self, event: Event) -> None:
         """Publish one event to every subscriber (and the log, if enabled); for an
         event made elsewhere (by a host, for this tree), as it is."""
+        for listener in self._listeners:
+            listener(event)
         kind, detail = event.kind, event.detail
         agent, agent_id, execution_id = event.agent, event.agent_id, event.execution_id
         parent_id, depth = event.parent_id, event.depth
@@ -195,7 +232,7 @@ class EventBus:
             yield subscription
         finally:
             del self._subscribers[subscription]
-            self.active = self.log_events or bool(self._subscribers) or self.tap is not None
+            self._refresh()
             send.close()
             receive.close()
 

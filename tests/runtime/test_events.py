@@ -56,30 +56,45 @@ async def test_an_execution_emits_its_events_in_order() -> None:
     assert kinds(lead_events) == [
         "execution_start",
         "step_start",
+        "request_start",
+        "request_end",
         "spawn",
         "step_end",
         "step_start",
+        "request_start",
         "text",  # the streamed answer, in one piece from a scripted reply
+        "request_end",
         "step_end",
         "execution_end",
     ]
     assert kinds(child_events) == [
         "execution_start",
         "step_start",
+        "request_start",
+        "request_end",
         "tool_start",
         "tool_end",
         "step_end",
         "step_start",
+        "request_start",
         "text",
+        "request_end",
         "step_end",
         "execution_end",
     ]
     assert [e.detail["text"] for e in seen if e.kind == "text"] == ["child done", "lead done"]
-    spawn = lead_events[2]
+    # Each model request: its model, usage, finish reason and the calls it asked for.
+    asked = lead_events[3].detail
+    assert asked["model"] == asked["response_model"] == "scripted"
+    assert asked["finish_reason"] == "tool_calls"
+    assert asked["input_tokens"] > 0
+    assert [name for _, name in asked["tool_calls"]] == ["child"]
+    assert lead_events[2].detail == {"step": 0, "attempt": 1, "model": "scripted"}
+    spawn = lead_events[4]
     assert spawn.detail["child"] == "child"
     assert child_events[0].parent_id == lead_events[0].execution_id
     assert child_events[0].depth == lead_events[0].depth + 1
-    assert child_events[3].detail["result"] == "notes on x"
+    assert child_events[5].detail["result"] == "notes on x"
     assert lead_events[-1].detail["status"] == "completed"
     assert all(a.at <= b.at for a, b in itertools.pairwise(seen))
     (stop,) = [e for e in seen if e.kind == "stop" and e.agent_id == child_events[0].agent_id]

@@ -1,0 +1,412 @@
+"""OpenTelemetry traces of a runtime's agents: the span tree is the agent tree.
+
+::
+
+    from actors.integrations import otel
+
+    async with Runtime() as rt:
+        with otel.instrument(rt, tracer_provider=provider):
+            result = await (await rt.spawn(agent)).ask("...")
+
+``instrument`` listens to the runtime's events (``EventBus.listen``) and turns them
+into spans as they happen, with the timestamps of the events themselves:
+
+- one ``invoke_agent`` span per execution (its node in ``rt.tree()``: attribute
+  ``fractor.node_id``), under the span current where ``ask``, ``tell`` or ``stream``
+  was called for a top-level execution, under the ``execute_tool`` span of the call
+  that spawned it for a subagent's;
+- one ``chat`` span per model request (each attempt, retries included) and one
+  ``execute_tool`` span per tool call, subagent calls included, under the execution's.
+
+Attributes follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``), plus
+fractor's own (``fractor.*``: node, depth, status, stop reason, budget limits).
+Tasks, tool arguments and results and the model's text are recorded only with
+``capture_content=True`` (each cut at 200 characters, as the events carry them);
+API keys never: the events carry none, and the providers redact their errors.
+
+Off unless instrumented: an uninstrumented runtime pays nothing (no listener, no
+events built); ``close()`` (or leaving the ``with`` block) stops the spans again.
+``opentelemetry-api`` is the only dependency (extra ``fractor[otel]``); spans go to
+the tracer provider given, else to the global one.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import structlog
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+
+from runtime import Event, Runtime
+
+__all__ = ["Instrumentation", "instrument"]
+
+#: The budget limits recorded on an execution's span (``fractor.budget.<name>``).
+_LIMITS = (
+    "depth",
+    "tokens",
+    "input_tokens",
+    "output_tokens",
+    "requests",
+    "tool_calls",
+    "steps",
+    "agents",
+    "seconds",
+    "cost",
+)
+
+
+log = structlog.get_logger("fractor.otel")
+
+#: How many ended executions' parents are kept for a restart (which follows at once).
+_ENDED_KEPT = 1_000
+
+
+def instrument(
+    runtime: Runtime,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    capture_content: bool = False,
+) -> Instrumentation:
+    """Trace ``runtime``'s agents from now on (see the module); returns the handle
+    that stops it (``close()``, or use it as a context manager)."""
+    if not isinstance(runtime, Runtime):
+        raise TypeError(f"instrument takes a runtime.Runtime, got {type(runtime).__qualname__}")
+    return Instrumentation(runtime, tracer_provider, capture_content)
+
+
+class _Execution:
+    """The open spans of one execution."""
+
+    __slots__ = ("calls", "chat", "children", "context", "span", "tools")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.context = trace.set_span_in_context(span, otel_context.Context())
+        #: The model request in flight.
+        self.chat: Span | None = None
+        #: Tool calls running, by call id.
+        self.tools: dict[str, Span] = {}
+        #: The calls the last model reply asked for, by id and name (a subagent call's
+        #: id is found here: its ``spawn`` event names the child, not the call).
+        self.calls: list[tuple[str, str]] = []
+        #: The node ids of the subagents it spawned.
+        self.children: list[str] = []
+
+
+class Instrumentation:
+    """Spans from a runtime's events, until ``close()``."""
+
+    def __init__(
+        self, runtime: Runtime, tracer_provider: TracerProvider | None, capture_content: bool
+    ) -> None:
+        self.runtime = runtime
+        self.capture_content = capture_content
+        self._tracer = trace.get_tracer("fractor", tracer_provider=tracer_provider)
+        bus = runtime.event_bus
+        #: Event times are seconds since the runtime started: taken to the epoch once,
+        #: at the first event (the runtime may not have started yet).
+        self._offset: int | None = None
+        self._executions: dict[str, _Execution] = {}
+        #: The parent context of each execution running, and of the last ones that
+        #: ended (a restart, which follows its end at once, reuses it).
+        self._parents: dict[str, otel_context.Context] = {}
+        self._ended: dict[str, otel_context.Context] = {}
+        #: Subagent calls in flight, by the child's node id: the span and its parent.
+        self._spawned: dict[str, tuple[Span, str]] = {}
+        #: The callers' contexts of tasks handed to each agent, oldest first.
+        self._callers: dict[str, collections.deque[otel_context.Context]] = {}
+        self._previous = bus.on_task
+        bus.on_task = self._handed
+        self._remove: Callable[[], None] | None = bus.listen(self._on_event)
+
+    def close(self) -> None:
+        """Stop making spans (the ones open stay open)."""
+        remove, self._remove = self._remove, None
+        if remove is None:
+            return
+        remove()
+        bus = self.runtime.event_bus
+        if bus.on_task == self._handed:
+            bus.on_task = self._previous
+
+    def __enter__(self) -> Instrumentation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the caller's context ---------------------------------------------------------
+
+    def _handed(self, agent_id: str) -> None:
+        """A task from outside for ``agent_id``: keep the caller's context, which its
+        execution's span will have as parent."""
+        self._callers.setdefault(agent_id, collections.deque()).append(otel_context.get_current())
+        previous = self._previous
+        if previous is not None:
+            previous(agent_id)
+
+    # -- events to spans ----------------------------------------------------------------
+
+    def _ns(self, event: Event) -> int:
+        offset = self._offset
+        if offset is None:
+            offset = self._offset = time.time_ns() - int(self.runtime.event_bus.now() * 1e9)
+        return offset + int(event.at * 1e9)
+
+    def _on_event(self, event: Event) -> None:
+        handler = _HANDLERS.get(event.kind)
+        if handler is None:
+            return
+        try:
+            handler(self, event)
+        except Exception:  # an observer never fails the agents it observes
+            log.exception("otel_span_failed", kind=event.kind, execution_id=event.execution_id)
+
+    def _execution_start(self, event: Event) -> None:
+        node_id = event.execution_id
+        parent = self._parents.get(node_id)
+        if parent is None:  # a restart's reuses the ended attempt's
+            parent = self._ended.pop(node_id, None)
+        if parent is None:
+            spawned = self._spawned.get(node_id)
+            if spawned is not None:
+                parent = trace.set_span_in_context(spawned[0], otel_context.Context())
+            else:
+                callers = self._callers.get(event.agent_id)
+                parent = callers.popleft() if callers else otel_context.Context()
+                if callers is not None and not callers:
+                    del self._callers[event.agent_id]
+        self._parents[node_id] = parent
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": event.agent,
+            "gen_ai.agent.id": event.agent_id,
+            "fractor.agent_id": event.agent_id,
+            "fractor.node_id": node_id,
+            "fractor.parent_node_id": event.parent_id,
+            "fractor.depth": event.depth,
+        }
+        node = self.runtime.supervisor.nodes.get(node_id)
+        limits = node.limits if node is not None else None
+        if limits is not None:
+            for name in _LIMITS:
+                value = getattr(limits, name)
+                if value is not None:
+                    attributes[f"fractor.budget.{name}"] = value
+        if self.capture_content:
+            task = str(event.detail.get("task", ""))
+            attributes["gen_ai.input.messages"] = _messages("user", task)
+        span = self._tracer.start_span(
+            f"invoke_agent {event.agent}",
+            context=parent,
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=self._ns(event),
+        )
+        self._executions[node_id] = _Execution(span)
+
+    def _execution_end(self, event: Event) -> None:
+        node_id = event.execution_id
+        execution = self._executions.pop(node_id, None)
+        parent = self._parents.pop(node_id, None)
+        if parent is not None:
+            ended = self._ended
+            ended[node_id] = parent
+            if len(ended) > _ENDED_KEPT:
+                del ended[next(iter(ended))]
+        at = self._ns(event)
+        detail = event.detail
+        status = str(detail.get("status", ""))
+        reason = str(detail.get("reason", ""))
+        if execution is not None:
+            for span in (execution.chat, *execution.tools.values()):
+                if span is not None:
+                    span.set_status(Status(StatusCode.ERROR, "interrupted"))
+                    span.end(end_time=at)
+            span = execution.span
+            span.set_attribute("fractor.status", status)
+            span.set_attribute("fractor.stop_reason", reason)
+            span.set_attribute("fractor.steps", int(detail.get("steps", 0)))
+            if status != "completed":
+                span.set_status(Status(StatusCode.ERROR, f"{status}: {reason}"))
+            span.end(end_time=at)
+            # Subagent calls of this execution whose child never ended end with it.
+            for child_id in execution.children:
+                orphan = self._spawned.pop(child_id, None)
+                if orphan is not None:
+                    orphan[0].set_status(Status(StatusCode.ERROR, "the subagent never answered"))
+                    orphan[0].end(end_time=at)
+        spawned = self._spawned.pop(node_id, None)
+        if spawned is not None:  # this execution answers a subagent call
+            call = spawned[0]
+            call.set_attribute("fractor.status", status)
+            if status != "completed":
+                call.set_status(Status(StatusCode.ERROR, f"{status}: {reason}"))
+            call.end(end_time=at)
+
+    def _request_start(self, event: Event) -> None:
+        execution = self._executions.get(event.execution_id)
+        if execution is None:
+            return
+        model = str(event.detail.get("model", ""))
+        execution.chat = self._tracer.start_span(
+            f"chat {model}",
+            context=execution.context,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": model,
+                "fractor.node_id": event.execution_id,
+                "fractor.step": int(event.detail.get("step", 0)),
+                "fractor.attempt": int(event.detail.get("attempt", 1)),
+            },
+            start_time=self._ns(event),
+        )
+
+    def _request_end(self, event: Event) -> None:
+        execution = self._executions.get(event.execution_id)
+        if execution is None or execution.chat is None:
+            return
+        span, execution.chat = execution.chat, None
+        detail = event.detail
+        finish = str(detail.get("finish_reason", ""))
+        span.set_attributes(
+            {
+                "gen_ai.response.model": str(
+                    detail.get("response_model") or detail.get("model", "")
+                ),
+                "gen_ai.usage.input_tokens": int(detail.get("input_tokens", 0)),
+                "gen_ai.usage.output_tokens": int(detail.get("output_tokens", 0)),
+                "gen_ai.response.finish_reasons": (finish,),
+            }
+        )
+        error = detail.get("error")
+        if error:
+            span.set_attribute("error.type", str(error).partition(":")[0])
+            span.set_status(Status(StatusCode.ERROR, str(error)))
+        execution.calls = [(str(i), str(n)) for i, n in detail.get("tool_calls", ())]
+        span.end(end_time=self._ns(event))
+
+    def _tool_start(self, event: Event) -> None:
+        execution = self._executions.get(event.execution_id)
+        if execution is None:
+            return
+        detail = event.detail
+        name, call_id = str(detail.get("tool", "")), str(detail.get("call_id", ""))
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "gen_ai.tool.call.id": call_id,
+            "fractor.node_id": event.execution_id,
+        }
+        if self.capture_content:
+            attributes["gen_ai.tool.call.arguments"] = str(detail.get("arguments", ""))
+        execution.tools[call_id] = self._tracer.start_span(
+            f"execute_tool {name}",
+            context=execution.context,
+            attributes=attributes,
+            start_time=self._ns(event),
+        )
+
+    def _tool_end(self, event: Event) -> None:
+        execution = self._executions.get(event.execution_id)
+        if execution is None:
+            return
+        span = execution.tools.pop(str(event.detail.get("call_id", "")), None)
+        if span is None:
+            return
+        if self.capture_content:
+            span.set_attribute("gen_ai.tool.call.result", str(event.detail.get("result", "")))
+        if event.detail.get("is_error"):
+            span.set_status(Status(StatusCode.ERROR, "the tool call failed"))
+        span.end(end_time=self._ns(event))
+
+    def _spawn(self, event: Event) -> None:
+        execution = self._executions.get(event.execution_id)
+        if execution is None:
+            return
+        detail = event.detail
+        child, child_id = str(detail.get("child", "")), str(detail.get("child_id", ""))
+        call_id = str(detail.get("call_id", ""))
+        for index, (asked_id, asked_name) in enumerate(execution.calls):
+            if asked_id == call_id or (not call_id and asked_name == child):
+                call_id = asked_id
+                del execution.calls[index]
+                break
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": child,
+            "gen_ai.tool.call.id": call_id,
+            "gen_ai.tool.type": "agent",
+            "fractor.node_id": event.execution_id,
+            "fractor.child_node_id": child_id,
+        }
+        if self.capture_content:
+            arguments = json.dumps({"task": str(detail.get("task", ""))})
+            attributes["gen_ai.tool.call.arguments"] = arguments
+        span = self._tracer.start_span(
+            f"execute_tool {child}",
+            context=execution.context,
+            attributes=attributes,
+            start_time=self._ns(event),
+        )
+        self._spawned[child_id] = (span, event.execution_id)
+        execution.children.append(child_id)
+
+    def _text(self, event: Event) -> None:
+        if not self.capture_content:
+            return
+        execution = self._executions.get(event.execution_id)
+        if execution is not None:
+            execution.span.add_event(
+                "gen_ai.assistant.message",
+                {"content": str(event.detail.get("text", ""))},
+                timestamp=self._ns(event),
+            )
+
+    def _mark(self, event: Event) -> None:
+        """A retry, a wait for the budget, a limit reached: an event of the span."""
+        execution = self._executions.get(event.execution_id)
+        if execution is None:
+            return
+        attributes = {
+            f"fractor.{key}": value
+            for key, value in event.detail.items()
+            if isinstance(value, str | int | float | bool)
+        }
+        execution.span.add_event(f"fractor.{event.kind}", attributes, timestamp=self._ns(event))
+
+
+def _messages(role: str, text: str) -> str:
+    """GenAI ``*.messages`` (a JSON array): one message of one text part."""
+    return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}]}])
+
+
+_HANDLERS: dict[str, Callable[[Instrumentation, Event], None]] = {
+    "execution_start": Instrumentation._execution_start,
+    "execution_end": Instrumentation._execution_end,
+    "request_start": Instrumentation._request_start,
+    "request_end": Instrumentation._request_end,
+    "tool_start": Instrumentation._tool_start,
+    "tool_end": Instrumentation._tool_end,
+    "spawn": Instrumentation._spawn,
+    "text": Instrumentation._text,
+    "retry": Instrumentation._mark,
+    "budget_wait": Instrumentation._mark,
+    "budget_resume": Instrumentation._mark,
+    "budget_exceeded": Instrumentation._mark,
+    "deadline": Instrumentation._mark,
+}

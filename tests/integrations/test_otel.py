@@ -1,0 +1,439 @@
+"""OpenTelemetry spans (``actors.integrations.otel``): the span tree is the agent tree.
+
+Spans go to the SDK's in-memory exporter through a ``TracerProvider`` passed
+explicitly (never the global one). A run with parallel subagents, two levels deep,
+is checked node for node against ``rt.tree()``; then the attributes, the contents
+(absent unless asked for), a canary API key (absent always) and the default (off:
+no listener, no spans).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from structlog.testing import capture_logs
+
+from actors import (
+    Agent,
+    AssistantMessage,
+    FunctionModel,
+    ModelRequest,
+    RestartPolicy,
+    RetryPolicy,
+    ScriptedModel,
+    call,
+    calls,
+    fail,
+    reply,
+    tool,
+)
+from actors._models import Turn
+from actors.integrations import otel
+from actors.providers import OpenAIModel
+from runtime import Budget, Event, EventBus, Runtime, TreeSnapshot
+
+from ..actors.loopback import LoopbackServer, json_reply
+
+CANARY = "sk-canary-0tel-9d41c7e2a6b3"
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider
+    provider.shutdown()
+
+
+def stepped(*turns: Turn) -> FunctionModel:
+    """A model answering each execution with ``turns`` in order."""
+
+    def respond(request: ModelRequest) -> Turn:
+        done = sum(isinstance(m, AssistantMessage) and bool(m.tool_calls) for m in request.messages)
+        return turns[min(done, len(turns) - 1)]
+
+    return FunctionModel(respond)
+
+
+@tool
+async def lookup(topic: str) -> str:
+    """Look a topic up."""
+    return f"notes on {topic}"
+
+
+def team() -> Agent:
+    """A lead with three subagent calls in one step (two researchers and an editor,
+    run in parallel), the editor with a checker of its own: three levels."""
+    researcher = Agent(
+        "researcher",
+        stepped(call("lookup", topic="tides"), reply("the moon drives tides")),
+        tools=[lookup],
+        description="Researches one topic.",
+        budget=Budget(steps=5, tool_calls=3),
+    )
+    checker = Agent("checker", stepped(reply("checked")), description="Checks a claim.")
+    editor = Agent(
+        "editor",
+        stepped(call("checker", task="check the claim"), reply("edited")),
+        subagents=[checker],
+        description="Edits a text.",
+    )
+    return Agent(
+        "lead",
+        ScriptedModel(
+            [
+                calls(
+                    call("researcher", task="research tides", id="c-r1"),
+                    call("researcher", task="research waves", id="c-r2"),
+                    call("editor", task="edit the report", id="c-e"),
+                ),
+                reply("the report is done"),
+            ]
+        ),
+        subagents=[researcher, editor],
+        budget=Budget(tokens=100_000, tool_calls=20),
+    )
+
+
+def operation(span: ReadableSpan) -> object:
+    return (span.attributes or {}).get("gen_ai.operation.name")
+
+
+def by_operation(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [span for span in spans if operation(span) == name]
+
+
+def every_value(spans: tuple[ReadableSpan, ...]) -> list[str]:
+    """Every attribute value, event attribute and status text of ``spans``, as text."""
+    seen: list[str] = []
+    for span in spans:
+        seen.append(span.name)
+        seen.extend(str(value) for value in (span.attributes or {}).values())
+        seen.append(span.status.description or "")
+        for event in span.events:
+            seen.append(event.name)
+            seen.extend(str(value) for value in (event.attributes or {}).values())
+    return seen
+
+
+async def run_team(
+    provider: TracerProvider, *, capture_content: bool = False
+) -> tuple[TreeSnapshot, int]:
+    """Run the team under a caller's span; the tree and the caller's span id."""
+    tracer = provider.get_tracer("the caller")
+    async with Runtime() as rt:
+        with otel.instrument(rt, tracer_provider=provider, capture_content=capture_content):
+            ref = await rt.spawn(team())
+            with tracer.start_as_current_span("the caller's request") as caller:
+                result = await ref.ask("write a report on the sea")
+            tree = rt.tree()
+    assert result.status == "completed", result.stop_reason
+    return tree, caller.get_span_context().span_id
+
+
+async def test_the_span_tree_is_the_agent_tree(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    tree, caller_id = await run_team(provider)
+    spans = exporter.get_finished_spans()
+    by_id = {span.context.span_id: span for span in spans if span.context is not None}
+    executions = {
+        str((span.attributes or {})["fractor.node_id"]): span
+        for span in by_operation(spans, "invoke_agent")
+    }
+    nodes = {node.id: node for node in tree.nodes if node.id != "root"}
+    assert len(nodes) == 5  # the lead, two researchers, the editor, its checker
+    assert set(executions) == set(nodes)  # node for node
+    assert len(by_operation(spans, "invoke_agent")) == 5
+    for node_id, node in nodes.items():
+        span = executions[node_id]
+        attributes = span.attributes or {}
+        assert span.name == f"invoke_agent {node.name}"
+        assert attributes["gen_ai.agent.name"] == node.name
+        assert attributes["fractor.depth"] == node.depth
+        assert attributes["fractor.agent_id"] == node.actor_id
+        assert attributes["fractor.status"] == "completed"
+        assert attributes["fractor.stop_reason"] == "final answer"
+        assert span.parent is not None
+        if node.parent_id == "root":  # the caller's span is the root execution's parent
+            assert span.parent.span_id == caller_id
+            assert span.context is not None
+            assert span.parent.trace_id == span.context.trace_id
+            continue
+        # A subagent's execution hangs under the tool call that spawned it, which
+        # hangs under its parent's execution.
+        call_span = by_id[span.parent.span_id]
+        call_attributes = call_span.attributes or {}
+        assert call_attributes["gen_ai.operation.name"] == "execute_tool"
+        assert call_attributes["gen_ai.tool.name"] == node.name
+        assert call_attributes["fractor.child_node_id"] == node_id
+        assert call_span.parent is not None
+        assert call_span.parent.span_id == executions[str(node.parent_id)].context.span_id
+    # The lead's three subagent calls keep the ids the model gave them.
+    lead = next(node for node in nodes.values() if node.name == "lead")
+    lead_calls = [
+        span
+        for span in by_operation(spans, "execute_tool")
+        if (span.attributes or {})["fractor.node_id"] == lead.id
+    ]
+    assert sorted(str((s.attributes or {})["gen_ai.tool.call.id"]) for s in lead_calls) == [
+        "c-e",
+        "c-r1",
+        "c-r2",
+    ]
+    # The two researchers ran in parallel: their calls overlap in time.
+    first, second = sorted(
+        (s for s in lead_calls if (s.attributes or {})["gen_ai.tool.name"] == "researcher"),
+        key=lambda s: s.start_time or 0,
+    )
+    assert (first.end_time or 0) > (second.start_time or 0)
+
+
+async def test_spans_carry_the_documented_attributes(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    await run_team(provider)
+    spans = exporter.get_finished_spans()
+    chats = by_operation(spans, "chat")
+    # Two requests per execution, except the checker's one: 2 + 2 + 2 + 2 + 1.
+    assert len(chats) == 9
+    for chat in chats:
+        attributes = chat.attributes or {}
+        assert chat.kind is SpanKind.CLIENT
+        assert chat.name == f"chat {attributes['gen_ai.request.model']!s}"
+        assert attributes["gen_ai.response.model"]
+        assert attributes["gen_ai.usage.input_tokens"] > 0  # type: ignore[operator]
+        assert "gen_ai.usage.output_tokens" in attributes
+        assert attributes["gen_ai.response.finish_reasons"] in (("stop",), ("tool_calls",))
+        assert chat.parent is not None
+        assert chat.start_time is not None
+        assert chat.end_time is not None
+        assert chat.start_time <= chat.end_time
+    lookups = [s for s in by_operation(spans, "execute_tool") if s.name == "execute_tool lookup"]
+    assert len(lookups) == 2
+    for span in lookups:
+        attributes = span.attributes or {}
+        assert attributes["gen_ai.tool.name"] == "lookup"
+        assert attributes["gen_ai.tool.call.id"]
+        assert span.status.status_code is not StatusCode.ERROR
+    lead = next(s for s in by_operation(spans, "invoke_agent") if s.name == "invoke_agent lead")
+    assert (lead.attributes or {})["fractor.budget.tokens"] == 100_000
+    assert (lead.attributes or {})["fractor.budget.tool_calls"] == 20
+    researcher = next(
+        s for s in by_operation(spans, "invoke_agent") if s.name == "invoke_agent researcher"
+    )
+    assert (researcher.attributes or {})["fractor.budget.steps"] == 5
+    assert (researcher.attributes or {})["gen_ai.agent.id"]
+    # Every execution span starts before and ends after the spans below it.
+    by_id = {span.context.span_id: span for span in spans if span.context is not None}
+    for span in spans:
+        if span.parent is not None and span.parent.span_id in by_id:
+            above = by_id[span.parent.span_id]
+            assert (above.start_time or 0) <= (span.start_time or 0)
+            assert (span.end_time or 0) <= (above.end_time or 0)
+
+
+CONTENT_KEYS = (
+    "gen_ai.input.messages",
+    "gen_ai.tool.call.arguments",
+    "gen_ai.tool.call.result",
+)
+
+
+async def test_contents_only_when_asked_for(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    await run_team(provider)
+    spans = exporter.get_finished_spans()
+    for span in spans:
+        assert not set(CONTENT_KEYS) & set(span.attributes or {}), span.name
+        assert not [event for event in span.events if event.name == "gen_ai.assistant.message"]
+    values = every_value(spans)
+    for said in ("write a report", "research tides", "notes on tides", "the moon drives"):
+        assert not any(said in value for value in values), said
+    exporter.clear()
+
+    await run_team(provider, capture_content=True)
+    spans = exporter.get_finished_spans()
+    lead = next(s for s in spans if s.name == "invoke_agent lead")
+    asked = json.loads(str((lead.attributes or {})["gen_ai.input.messages"]))
+    assert asked == [
+        {"role": "user", "parts": [{"type": "text", "content": "write a report on the sea"}]}
+    ]
+    texts = [str((e.attributes or {})["content"]) for e in lead.events]
+    assert "the report is done" in texts
+    lookups = [s for s in spans if s.name == "execute_tool lookup"]
+    assert {(s.attributes or {})["gen_ai.tool.call.result"] for s in lookups} == {"notes on tides"}
+    assert all((s.attributes or {})["gen_ai.tool.call.arguments"] for s in lookups)
+    delegated = [s for s in spans if s.name == "execute_tool editor"]
+    assert json.loads(str((delegated[0].attributes or {})["gen_ai.tool.call.arguments"])) == {
+        "task": "edit the report"
+    }
+
+
+async def test_a_canary_key_reaches_no_span(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    said = f"Incorrect API key provided: {CANARY}. Your key {CANARY} is not valid."
+    with LoopbackServer() as server:
+        server.queue(
+            json_reply({"error": {"message": said, "type": "server_error"}}, status=500),
+            json_reply({"error": {"message": said, "type": "invalid", "code": "401"}}, status=401),
+        )
+        model = OpenAIModel("test-model", api_key=CANARY, base_url=f"{server.url}/v1")
+        agent = Agent("keyed", model, retry=RetryPolicy(retries=1, initial_delay=0.0, jitter=0.0))
+        async with model, Runtime() as rt:
+            with otel.instrument(rt, tracer_provider=provider, capture_content=True):
+                result = await (await rt.spawn(agent)).ask("hello")
+    assert result.status == "failed"
+    spans = exporter.get_finished_spans()
+    chats = by_operation(spans, "chat")
+    assert len(chats) == 2  # the attempt that failed and its retry
+    assert all(chat.status.status_code is StatusCode.ERROR for chat in chats)
+    (execution,) = by_operation(spans, "invoke_agent")
+    assert [event.name for event in execution.events].count("fractor.retry") == 1
+    assert execution.status.status_code is StatusCode.ERROR
+    values = every_value(spans)
+    assert any("401" in value for value in values)  # the error is there, redacted
+    assert not any(CANARY in value for value in values)
+
+
+async def test_a_restarted_execution_keeps_its_parent(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    model = ScriptedModel([fail(ValueError("boom")), reply("fine")])
+    agent = Agent("a", model, restart=RestartPolicy(max_restarts=1))
+    tracer = provider.get_tracer("the caller")
+    async with Runtime() as rt:
+        with otel.instrument(rt, tracer_provider=provider):
+            ref = await rt.spawn(agent)
+            with tracer.start_as_current_span("caller") as caller:
+                result = await ref.ask("go")
+            with tracer.start_as_current_span("another caller") as other:
+                await ref.ask("again")
+    assert result.status == "completed"
+    first, second, third = by_operation(exporter.get_finished_spans(), "invoke_agent")
+    caller_id = caller.get_span_context().span_id
+    assert first.parent is not None
+    assert second.parent is not None
+    assert third.parent is not None
+    assert first.parent.span_id == second.parent.span_id == caller_id
+    assert third.parent.span_id == other.get_span_context().span_id
+    assert (first.attributes or {})["fractor.status"] == "failed"
+    assert first.status.status_code is StatusCode.ERROR
+    assert (second.attributes or {})["fractor.status"] == "completed"
+
+
+async def test_without_a_caller_span_each_execution_is_a_trace_of_its_own(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    agent = Agent("solo", ScriptedModel([reply("hi"), reply("hi again")]))
+    async with Runtime() as rt:
+        with otel.instrument(rt, tracer_provider=provider):
+            ref = await rt.spawn(agent)
+            await ref.ask("hello")
+            await ref.ask("hello again")
+    first, second = by_operation(exporter.get_finished_spans(), "invoke_agent")
+    assert first.parent is None
+    assert second.parent is None
+    assert first.context is not None
+    assert second.context is not None
+    assert first.context.trace_id != second.context.trace_id
+
+
+async def test_spans_are_stamped_in_epoch_time_even_if_instrumented_before_the_start(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    agent = Agent("solo", ScriptedModel([reply("hi")]))
+    rt = Runtime()
+    began = time.time_ns()
+    with otel.instrument(rt, tracer_provider=provider):
+        async with rt:
+            await (await rt.spawn(agent)).ask("hello")
+    ended = time.time_ns()
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 2  # the execution and its request
+    for span in spans:
+        assert span.start_time is not None
+        assert span.end_time is not None
+        assert began - 50_000_000 <= span.start_time <= span.end_time <= ended + 50_000_000
+
+
+def listened(bus: EventBus) -> bool:
+    """Whether events are built and delivered (a call: mypy narrows attributes)."""
+    return bus.active
+
+
+async def test_off_by_default_and_after_close(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    agent = Agent("solo", ScriptedModel([reply("hi"), reply("hi again")]))
+    async with Runtime() as rt:
+        bus = rt.event_bus
+        ref = await rt.spawn(agent)
+        await ref.ask("hello")  # never instrumented: nothing listens
+        assert not listened(bus)
+        assert bus.on_task is None
+        instrumentation = otel.instrument(rt, tracer_provider=provider)
+        assert listened(bus)
+        instrumentation.close()
+        instrumentation.close()  # twice is harmless
+        assert not listened(bus)
+        assert bus.on_task is None
+        await ref.ask("hello again")
+    assert exporter.get_finished_spans() == ()
+
+
+async def test_a_streamed_ask_hangs_under_the_callers_span(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    tracer = provider.get_tracer("the caller")
+    async with Runtime() as rt:
+        with otel.instrument(rt, tracer_provider=provider):
+            ref = await rt.spawn(team())
+            with tracer.start_as_current_span("caller") as caller:
+                async with ref.stream("write a report", subagents=True) as run:
+                    async for _ in run:
+                        pass
+    assert run.result.status == "completed"
+    spans = exporter.get_finished_spans()
+    (lead,) = [s for s in spans if s.name == "invoke_agent lead"]
+    assert lead.parent is not None
+    assert lead.parent.span_id == caller.get_span_context().span_id
+    assert len(by_operation(spans, "invoke_agent")) == 5
+
+
+async def test_a_failing_span_never_fails_the_agent(
+    provider: TracerProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: otel.Instrumentation, event: Event) -> None:
+        raise RuntimeError("a broken exporter")
+
+    monkeypatch.setitem(otel._HANDLERS, "request_start", broken)
+    agent = Agent("solo", ScriptedModel([reply("hi")]))
+    with capture_logs() as logs:
+        async with Runtime() as rt:
+            with otel.instrument(rt, tracer_provider=provider):
+                result = await (await rt.spawn(agent)).ask("hello")
+    assert result.text == "hi"
+    assert [entry["kind"] for entry in logs if entry["event"] == "otel_span_failed"] == [
+        "request_start"
+    ]
+
+
+async def test_instrument_takes_a_runtime() -> None:
+    assert otel.__all__ == ["Instrumentation", "instrument"]
+    with pytest.raises(TypeError, match=r"runtime\.Runtime"):
+        otel.instrument("not a runtime")  # type: ignore[arg-type]
