@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 from runtime import ActorRef, Budget
 
@@ -24,7 +24,7 @@ from ._messages import Task, ToolCall, ToolSpec
 from ._models import Model
 from ._output import FINAL_ANSWER, OutputMode, OutputSpec, output_spec
 from ._policy import RestartPolicy, RetryPolicy
-from ._toolbox import Toolbox
+from ._toolbox import Toolbox, Toolset, is_toolset
 from ._tools import Tool, tool
 
 __all__ = [
@@ -70,7 +70,7 @@ class Agent:
 
     name: str
     model: Model
-    tools: Sequence[Tool[..., Any] | Callable[..., Any]] = ()
+    tools: Sequence[Tool[..., Any] | Callable[..., Any] | Toolset] = ()
     instructions: str = ""
     subagents: Sequence[Agent] = ()
     budget: Budget | None = None
@@ -91,6 +91,8 @@ class Agent:
     toolbox: Toolbox = field(init=False, repr=False, compare=False)
     specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
     subagents_by_name: dict[str, Agent] = field(init=False, repr=False, compare=False)
+    #: The ``Toolset`` entries of ``tools``: resolved when the agent is spawned.
+    toolsets: tuple[Toolset, ...] = field(init=False, repr=False, compare=False)
     #: Whether a call needs approval (the ``approval`` policy and the tools marked
     #: so); None when no call of this agent ever does.
     approve: Callable[[ToolCall], bool] | None = field(init=False, repr=False, compare=False)
@@ -127,7 +129,12 @@ class Agent:
                 f"Agent {self.name!r}: max_tokens must be >= 1, got {self.max_tokens!r}"
             )
         self._check_types()
-        tools = tuple(t if isinstance(t, Tool) else tool(t) for t in self.tools)
+        entries = tuple(
+            t if isinstance(t, Tool) or is_toolset(t) else tool(cast("Callable[..., Any]", t))
+            for t in self.tools
+        )
+        tools = tuple(t for t in entries if isinstance(t, Tool))
+        toolsets = tuple(t for t in entries if not isinstance(t, Tool))
         toolbox = Toolbox(tools)
         subagents = tuple(self.subagents)
         by_name: dict[str, Agent] = {}
@@ -143,10 +150,11 @@ class Agent:
                     "its tools and subagents; the model tells them apart by name"
                 )
             by_name[subagent.name] = subagent
-        object.__setattr__(self, "tools", tools)
+        object.__setattr__(self, "tools", entries)
         object.__setattr__(self, "subagents", subagents)
         object.__setattr__(self, "toolbox", toolbox)
         object.__setattr__(self, "subagents_by_name", by_name)
+        object.__setattr__(self, "toolsets", toolsets)
         try:
             approve = approver(self.approval, [t.name for t in tools if t.approval])
         except TypeError as exc:

@@ -13,13 +13,15 @@ the persistent sections (``actors._persistence``).
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from collections.abc import Coroutine, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import structlog
 
-from runtime import Actor, Budget, BudgetExceeded, Node, Price, Record, Store, Usage
+from runtime import Actor, Budget, BudgetExceeded, Node, Price, Record, Runtime, Store, Usage
 from runtime.lowlevel import HeldUp
 
 from ._agent_ref import Decide, GetApprovals, GetConversation, GetProgress, GetTrace
@@ -38,10 +40,12 @@ from ._messages import (
     exception_text,
 )
 from ._persistence import AgentState, decode_state, encode_state, is_automatic_id
+from ._tools import Tool
 from ._traces import trace_record
 
 if TYPE_CHECKING:
     from ._agent import Agent
+    from ._toolbox import Toolset
 
 __all__ = ["AgentActor"]
 
@@ -87,9 +91,12 @@ class AgentActor(Actor):
         Only a top-level agent with an id of its own keeps a state (see
         ``actors._persistence``). A stored state that cannot be read fails the spawn
         with ``StoreError``: starting over would overwrite it at the next save. A cost
-        limit over models with no price fails it too, before any request.
+        limit over models with no price fails it too, before any request. The
+        agent's toolsets (``Toolset``: an MCP server's tools) are resolved first.
         """
         context = self.context
+        if self.agent.toolsets:
+            self.agent = await with_toolsets(self.agent, context.runtime)
         budget = context.runtime.budget
         _check_prices(self.agent, context.runtime.supervisor.prices, budget)
         store = context.runtime.store
@@ -388,3 +395,29 @@ def _priced_names(agent: Agent) -> Iterator[str]:
     yield inner.name if inner is not None else model.name
     for subagent in agent.subagents:
         yield from _priced_names(subagent)
+
+
+#: Agent definitions with their toolsets resolved, per runtime (by the definition's
+#: identity; the definition is kept with it, so the identity stays its own).
+_resolved: weakref.WeakKeyDictionary[Runtime, dict[int, tuple[Agent, Agent]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def with_toolsets(agent: Agent, runtime: Runtime) -> Agent:
+    """``agent`` with each of its toolsets replaced by the tools it lists in
+    ``runtime``; resolved once per runtime and definition (a subagent spawned a
+    thousand times lists its server's tools once)."""
+    cache = _resolved.setdefault(runtime, {})
+    found = cache.get(id(agent))
+    if found is not None:
+        return found[1]
+    entries: list[Any] = []
+    for entry in agent.tools:
+        if isinstance(entry, Tool):
+            entries.append(entry)
+        else:
+            entries.extend(await cast("Toolset", entry).tools(runtime))
+    resolved = dataclasses.replace(agent, tools=tuple(entries))
+    cache.setdefault(id(agent), (agent, resolved))
+    return cache[id(agent)][1]

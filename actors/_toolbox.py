@@ -1,15 +1,36 @@
 """``Toolbox``: the tools of one agent definition, by name, and how a call finds its
-tool (an unknown name is an error result the model reads, never an exception)."""
+tool (an unknown name is an error result the model reads, never an exception).
+
+``Toolset``: tools known only once a runtime runs (an MCP server's, say), listed in
+an agent's ``tools`` next to its own; the agent's actor resolves them when it is
+spawned, once per runtime and definition (``AgentActor.on_start``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._messages import ToolCall, ToolOutcome, ToolSpec
 from ._tools import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError, tool, truncate
 
-__all__ = ["Toolbox"]
+if TYPE_CHECKING:
+    from runtime import Runtime
+
+__all__ = ["Toolbox", "Toolset", "is_toolset"]
+
+
+@runtime_checkable
+class Toolset(Protocol):
+    """Tools an agent gets from outside once a runtime runs: ``tools`` lists them,
+    through whatever ``runtime`` holds for it (a connection, a process)."""
+
+    async def tools(self, runtime: Runtime) -> Sequence[Tool[..., Any]]: ...
+
+
+def is_toolset(entry: object) -> bool:
+    """Whether an entry of an agent's ``tools`` is a ``Toolset`` (not a tool)."""
+    return not isinstance(entry, Tool) and not callable(entry) and isinstance(entry, Toolset)
 
 
 class Toolbox:

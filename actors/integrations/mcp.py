@@ -50,7 +50,7 @@ from runtime import Runtime
 from .._messages import ToolCall, ToolOutcome, ToolSpec, exception_text
 from .._tools import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError
 
-__all__ = ["MCPServer", "MCPTool", "mcp_tools"]
+__all__ = ["MCPServer", "MCPTool", "MCPToolset", "mcp_tools"]
 
 #: How long connecting to a server (starting it, the MCP handshake) may take.
 CONNECT_TIMEOUT = 30.0
@@ -107,6 +107,26 @@ class MCPServer:
             return self.url
         return " ".join((self.command, *self.args))
 
+    def tools(
+        self,
+        *,
+        include: Sequence[str] | None = None,
+        prefix: str = "",
+        timeout: float | None = None,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+    ) -> MCPToolset:
+        """This server's tools as an entry of an agent's ``tools``, next to its own:
+        ``Agent(..., tools=[search, server.tools(prefix="fs_")])``. Resolved when the
+        agent is spawned (through the runtime's one session with the server; see
+        ``mcp_tools`` for the options), so the agent can be defined anywhere."""
+        return MCPToolset(
+            server=self,
+            include=None if include is None else tuple(include),
+            prefix=prefix,
+            timeout=timeout,
+            max_result_chars=max_result_chars,
+        )
+
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[ClientSession]:
         """A session with this server, initialized (the server started, for stdio)."""
@@ -122,6 +142,28 @@ class MCPServer:
             with anyio.fail_after(CONNECT_TIMEOUT):
                 await session.initialize()
             yield session
+
+
+@dataclass(frozen=True, slots=True)
+class MCPToolset:
+    """An MCP server's tools in an agent's ``tools`` (``MCPServer.tools``): an
+    ``actors.Toolset``, resolved by ``mcp_tools`` in the runtime that spawns the agent."""
+
+    server: MCPServer
+    include: tuple[str, ...] | None = None
+    prefix: str = ""
+    timeout: float | None = None
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
+
+    async def tools(self, runtime: Runtime) -> tuple[MCPTool, ...]:
+        return await mcp_tools(
+            runtime,
+            self.server,
+            include=self.include,
+            prefix=self.prefix,
+            timeout=self.timeout,
+            max_result_chars=self.max_result_chars,
+        )
 
 
 class MCPTool(Tool[..., Any]):

@@ -273,3 +273,47 @@ def test_server_definitions_are_values() -> None:
         MCPServer.http("h/mcp")
     with pytest.raises(TypeError, match="sequence of strings"):
         MCPServer.stdio("srv", "x")
+
+
+async def test_an_agent_defined_anywhere_takes_a_servers_tools_next_to_its_own(
+    stdio: MCPServer, files: tuple[pathlib.Path, pathlib.Path]
+) -> None:
+    """``server.tools(...)`` in ``tools=[...]``: the definition needs no runtime; each
+    runtime that spawns it lists the server's tools once, for the agent and for every
+    spawn of it as a subagent, on one server process."""
+    from actors import tool
+
+    @tool
+    async def local(word: str) -> str:
+        """A tool of the agent's own."""
+        return word.upper()
+
+    helper = Agent(
+        "helper",
+        ScriptedModel([call("m_add", a=1, b=2), reply("3"), call("m_add", a=2, b=2), reply("4")]),
+        tools=[stdio.tools(include=["add"], prefix="m_")],
+    )
+    lead_model = ScriptedModel(
+        [
+            calls(call("local", word="hi"), call("m_shout", {"text": "yo"})),
+            calls(call("helper", task="one"), call("helper", task="two")),
+            reply("done"),
+        ]
+    )
+    lead = Agent(
+        "lead", lead_model, tools=[local, stdio.tools(include=["shout"], prefix="m_")],
+        subagents=[helper],
+    )  # fmt: skip
+    assert [type(t).__name__ for t in lead.tools] == ["Tool", "MCPToolset"]
+    assert [s.name for s in lead.specs] == ["local", "helper"]  # the server's come later
+    pids, _ = files
+    with anyio.fail_after(20):
+        async with Runtime() as rt:
+            result = await (await rt.spawn(lead)).ask("go")
+    assert result.ok, result.stop_reason
+    assert [s.name for s in lead_model.requests[0].tools] == ["local", "m_shout", "helper"]
+    contents = [m.content for m in lead_model.requests[1].messages[-2:]]
+    assert contents == ["HI", "YO"]
+    assert sorted(m.content for m in lead_model.requests[2].messages[-2:]) == ["3", "4"]
+    assert len(_pids(pids)) == 1  # one server process for every agent that used it
+    assert not any(_alive(pid) for pid in _pids(pids))
