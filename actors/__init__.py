@@ -69,6 +69,7 @@ from ._streaming import TextDelta as TextDelta
 from ._streaming import ToolCallFinished as ToolCallFinished
 from ._streaming import ToolCallStarted as ToolCallStarted
 from ._toolbox import Toolbox as Toolbox
+from ._toolbox import Toolset as Toolset
 from ._tools import Tool as Tool
 from ._tools import ToolDefinitionError as ToolDefinitionError
 from ._tools import tool as tool
@@ -155,6 +156,7 @@ __all__ = [
     "ToolResultMessage",
     "ToolSpec",
     "Toolbox",
+    "Toolset",
     "Usage",
     "UserMessage",
     "call",

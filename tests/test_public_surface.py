@@ -71,6 +71,8 @@ def test_actors_surface_names() -> None:
         "ApprovalRequested", "Decide", "GetApprovals",
         # typed answers
         "OutputMode", "OutputSchema",
+        # tools known once a runtime runs (an MCP server's)
+        "Toolset",
     }  # fmt: skip
     assert set(actors.__all__) == expected
 
