@@ -199,6 +199,9 @@ class AgentActor(Actor):
                     )
             except BudgetExceeded as exc:
                 # Nothing ran: the turn joins neither the live nor the stored conversation.
+                bus = context.runtime.event_bus
+                if bus.active:
+                    bus.emit("refused", agent=agent.name, agent_id=context.id, reason=str(exc))
                 return self._refused(str(exc))
         history = self._history(task)
         node.actor_id = context.id

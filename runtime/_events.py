@@ -55,6 +55,7 @@ EventKind = Literal[
     "deadline",
     "approval_request",
     "approval_decision",
+    "refused",
     "request_start",
     "request_end",
     "execution_end",

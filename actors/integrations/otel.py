@@ -175,6 +175,15 @@ class Instrumentation:
         except Exception:  # an observer never fails the agents it observes
             log.exception("otel_span_failed", kind=event.kind, execution_id=event.execution_id)
 
+    def _refused(self, event: Event) -> None:
+        """A task refused before it started (a depth or agents limit): its caller's
+        context is dropped, so the agent's next execution gets its own."""
+        callers = self._callers.get(event.agent_id)
+        if callers:
+            callers.popleft()
+            if not callers:
+                del self._callers[event.agent_id]
+
     def _execution_start(self, event: Event) -> None:
         node_id = event.execution_id
         parent = self._parents.get(node_id)
@@ -403,6 +412,7 @@ _HANDLERS: dict[str, Callable[[Instrumentation, Event], None]] = {
     "tool_start": Instrumentation._tool_start,
     "tool_end": Instrumentation._tool_end,
     "spawn": Instrumentation._spawn,
+    "refused": Instrumentation._refused,
     "text": Instrumentation._text,
     "retry": Instrumentation._mark,
     "budget_wait": Instrumentation._mark,

@@ -437,3 +437,24 @@ async def test_instrument_takes_a_runtime() -> None:
     assert otel.__all__ == ["Instrumentation", "instrument"]
     with pytest.raises(TypeError, match=r"runtime\.Runtime"):
         otel.instrument("not a runtime")  # type: ignore[arg-type]
+
+
+async def test_a_refused_task_leaves_no_caller_behind(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """A task refused before it starts (the runtime's agents limit) drops its caller's
+    context: none is left to be taken by the agent's next execution."""
+    tracer = provider.get_tracer("the caller")
+    async with Runtime(budget=Budget(agents=1)) as rt:
+        with otel.instrument(rt, tracer_provider=provider) as instrumentation:
+            ref = await rt.spawn(Agent("a", ScriptedModel([reply("fine")])))
+            with tracer.start_as_current_span("first caller") as first:
+                result = await ref.ask("go")
+            with tracer.start_as_current_span("refused caller"):
+                refused = await ref.ask("one too many")
+            assert not instrumentation._callers  # the refused task's context was dropped
+    assert result.status == "completed"
+    assert refused.status == "budget_exceeded"
+    (span,) = by_operation(exporter.get_finished_spans(), "invoke_agent")
+    assert span.parent is not None
+    assert span.parent.span_id == first.get_span_context().span_id
