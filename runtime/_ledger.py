@@ -13,8 +13,7 @@ a request or a charge that only held headroom stands in the way of **waits** for
 (it never stops: admission stays honest). A lease ends in one of three ways:
 
 - **Reports** (``report``): the remote subtree's usage so far, charged here on the
-  whole chain; the hold shrinks by as much. A remote subtree never overshoots its
-  lease, so nothing here overshoots either.
+  whole chain; the hold shrinks by as much (the subtree never overshoots its lease).
 - **Asks** (``ask``): the remote subtree ran out (an operation there needs more
   than its lease has left). It reports, gives back what it does not hold in flight
   of the fields it asks for, and asks for at least what it needs of them. The ask is
@@ -28,14 +27,12 @@ a request or a charge that only held headroom stands in the way of **waits** for
   time, so a lost host takes little with it.
 - **Ends** (``end``): the subtree answered; its last report is charged and the rest of
   its hold comes back. Or the host was lost (``end(..., lost=True)``): what it was
-  granted and never reported is **counted as spent**, never refunded on a guess; the
-  hold stays and nothing will bring it back.
+  granted and never reported is **counted as spent**, never refunded on a guess.
 
 On the host, the top node of the subtree has a ``lender``: where its own admission
-would stop the subtree because the lease ran out, it asks the lender instead (once
-nothing of its own is in flight there that could come back) and waits; ``extend``
-applies the new limits when the answer comes, and a refusal stops the subtree with
-the reason given here.
+would stop the subtree because the lease ran out, it asks the lender (once nothing
+of its own in flight there could come back) and waits; ``extend`` applies the new
+limits, and a refusal stops the subtree with the reason given here.
 """
 
 from __future__ import annotations

@@ -4,15 +4,13 @@ The kernel knows bytes, not LLMs. A store keeps two things:
 
 - one **state** per actor id: opaque bytes, replaced whole by each ``save``;
 - **records**: opaque bytes under a unique id, with the id of the actor that saved
-  them, a ``kind`` naming what the bytes are, and an optional ``parent_id`` (another
-  record's id), so that a tree of records can be rebuilt with
-  ``records(parent_id=...)``. The ``actors`` package keeps one execution trace per
-  record (kind ``"trace"``), keyed by its execution id.
+  them, a ``kind`` naming what they are and an optional ``parent_id`` (another
+  record's id: a tree of records is rebuilt with ``records(parent_id=...)``). The
+  ``actors`` package keeps one execution trace per record (kind ``"trace"``).
 
 ``save(actor_id, state, records=...)`` writes the state and the records in **one
-transaction**: either all of them are stored or none is, so a process killed in
-the middle of a save leaves the previous state readable. Saving a record under an
-id that is already taken replaces it.
+transaction** (all or none: a process killed mid-save leaves the previous state
+readable); a record saved under an id already taken replaces it.
 
 Two implementations: ``MemoryStore`` (the fake, for tests: a dict, nothing survives
 the process) and ``SQLiteStore`` (stdlib ``sqlite3`` run in worker threads, WAL
