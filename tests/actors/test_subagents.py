@@ -11,7 +11,6 @@ import pytest
 from actors import (
     Agent,
     AssistantMessage,
-    FunctionModel,
     ModelRequest,
     RestartPolicy,
     RetryPolicy,
@@ -24,24 +23,13 @@ from actors import (
     reply,
     tool,
 )
-from actors._models import Turn
 from runtime import Budget, Price, Runtime
 
-from .tools import counting_work, hanging
+from .tools import counting_work, hanging, stepped
 
 
 def last_message_text(request: ModelRequest) -> str:
     return request.messages[-1].content
-
-
-def stepped(*turns: Turn) -> FunctionModel:
-    """A model answering each execution with ``turns`` in order, counting its own steps."""
-
-    def respond(request: ModelRequest) -> Turn:
-        done = sum(isinstance(m, AssistantMessage) and bool(m.tool_calls) for m in request.messages)
-        return turns[min(done, len(turns) - 1)]
-
-    return FunctionModel(respond)
 
 
 @tool

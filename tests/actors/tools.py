@@ -7,7 +7,18 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from actors import Agent, Model, Result, RetryPolicy, Tool, tool
+from actors import (
+    Agent,
+    AssistantMessage,
+    FunctionModel,
+    Model,
+    ModelRequest,
+    Result,
+    RetryPolicy,
+    Tool,
+    tool,
+)
+from actors._turns import Turn
 from runtime import Runtime
 
 
@@ -63,3 +74,15 @@ async def ask_once(model: Model, text: str = "Go", *, retries: int = 2) -> Resul
     agent = Agent("assistant", model, retry=RetryPolicy(retries=retries, initial_delay=0))
     async with Runtime() as rt:
         return await (await rt.spawn(agent)).ask(text)
+
+
+def stepped(*turns: Turn) -> FunctionModel:
+    """A model answering each execution with ``turns`` in order, counting its own steps
+    (the tool-call messages of its execution so far): concurrent and nested executions
+    of one definition never mix their scripts."""
+
+    def respond(request: ModelRequest) -> Turn:
+        done = sum(isinstance(m, AssistantMessage) and bool(m.tool_calls) for m in request.messages)
+        return turns[min(done, len(turns) - 1)]
+
+    return FunctionModel(respond)

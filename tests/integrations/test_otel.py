@@ -22,9 +22,6 @@ from structlog.testing import capture_logs
 
 from actors import (
     Agent,
-    AssistantMessage,
-    FunctionModel,
-    ModelRequest,
     RestartPolicy,
     RetryPolicy,
     ScriptedModel,
@@ -34,12 +31,12 @@ from actors import (
     reply,
     tool,
 )
-from actors._models import Turn
 from actors.integrations import otel
 from actors.providers import OpenAIModel
 from runtime import Budget, Event, EventBus, Runtime, TreeSnapshot
 
 from ..actors.loopback import LoopbackServer, json_reply
+from ..actors.tools import stepped
 
 CANARY = "sk-canary-0tel-9d41c7e2a6b3"
 
@@ -55,16 +52,6 @@ def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield provider
     provider.shutdown()
-
-
-def stepped(*turns: Turn) -> FunctionModel:
-    """A model answering each execution with ``turns`` in order."""
-
-    def respond(request: ModelRequest) -> Turn:
-        done = sum(isinstance(m, AssistantMessage) and bool(m.tool_calls) for m in request.messages)
-        return turns[min(done, len(turns) - 1)]
-
-    return FunctionModel(respond)
 
 
 @tool
