@@ -26,8 +26,11 @@ from ._fakes import estimate_tokens as estimate_tokens
 from ._hosts import HostUnavailable as HostUnavailable
 from ._hosts import LocalHosts as LocalHosts
 from ._hosts import RemoteHosts as RemoteHosts
+from ._memory import DEFAULT_SUMMARY_INSTRUCTIONS as DEFAULT_SUMMARY_INSTRUCTIONS
+from ._memory import Compaction as Compaction
 from ._messages import AssistantMessage as AssistantMessage
 from ._messages import Conversation as Conversation
+from ._messages import DigestMessage as DigestMessage
 from ._messages import ExecutionTrace as ExecutionTrace
 from ._messages import FinishReason as FinishReason
 from ._messages import Message as Message
@@ -38,6 +41,7 @@ from ._messages import Progress as Progress
 from ._messages import Result as Result
 from ._messages import Status as Status
 from ._messages import StepRecord as StepRecord
+from ._messages import SummaryRecord as SummaryRecord
 from ._messages import SystemMessage as SystemMessage
 from ._messages import Task as Task
 from ._messages import ToolCall as ToolCall
@@ -90,6 +94,7 @@ from .providers import ProviderError as ProviderError
 from .providers import model_from_string as model_from_string
 
 __all__ = [
+    "DEFAULT_SUMMARY_INSTRUCTIONS",
     "Agent",
     "AgentActor",
     "AgentRef",
@@ -104,9 +109,11 @@ __all__ = [
     "AssistantMessage",
     "BudgetResumed",
     "BudgetWaiting",
+    "Compaction",
     "Conversation",
     "CycleModel",
     "Decide",
+    "DigestMessage",
     "ExecutionTrace",
     "FinishReason",
     "FunctionModel",
@@ -144,6 +151,7 @@ __all__ = [
     "StreamingModel",
     "SubagentFinished",
     "SubagentStarted",
+    "SummaryRecord",
     "SystemMessage",
     "Task",
     "TextDelta",

@@ -20,6 +20,7 @@ from ._agent_actor import AgentActor
 from ._agent_ref import AgentRef, GetConversation, GetProgress, GetTrace
 from ._approval import ApprovalPolicy, approver
 from ._execution import StopCondition
+from ._memory import Compaction
 from ._messages import Task, ToolCall, ToolSpec
 from ._models import Model
 from ._output import FINAL_ANSWER, OutputMode, OutputSpec, output_spec
@@ -66,6 +67,8 @@ class Agent:
     answers go back to the model before the execution fails. ``approval`` names the
     tool calls a person must approve first (tool names, or a function of the call;
     ``@tool(approval=True)`` marks a tool itself): see ``AgentRef.approve``.
+    ``memory`` folds old turns of a long conversation into a summary
+    (``Compaction``: when, how many turns stay, which model summarizes).
     """
 
     name: str
@@ -88,6 +91,7 @@ class Agent:
     output_mode: OutputMode = "auto"
     output_retries: int = 2
     approval: ApprovalPolicy | None = None
+    memory: Compaction | None = None
     toolbox: Toolbox = field(init=False, repr=False, compare=False)
     specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
     subagents_by_name: dict[str, Agent] = field(init=False, repr=False, compare=False)
@@ -202,6 +206,11 @@ class Agent:
                     f"{prefix} {option} must be an actors.{kind.__name__}, "
                     f"got {type(value).__qualname__}"
                 )
+        if self.memory is not None and not isinstance(self.memory, Compaction):
+            raise TypeError(
+                f"{prefix} memory must be an actors.Compaction or None, "
+                f"got {type(self.memory).__qualname__}"
+            )
         if not isinstance(self.escalate, bool):
             raise TypeError(f"{prefix} escalate must be a bool, got {self.escalate!r}")
         for option in ("tools", "subagents"):

@@ -26,10 +26,13 @@ from runtime.lowlevel import HeldUp
 
 from ._agent_ref import Decide, GetApprovals, GetConversation, GetProgress, GetTrace
 from ._approval import approvals_of
+from ._digest import completed, digest, resumable
 from ._execution import Execution
+from ._memory import Fold, summary_section
 from ._messages import (
     AssistantMessage,
     Conversation,
+    DigestMessage,
     ExecutionTrace,
     Message,
     Progress,
@@ -41,7 +44,7 @@ from ._messages import (
 )
 from ._persistence import AgentState, decode_state, encode_state, is_automatic_id
 from ._tools import Tool
-from ._traces import trace_record
+from ._traces import TRACE_KIND, trace_from_record, trace_record
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -71,6 +74,8 @@ class AgentActor(Actor):
         self.summary: list[Message] = []
         self.buffer: list[Message] = []
         self.messages: list[Message] = []
+        #: How many turns (user/answer pairs) the summary covers (see ``_memory``).
+        self.summarized = 0
         self.execution: list[Message] = []
         # Plain lists, not deques: an idle agent's footprint counts (10,000 of them).
         self.traces: list[ExecutionTrace] = []
@@ -113,6 +118,7 @@ class AgentActor(Actor):
             self.summary[:] = state.summary
             self.buffer[:] = state.buffer
             self.messages[:] = state.messages
+            self.summarized = state.summarized
 
     def receive(self, message: Task | GetConversation | GetTrace) -> Coroutine[Any, Any, Any]:
         """Handle one message. Not a coroutine of its own: a task hands back
@@ -156,6 +162,7 @@ class AgentActor(Actor):
             buffer=tuple(self.buffer),
             messages=tuple(self.messages),
             execution=tuple(self.execution),
+            summarized=self.summarized,
         )
 
     def _delegated(self, task: Task) -> Execution:
@@ -173,10 +180,22 @@ class AgentActor(Actor):
         """The conversation with ``task`` as its new user turn, and everything the model
         sees before it: the context of the execution that answers it."""
         self.messages.append(UserMessage(content=task.text))
+        return self._sections()
+
+    def _sections(self) -> tuple[Message, ...]:
+        """Instructions, summary, buffer section and conversation, in that order."""
         head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
         if head or self.summary or self.buffer:
             return (*head, *self.summary, *self.buffer, *self.messages)
         return tuple(self.messages)  # one copy, not a list and then a tuple
+
+    def _compacted(self, fold: Fold, text: str) -> tuple[Message, ...]:
+        """Fold the oldest turns into the summary (its summarization succeeded): the
+        context of the execution from now on."""
+        del self.messages[: 2 * fold.turns]
+        self.summarized = fold.covered + fold.turns
+        self.summary[:] = [summary_section(text, self.summarized)]
+        return self._sections()
 
     async def execute(self, task: Task) -> Result:
         agent = self.agent
@@ -203,6 +222,11 @@ class AgentActor(Actor):
                 if bus.active:
                     bus.emit("refused", agent=agent.name, agent_id=context.id, reason=str(exc))
                 return self._refused(str(exc))
+        memory = agent.memory
+        fold = None
+        if memory is not None:
+            fold = memory.plan(self.messages, task.text, self.summary, self.summarized)
+        behind = await self._resumed(task) if task.resume else ()
         history = self._history(task)
         node.actor_id = context.id
         if task.watch:
@@ -210,7 +234,9 @@ class AgentActor(Actor):
         store = context.runtime.store
         if store is not None and not task.node:
             node.traces = []  # the subtree's executions leave themselves here
-        execution = self.running = self._new_execution(node, task, history)
+        execution = self.running = self._new_execution(
+            node, task, history, fold=fold, behind=behind
+        )
         earlier: list[Execution] = []  # attempts before a restart
         try:
             await execution.run()
@@ -224,6 +250,7 @@ class AgentActor(Actor):
                         execution_id=node.id,
                         reason=execution.reason,
                         restarts=len(self.restarts),
+                        digest=agent.restart.digest,
                     )
                 # Every attempt's trace is kept and stored: the last one has the
                 # node's id (the Result's), each earlier one an id of its own.
@@ -231,8 +258,13 @@ class AgentActor(Actor):
                 self._keep(execution.final_trace())
                 earlier.append(execution)
                 self.execution.clear()  # fresh buffer, same conversation
-                execution = self.running = self._new_execution(node, task, history)
-                execution.attempt = len(earlier) + 1
+                node.attempt = len(earlier) + 1
+                if agent.restart.digest:
+                    behind = (*behind, execution.final_trace())
+                execution = self.running = self._new_execution(
+                    node, task, execution.history, behind=behind
+                )
+                execution.attempt = node.attempt
                 await execution.run()
         except BaseException:
             self.running = None
@@ -299,6 +331,7 @@ class AgentActor(Actor):
                         summary=tuple(self.summary),
                         buffer=tuple(self.buffer),
                         messages=tuple(self.messages),
+                        summarized=self.summarized,
                     )
                 )
             with anyio.fail_after(SAVE_TIMEOUT, shield=True):
@@ -327,8 +360,13 @@ class AgentActor(Actor):
         task: Task,
         history: tuple[Message, ...],
         conversation: list[Message] | None = None,
+        fold: Fold | None = None,
+        behind: tuple[ExecutionTrace, ...] = (),
     ) -> Execution:
         context = self.context
+        note: DigestMessage | None = None
+        if behind:  # earlier attempts: their digest, and their completed calls
+            note = digest(behind)
         return Execution(
             agent=self.agent,
             agent_id=context.id,
@@ -340,7 +378,23 @@ class AgentActor(Actor):
             context=context,
             delegated=bool(task.node),
             conversation=conversation,
+            fold=fold,
+            compacted=self._compacted if fold is not None else None,
+            digest=note,
+            reuse=completed(behind) if behind else None,
         )
+
+    async def _resumed(self, task: Task) -> tuple[ExecutionTrace, ...]:
+        """The attempts of this agent's last execution, for an ask that resumes it
+        (``resume=True``): empty if it completed. A persistent agent that has
+        none in memory (a new process) reads them from the store."""
+        traces: list[ExecutionTrace] | tuple[ExecutionTrace, ...] = self.traces
+        store = self.context.runtime.store
+        if not traces and self.persistent and store is not None:
+            records = await store.records(actor_id=self.context.id, kind=TRACE_KIND, limit=50)
+            traces = tuple(trace_from_record(record) for record in records)
+            traces = tuple(trace for trace in traces if not trace.parent_id)
+        return resumable(traces)
 
     def _keep(self, trace: ExecutionTrace) -> None:
         """Keep ``trace``, and at most ``trace_limit`` traces in all."""

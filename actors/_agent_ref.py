@@ -71,10 +71,16 @@ class AgentRef:
     def __repr__(self) -> str:
         return f"<AgentRef {self._ref.id!r} ({self.agent.name})>"
 
-    async def ask(self, text: str, *, budget: Budget | None = None) -> Result:
-        """Give the agent a task and wait for its one ``Result``."""
+    async def ask(self, text: str, *, budget: Budget | None = None, resume: bool = False) -> Result:
+        """Give the agent a task and wait for its one ``Result``.
+
+        ``resume=True`` picks up from the agent's last execution if it stopped before
+        its answer (a limit, the deadline, a failure): the new execution reads a
+        digest of what it did, and its completed tool calls are answered from their
+        results instead of run again (nothing to pick up after a completed one).
+        """
         self._handed()
-        result: Result = await self._ref.ask(_task(text, budget))
+        result: Result = await self._ref.ask(_task(text, budget, resume))
         return result
 
     async def tell(self, text: str, *, budget: Budget | None = None) -> None:
@@ -89,15 +95,18 @@ class AgentRef:
         budget: Budget | None = None,
         subagents: bool = False,
         buffer: int = 1_000,
+        resume: bool = False,
     ) -> AgentStream:
         """Give the agent a task and watch it run: ``async with ref.stream(text) as
         run: async for event in run: ...``, then ``run.result`` (the ``Result`` that
         ``ask`` would return). ``subagents=True`` also streams what subagents do
         (their text, tool calls, waits), not only their start and finish. At most
         ``buffer`` events wait for a slow consumer (see ``actors._streaming``).
-        Leaving the block before the answer stops the execution."""
+        Leaving the block before the answer stops the execution. ``resume``: as
+        for ``ask``."""
         self._handed()
-        return AgentStream(self._ref, _task(text, budget), subagents=subagents, buffer=buffer)
+        task = _task(text, budget, resume)
+        return AgentStream(self._ref, task, subagents=subagents, buffer=buffer)
 
     def _handed(self) -> None:
         """A task from outside is handed over: tell the observer that asked to know
@@ -151,13 +160,15 @@ class AgentRef:
         return self._ref.statistics()
 
 
-def _task(text: str, budget: Budget | None) -> Task:
+def _task(text: str, budget: Budget | None, resume: bool = False) -> Task:
     """The task to send, checked before anything reaches the agent."""
     if not isinstance(text, str):
         raise TypeError(f"a task is text (str), got {type(text).__qualname__}")
     if budget is not None and not isinstance(budget, Budget):
         raise TypeError(f"budget must be a runtime.Budget or None, got {type(budget).__qualname__}")
-    return Task(text=safe_text(text), budget=budget)
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume must be a bool, got {resume!r}")
+    return Task(text=safe_text(text), budget=budget, resume=resume)
 
 
 def _request_id(request_id: object) -> str:

@@ -38,8 +38,11 @@ from runtime.lowlevel import HeldUp
 
 from ._answering import Answering
 from ._calling import Calling, Interrupted
+from ._digest import Resuming, Reuse
+from ._memory import Fold, Summarizing
 from ._messages import (
     AssistantMessage,
+    DigestMessage,
     ExecutionTrace,
     Message,
     ModelRequest,
@@ -47,6 +50,7 @@ from ._messages import (
     Result,
     Status,
     StepRecord,
+    SummaryRecord,
     ToolCall,
     ToolOutcome,
     ToolResultMessage,
@@ -92,7 +96,7 @@ def _bind_log_context(
     return tuple(bound.values())
 
 
-class Execution(Calling, Recording, Answering):
+class Execution(Calling, Recording, Answering, Summarizing, Resuming):
     """The state and the loop of one execution of one agent.
 
     ``buffer`` is the agent's execution buffer (a list the agent owns and this
@@ -111,20 +115,25 @@ class Execution(Calling, Recording, Answering):
         "built",
         "call_ids",
         "charged",
+        "compacted",
         "concluded",
         "context",
         "conversation",
         "corrections",
+        "digested",
         "ended",
         "escalation",
         "execution_id",
         "final_text",
+        "fold",
         "history",
         "last_text",
         "node",
         "output",
         "own_scope",
+        "parent_attempt",
         "reason",
+        "reuse",
         "sink",
         "started",
         "status",
@@ -134,6 +143,7 @@ class Execution(Calling, Recording, Answering):
         "step_outcomes",
         "steps",
         "streamed",
+        "summarization",
         "supervisor",
         "task",
         "via",
@@ -152,14 +162,21 @@ class Execution(Calling, Recording, Answering):
         context: ActorContext,
         delegated: bool = False,
         conversation: list[Message] | None = None,
+        fold: Fold | None = None,
+        compacted: Callable[[Fold, str], tuple[Message, ...]] | None = None,
+        digest: DigestMessage | None = None,
+        reuse: Reuse | None = None,
     ) -> None:
         self.agent = agent
         self.agent_id = agent_id
         self.node = node
         self.supervisor = supervisor
         self.execution_id = node.id
-        #: Which attempt of the task this is (see ``ExecutionTrace.attempt``).
+        #: Which attempt of the task this is (see ``ExecutionTrace.attempt``), and
+        #: which attempt of its parent's task delegated it.
         self.attempt = 1
+        parent = node.parent
+        self.parent_attempt = parent.attempt if parent is not None else 1
         self.task = task
         self.history = history
         self.buffer = buffer
@@ -207,6 +224,17 @@ class Execution(Calling, Recording, Answering):
         self.sink: Callable[[str], None] | None = None
         if self.via is None and getattr(agent.model, "streaming", False):
             self.sink = self._streamed_text
+        #: A compaction to begin with (see ``Summarizing``), what does it in the
+        #: agent's sections, and its record once sent.
+        self.fold = fold
+        self.compacted = compacted
+        self.summarization: SummaryRecord | None = None
+        #: Earlier attempts behind this one: their digest opens the buffer, their
+        #: completed calls answer the same calls again (see ``Resuming``).
+        self.digested = digest is not None
+        if digest is not None:
+            buffer.append(digest)
+        self.reuse = reuse
 
     @property
     def usage(self) -> Usage:
@@ -341,6 +369,8 @@ class Execution(Calling, Recording, Answering):
         try:
             if self.node.stop_status is not None:
                 raise Interrupted
+            if self.fold is not None:
+                await self._summarize()
             agent = self.agent
             supervisor = self.supervisor
             node = self.node
@@ -421,6 +451,9 @@ class Execution(Calling, Recording, Answering):
                 self.step_asked = (response, usage, model_seconds, began)
                 if output is not None and output.tool is not None and _answers(calls):
                     outcomes = await self._answer_calls(output, calls)
+                elif self.reuse is not None and self._reusable(calls):
+                    outcomes = self.step_outcomes = [NOT_RUN] * len(calls)
+                    await self._run_reusing(calls, outcomes)
                 elif len(calls) == 1 and calls[0].name not in agent.subagents_by_name:
                     self.step_outcomes = None  # the usual step: no task group
                     only = calls[0]

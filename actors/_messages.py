@@ -7,6 +7,9 @@ Chat messages form a tagged union (``Message``), dispatched with ``match``:
 - ``AssistantMessage``: the model's text, with the tool calls it asked for (if any).
 - ``ToolResultMessage``: the result of one tool call, naming the call's id; flagged
   ``is_error`` when the tool failed, timed out, got bad arguments or does not exist.
+- ``DigestMessage``: what earlier attempts of the current task did (``_digest``),
+  first in the execution buffer of the attempt that reads it; providers send it as
+  a user turn. It never joins the conversation.
 
 Every type here round-trips through msgspec JSON and MessagePack (invariant 6).
 
@@ -28,6 +31,7 @@ from runtime import Usage as Usage
 __all__ = [
     "AssistantMessage",
     "Conversation",
+    "DigestMessage",
     "ExecutionTrace",
     "FinishReason",
     "Message",
@@ -38,6 +42,7 @@ __all__ = [
     "Result",
     "Status",
     "StepRecord",
+    "SummaryRecord",
     "SystemMessage",
     "Task",
     "ToolCall",
@@ -78,7 +83,14 @@ class ToolResultMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag
     is_error: bool = False
 
 
-Message = SystemMessage | UserMessage | AssistantMessage | ToolResultMessage
+class DigestMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="digest"):
+    """A digest of earlier attempts of the task (``_digest``): ``attempts`` of them."""
+
+    content: str
+    attempts: int = 1
+
+
+Message = SystemMessage | UserMessage | AssistantMessage | ToolResultMessage | DigestMessage
 
 
 class ToolSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -163,6 +175,9 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: seconds it waited for the decision.
     approval: str = ""
     waited: float = 0.0
+    #: Answered from an earlier attempt of the task (a restart or a resumed ask
+    #: with a digest): the same call had completed there; it did not run again.
+    reused: bool = False
 
 
 class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -184,6 +199,30 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     interrupted: bool = False
 
 
+class SummaryRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The summarization request of an execution that compacted its agent's
+    conversation (``Agent(memory=Compaction(...))``), as the trace keeps it.
+
+    ``turns`` user/answer pairs were to be folded into the summary; ``covered`` is
+    how many turns the summary covers once this one succeeded (all compactions).
+    On failure (``error``: the request failed, was refused, or said nothing) the
+    conversation stayed as it was.
+    """
+
+    turns: int
+    covered: int
+    input_messages: int
+    summary: str
+    usage: Usage
+    seconds: float
+    model: str = ""
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
 class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything one execution did. Kept for debugging; never enters the conversation."""
 
@@ -202,13 +241,22 @@ class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Which attempt of its task this was (a restart policy runs a failed one again):
     #: the last attempt has the task's execution id, an earlier one ``<id>~<attempt>``.
     attempt: int = 1
+    #: For an earlier attempt: the execution id of its task (the last attempt's),
+    #: which a store keeps as its record's parent.
+    attempt_of: str = ""
+    #: The compaction this execution began with, if its agent compacted.
+    summarization: SummaryRecord | None = None
+    #: Whether a digest of earlier attempts was in its context (``DigestMessage``).
+    digest: bool = False
 
 
 class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A snapshot of an agent's context sections.
 
     ``messages`` is the persistent part: user turns and final answers only.
-    ``execution`` is the execution buffer: empty between executions.
+    ``summary`` holds what compaction folded (``summarized`` turns: user/answer
+    pairs no longer in ``messages``). ``execution`` is the execution buffer: empty
+    between executions.
     """
 
     system: str
@@ -216,6 +264,7 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     buffer: tuple[Message, ...]
     messages: tuple[Message, ...]
     execution: tuple[Message, ...]
+    summarized: int = 0
 
     def context(self) -> tuple[Message, ...]:
         """The inference context these sections compile to."""
@@ -255,13 +304,18 @@ class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ``node`` is set when a parent execution already opened this task's node in the
     supervisor's tree (a subagent call); empty for a task from outside. ``watch``
     names the watcher of a streamed ask (``AgentRef.stream``) in the runtime's
-    event bus: the execution's subtree reports its events to it.
+    event bus: the execution's subtree reports its events to it. ``resume``: see
+    ``AgentRef.ask``.
     """
 
     text: str
     budget: Budget | None = None
     node: str = ""
     watch: str = ""
+    #: Pick up from the agent's last execution if it stopped before its answer (a
+    #: limit, the deadline, a failure): a digest of what it did, and its completed
+    #: tool calls answered from their results instead of run again.
+    resume: bool = False
 
 
 class Progress(msgspec.Struct, frozen=True, kw_only=True, gc=False):

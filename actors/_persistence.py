@@ -1,9 +1,9 @@
 """What an agent keeps in the runtime's store, and how it is encoded.
 
-An agent's **state** is its persistent sections: summary, buffer and messages (user
-turns and final answers). Never the execution buffer: tool calls and tool results
-live only while an execution runs. Each execution's **trace** is a separate record
-(see ``_traces``).
+An agent's **state** is its persistent sections: summary (with how many turns it
+covers), buffer and messages (user turns and final answers). Never the execution
+buffer: tool calls and tool results live only while an execution runs. Each
+execution's **trace** is a separate record (see ``_traces``).
 
 Both are JSON (msgspec): readable with any SQLite client, the same format as a
 trace export, and as fast to encode as MessagePack for these small documents. New
@@ -38,6 +38,8 @@ class AgentState(msgspec.Struct, frozen=True, kw_only=True):
     summary: tuple[Message, ...] = ()
     buffer: tuple[Message, ...] = ()
     messages: tuple[Message, ...] = ()
+    #: How many turns the summary covers (folded out of ``messages``).
+    summarized: int = 0
 
 
 _encode = msgspec.json.Encoder().encode

@@ -6,7 +6,8 @@
   limits and server errors). Budget refusals and programming errors never are.
 - ``RestartPolicy``: a failed execution is run again (fresh execution buffer, same
   conversation) up to ``max_restarts`` times within ``window`` seconds; then the
-  execution ends ``failed``.
+  execution ends ``failed``. With ``digest=True`` each attempt reads a digest of
+  the ones before it.
 - Escalation (``Agent(escalate=True)``): when the agent runs as a subagent and fails,
   its parent's execution fails too, instead of reading the failure as a tool result.
 """
@@ -61,14 +62,22 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """Restarts of a failed execution: at most ``max_restarts`` within ``window`` s."""
+    """Restarts of a failed execution: at most ``max_restarts`` within ``window`` s.
+
+    ``digest=True``: each restart learns from the attempts before it: their digest
+    opens its execution buffer and the tool calls that completed there are not run
+    again (see ``actors._digest``). Off, a restart starts blind.
+    """
 
     max_restarts: int = 0
     window: float = 60.0
+    digest: bool = False
 
     def __post_init__(self) -> None:
         _check("RestartPolicy", "max_restarts", self.max_restarts, minimum=0, whole=True)
         _check("RestartPolicy", "window", self.window, minimum=0)
+        if not isinstance(self.digest, bool):
+            raise TypeError(f"RestartPolicy.digest must be a bool, got {self.digest!r}")
 
 
 def is_retryable(error: BaseException) -> bool:

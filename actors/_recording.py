@@ -15,6 +15,8 @@ import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import msgspec
+
 from runtime import ActorContext, Event, EventKind, Node, NodeSnapshot, Supervisor, Usage
 
 from ._messages import (
@@ -24,6 +26,7 @@ from ._messages import (
     Result,
     Status,
     StepRecord,
+    SummaryRecord,
     ToolCall,
     ToolOutcome,
     exception_text,
@@ -101,6 +104,9 @@ class _Running(Protocol):
     streamed: list[str]
     charged: Usage
     built: ExecutionTrace | None
+    parent_attempt: int
+    summarization: SummaryRecord | None
+    digested: bool
 
     @property
     def usage(self) -> Usage: ...
@@ -113,6 +119,8 @@ class _Running(Protocol):
     def all_steps(self) -> list[StepRecord]: ...
 
     def answer(self, steps: Sequence[StepRecord] | None = None) -> str: ...
+
+    def _parent_link(self) -> str: ...
 
     def _interrupted_step(self) -> StepRecord: ...
 
@@ -338,11 +346,13 @@ class Recording:
         return (*nodes, *supervisor.subtree(self.node))
 
     def final_trace(self: _Running) -> ExecutionTrace:
-        """The trace of this ended execution, with its final response (built once)."""
+        """The trace of this ended execution, with its final response (built once;
+        its links again if an attempt of its parent has been renamed meanwhile)."""
         built = self.built
+        parent_id = self._parent_link()
+        attempt_of = "" if self.execution_id == self.node.id else self.node.id
         if built is None:
             steps = self.all_steps()
-            parent = self.node.parent
             built = self.built = ExecutionTrace(
                 execution_id=self.execution_id,
                 agent_id=self.agent_id,
@@ -353,11 +363,28 @@ class Recording:
                 final_text=self.answer(steps),
                 usage=self.usage,
                 seconds=(self.ended or time.perf_counter()) - self.started,
-                parent_id=parent.id if parent is not None and parent.parent else "",
+                parent_id=parent_id,
                 agent_name=self.agent.name,
                 attempt=self.attempt,
+                attempt_of=attempt_of,
+                summarization=self.summarization,
+                digest=self.digested,
+            )
+        elif built.parent_id != parent_id or built.execution_id != self.execution_id:
+            built = self.built = msgspec.structs.replace(
+                built, parent_id=parent_id, execution_id=self.execution_id, attempt_of=attempt_of
             )
         return built
+
+    def _parent_link(self: _Running) -> str:
+        """The execution that delegated this one: its parent node's, or when that
+        node's task was attempted again since, the attempt that delegated it."""
+        parent = self.node.parent
+        if parent is None or parent.parent is None:
+            return ""
+        if self.parent_attempt == parent.attempt:
+            return parent.id
+        return f"{parent.id}~{self.parent_attempt}"
 
 
 def interrupted_call(call: ToolCall, seconds: float) -> ToolOutcome:

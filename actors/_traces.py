@@ -5,8 +5,9 @@
   JSON list of traces) and validates every field.
 - In a ``runtime.Store``, each trace is one record of kind ``"trace"`` under its
   execution id, with its ``parent_id`` (the execution that delegated it) as the
-  record's parent: ``collect_trace_tree(store, execution_id)`` fetches one execution
-  and all of its descendants.
+  record's parent, or for an earlier attempt of a task, the task's execution
+  (``attempt_of``): ``collect_trace_tree(store, execution_id)`` fetches one
+  execution, its earlier attempts and all of their descendants.
 - ``render_trace_tree(traces)`` draws them as plain text: each agent's execution,
   its steps, their tool calls (arguments cut short), durations, usage and stop
   reasons, with each subagent's execution nested under the tool call that
@@ -23,7 +24,7 @@ import msgspec
 
 from runtime import Record, Store, StoreError, Usage
 
-from ._messages import ExecutionTrace, StepRecord, ToolCall, ToolOutcome
+from ._messages import ExecutionTrace, StepRecord, SummaryRecord, ToolCall, ToolOutcome
 
 __all__ = [
     "TRACE_KIND",
@@ -85,7 +86,7 @@ def trace_record(trace: ExecutionTrace) -> Record:
     return Record(
         id=trace.execution_id,
         kind=TRACE_KIND,
-        parent_id=trace.parent_id,
+        parent_id=trace.attempt_of or trace.parent_id,
         actor_id=trace.agent_id,
         data=_encode(trace),
     )
@@ -137,70 +138,122 @@ def render_trace_tree(traces: Sequence[ExecutionTrace]) -> str:
     tool call of that parent which delegated to it: the call to a subagent of its
     name whose ``task`` argument and result match it best, else the first such call
     still free. Traces without a parent among ``traces`` are drawn at the top level.
+    An earlier attempt of a task is drawn inside the task's execution, before its
+    steps, with what it delegated; a compaction's summarization comes first.
     """
     by_id = {trace.execution_id: trace for trace in traces}
     children: dict[str, list[ExecutionTrace]] = {}
     roots: list[ExecutionTrace] = []
     for trace in traces:
+        if trace.attempt_of and trace.attempt_of in by_id:
+            continue  # drawn inside its task's execution
         if trace.parent_id and trace.parent_id in by_id and trace.parent_id != trace.execution_id:
             children.setdefault(trace.parent_id, []).append(trace)
         else:
             roots.append(trace)
+    attempts: dict[str, list[ExecutionTrace]] = {}
+    for trace in traces:
+        if trace.attempt_of and trace.attempt_of in by_id:
+            attempts.setdefault(trace.attempt_of, []).append(trace)
     lines: list[str] = []
     drawn: set[str] = set()
+    tree = _Tree(children, attempts, drawn, lines)
     for index, root in enumerate(roots):
         if index:
             lines.append("")
-        _draw_execution(root, "", "", children, drawn, lines)
+        _draw_execution(root, "", "", tree)
     return "\n".join(lines) + "\n" if lines else "(no traces)\n"
 
 
+class _Tree:
+    """What a rendering draws from: children and earlier attempts of each execution."""
+
+    __slots__ = ("attempts", "children", "drawn", "lines")
+
+    def __init__(
+        self,
+        children: dict[str, list[ExecutionTrace]],
+        attempts: dict[str, list[ExecutionTrace]],
+        drawn: set[str],
+        lines: list[str],
+    ) -> None:
+        self.children = children
+        self.attempts = attempts
+        self.drawn = drawn
+        self.lines = lines
+
+
 def _draw_execution(
-    trace: ExecutionTrace,
-    first: str,
-    rest: str,
-    children: dict[str, list[ExecutionTrace]],
-    drawn: set[str],
-    lines: list[str],
+    trace: ExecutionTrace, first: str, rest: str, tree: _Tree, *, attempt: bool = False
 ) -> None:
-    drawn.add(trace.execution_id)
+    tree.drawn.add(trace.execution_id)
+    lines = tree.lines
     name = trace.agent_name or trace.agent_id
     status = f"{trace.status}: {trace.stop_reason}" if trace.stop_reason else trace.status
+    earlier = sorted(tree.attempts.get(trace.execution_id, ()), key=lambda t: t.attempt)
     header = [
-        f"{name} [{trace.execution_id}] {status}",
+        f"attempt {trace.attempt} [{trace.execution_id}] {status}"
+        if attempt
+        else f"{name} [{trace.execution_id}] {status}",
+        f"attempt {trace.attempt}" if earlier else "",
+        "read a digest of the attempts before" if trace.digest else "",
         f"{len(trace.steps)} step{'' if len(trace.steps) == 1 else 's'}",
         _seconds(trace.seconds),
         _usage(trace.usage),
     ]
     lines.append(first + " · ".join(part for part in header if part))
-    lines.append(f"{rest}│ task: {_quote(trace.task)}")
-    matches = _match_children(trace, list(children.get(trace.execution_id, ())))
-    count = len(trace.steps) + len(matches.orphans) + 1  # the answer comes last
-    for index, step in enumerate(trace.steps):
+    if not attempt:
+        lines.append(f"{rest}│ task: {_quote(trace.task)}")
+    matches = _match_children(trace, list(tree.children.get(trace.execution_id, ())))
+    summary = trace.summarization
+    items = (summary is not None) + len(earlier)
+    count = items + len(trace.steps) + len(matches.orphans) + (not attempt)
+    index = 0
+    if summary is not None:
+        branch, _ = _branches(index == count - 1)
+        lines.append(rest + branch + _summarized(summary))
+        index += 1
+    for before in earlier:
         branch, below = _branches(index == count - 1)
-        _draw_step(step, rest + branch, rest + below, matches, children, drawn, lines)
-    for index, orphan in enumerate(matches.orphans, len(trace.steps)):
+        _draw_execution(before, rest + branch, rest + below, tree, attempt=True)
+        index += 1
+    for step in trace.steps:
+        branch, below = _branches(index == count - 1)
+        _draw_step(step, rest + branch, rest + below, matches, tree)
+        index += 1
+    for orphan in matches.orphans:
         branch, below = _branches(index == count - 1)
         lines.append(f"{rest}{branch}delegated (the call is not in this trace)")
-        _draw_execution(
-            orphan, rest + below + "└── ", rest + below + "    ", children, drawn, lines
-        )
-    lines.append(f"{rest}└── answer: {_quote(trace.final_text)}")
+        _draw_execution(orphan, rest + below + "└── ", rest + below + "    ", tree)
+        index += 1
+    if not attempt:
+        lines.append(f"{rest}└── answer: {_quote(trace.final_text)}")
+
+
+def _summarized(record: SummaryRecord) -> str:
+    """The line of a compaction's summarization request."""
+    usage = record.usage
+    parts = [
+        f"summarized {record.turns} turn{'' if record.turns == 1 else 's'}"
+        + (f" (the summary covers {record.covered})" if record.ok else ""),
+        record.model,
+        _seconds(record.seconds),
+        f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens",
+    ]
+    if not record.ok:
+        parts[0] = f"summarization of {record.turns} turn{'' if record.turns == 1 else 's'} "
+        parts[0] += f"failed, nothing folded: {_cut(record.error)}"
+    elif record.summary:
+        parts.append(f"summary: {_quote(record.summary)}")
+    return " · ".join(part for part in parts if part)
 
 
 def _branches(last: bool) -> tuple[str, str]:
     return ("└── ", "    ") if last else ("├── ", "│   ")
 
 
-def _draw_step(
-    step: StepRecord,
-    first: str,
-    rest: str,
-    pending: _Matches,
-    children: dict[str, list[ExecutionTrace]],
-    drawn: set[str],
-    lines: list[str],
-) -> None:
+def _draw_step(step: StepRecord, first: str, rest: str, pending: _Matches, tree: _Tree) -> None:
+    lines = tree.lines
     usage = step.usage
     parts = [
         f"step {step.index + 1}",
@@ -224,10 +277,8 @@ def _draw_step(
             continue
         outcome, child = item
         lines.append(rest + branch + _outcome(outcome))
-        if child is not None and child.execution_id not in drawn:
-            _draw_execution(
-                child, rest + below + "└── ", rest + below + "    ", children, drawn, lines
-            )
+        if child is not None and child.execution_id not in tree.drawn:
+            _draw_execution(child, rest + below + "└── ", rest + below + "    ", tree)
 
 
 class _Matches:
@@ -299,7 +350,9 @@ def _unfinished(call: ToolCall) -> ToolOutcome:
 
 def _outcome(outcome: ToolOutcome) -> str:
     parts = [_call(outcome.call)]
-    if outcome.attempts == 0 and not outcome.content:
+    if outcome.reused:
+        parts.append(f"reused from an earlier attempt: {_quote(outcome.content)}")
+    elif outcome.attempts == 0 and not outcome.content:
         parts.append("no result")
     else:
         parts.append(_seconds(outcome.seconds))

@@ -45,6 +45,7 @@ __all__ = [
     "Reservation",
     "Wait",
     "ahead",
+    "chain_refusal",
     "free_output",
     "impossible",
     "over_limit",
@@ -126,6 +127,22 @@ class Reservation:
             f"<Reservation input={self.input} output={self.output} cost={self.cost:g} "
             f"max_tokens={self.max_tokens}>"
         )
+
+
+def chain_refusal(node: Node, need: Need) -> BudgetExceeded | None:
+    """The first refusal on ``node``'s chain of budgets (not a leased subtree's,
+    which asks for more headroom instead), or None."""
+    current: Node | None = node
+    while current is not None:
+        budget = current.limits
+        if budget is not None and current.lender is None:
+            if budget.cost is not None and need.price is None:
+                return None  # a cost limit with no price is refused where it is sent
+            error = refusal(current, budget, need)
+            if error is not None:
+                return error
+        current = current.parent
+    return None
 
 
 def refusal(node: Node, budget: Budget, need: Need) -> BudgetExceeded | None:

@@ -49,6 +49,7 @@ EventKind = Literal[
     "tool_end",
     "retry",
     "restart",
+    "compaction",
     "budget_wait",
     "budget_resume",
     "budget_exceeded",

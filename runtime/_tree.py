@@ -85,12 +85,14 @@ class Node:
     """One execution in the tree.
 
     Its usage, limits and status are mutated only by the ``Supervisor``; the agents
-    layer sets what it runs with: ``actor_id``, ``scope``, ``traces`` and ``watch``.
+    layer sets what it runs with: ``actor_id``, ``attempt``, ``scope``, ``traces`` and
+    ``watch``.
     """
 
     __slots__ = (
         "actor_id",
         "agents",
+        "attempt",
         "cached_tokens",
         "children",
         "cost",
@@ -157,6 +159,9 @@ class Node:
         self.started = started
         self.ended: float | None = None
         self.actor_id = ""
+        #: Which attempt of its task runs now (a restarted execution runs again on
+        #: the same node): set by the agents layer, 1 for the first.
+        self.attempt = 1
         self.children: set[Node] = set()
         #: What the supervisor cancels to stop this node's execution: its cancel
         #: scope, or the task of its actor (anything with ``cancel()``).

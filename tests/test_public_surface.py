@@ -66,6 +66,8 @@ def test_actors_surface_names() -> None:
         "AgentStream", "BudgetResumed", "BudgetWaiting", "GetProgress", "Progress", "Retrying",
         "Sink", "Stopped", "StreamEvent", "Streamed", "StreamingModel", "SubagentFinished",
         "SubagentStarted", "TextDelta", "ToolCallFinished", "ToolCallStarted", "streamed",
+        # memory: compaction, attempts that learn
+        "Compaction", "DEFAULT_SUMMARY_INSTRUCTIONS", "DigestMessage", "SummaryRecord",
         # a human in the loop
         "ApprovalDecided", "ApprovalError", "ApprovalPolicy", "ApprovalRequest",
         "ApprovalRequested", "Decide", "GetApprovals",

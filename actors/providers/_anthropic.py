@@ -4,9 +4,10 @@ How a ``ModelRequest`` goes out (``POST {base_url}/v1/messages``):
 
 - Every ``SystemMessage`` -> the top-level ``system`` text (several are joined with a
   blank line, in order): the Messages API has no system role.
-- ``UserMessage`` -> a ``user`` turn; ``AssistantMessage`` -> an ``assistant`` turn
-  of a ``text`` block (when there is text) and one ``tool_use`` block per call (id,
-  name, ``input``: the call's JSON arguments decoded to an object).
+- ``UserMessage`` (and a ``DigestMessage``) -> a ``user`` turn; ``AssistantMessage``
+  -> an ``assistant`` turn of a ``text`` block (when there is text) and one
+  ``tool_use`` block per call (id, name, ``input``: the call's JSON arguments
+  decoded to an object).
 - ``ToolResultMessage`` -> a ``tool_result`` block (``tool_use_id``, ``content``,
   ``is_error`` when the tool failed) in the next ``user`` turn. Consecutive turns of
   one role are merged into one message, so the results of one step's parallel calls
@@ -46,6 +47,7 @@ import msgspec
 
 from .._messages import (
     AssistantMessage,
+    DigestMessage,
     ModelRequest,
     ModelResponse,
     SystemMessage,
@@ -180,7 +182,7 @@ class AnthropicModel(ProviderModel):
                 case SystemMessage(content=content):
                     if content:
                         system.append(content)
-                case UserMessage(content=content):
+                case UserMessage(content=content) | DigestMessage(content=content):
                     add("user", {"type": "text", "text": content})
                 case AssistantMessage(content=content, tool_calls=tool_calls):
                     if content.strip():  # the API refuses blank text blocks

@@ -5,7 +5,8 @@ It speaks to OpenAI itself and to every server that implements the same endpoint
 
 How a ``ModelRequest`` goes out:
 
-- ``SystemMessage`` -> ``{"role": "system"}``; ``UserMessage`` -> ``{"role": "user"}``.
+- ``SystemMessage`` -> ``{"role": "system"}``; ``UserMessage`` (and a
+  ``DigestMessage``) -> ``{"role": "user"}``.
 - ``AssistantMessage`` -> ``{"role": "assistant", "content": text,
   "tool_calls": [{"id", "type": "function", "function": {"name", "arguments"}}]}``:
   the execution buffer's calls, several in one turn, with their ids. The content is
@@ -45,6 +46,7 @@ from typing import Any, ClassVar, Literal
 
 from .._messages import (
     AssistantMessage,
+    DigestMessage,
     Message,
     ModelRequest,
     ModelResponse,
@@ -218,7 +220,7 @@ def _message(message: Message) -> dict[str, Any]:
     match message:
         case SystemMessage(content=content):
             return {"role": "system", "content": content}
-        case UserMessage(content=content):
+        case UserMessage(content=content) | DigestMessage(content=content):
             return {"role": "user", "content": content}
         case AssistantMessage(content=content, tool_calls=()):
             return {"role": "assistant", "content": content}

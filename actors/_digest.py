@@ -1,0 +1,187 @@
+"""Attempts that learn: a digest of what earlier attempts of a task did, and their
+completed tool calls answered again without running them.
+
+An execution can begin with earlier attempts behind it: a restart after a failure
+(``RestartPolicy(digest=True)``), or an ask that resumes the agent's last execution
+after it stopped before its answer (``ref.ask(text, resume=True)`` after a limit, the
+deadline or a failure). Built from their traces, never from raw messages:
+
+- ``digest(traces)``: one ``DigestMessage``, first in the new attempt's execution
+  buffer (so it leaves with the buffer, never joins the conversation): for each
+  attempt, how it ended, each tool call with its arguments and result or error (cut
+  short), the text the model said along the way.
+- ``completed(traces)``: the calls that completed (no error, not interrupted), by
+  name and arguments. When the new attempt asks for one of them again, its result
+  is answered from there (``ToolOutcome.reused``), as often as it completed before:
+  no second run, no second charge (``Resuming``, a mixin of ``Execution``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+from runtime import EventKind
+
+from ._messages import DigestMessage, ExecutionTrace, ToolCall, ToolOutcome
+
+if TYPE_CHECKING:
+    from ._messages import StepRecord
+
+__all__ = ["Resuming", "Reuse", "completed", "digest", "resumable"]
+
+#: Characters of a tool result or a text a digest shows, and of the whole digest.
+_RESULT = 400
+_DIGEST = 12_000
+
+#: Completed tool calls of earlier attempts, by (name, arguments as canonical JSON).
+Reuse = dict[tuple[str, str], list[ToolOutcome]]
+
+#: How an execution may end that a resumed ask picks up from.
+RESUMABLE = frozenset({"budget_exceeded", "timed_out", "failed", "cancelled"})
+
+_encode_sorted = msgspec.json.Encoder(order="sorted").encode
+
+
+def resumable(traces: Sequence[ExecutionTrace]) -> tuple[ExecutionTrace, ...]:
+    """The attempts of the last execution in ``traces`` (oldest first), if it
+    stopped before its answer; empty if it completed (nothing to resume)."""
+    if not traces or traces[-1].status not in RESUMABLE:
+        return ()
+    last = traces[-1]
+    earlier = [trace for trace in traces if trace.attempt_of == last.execution_id]
+    return (*earlier, last)
+
+
+def digest(traces: Sequence[ExecutionTrace]) -> DigestMessage:
+    """The digest of ``traces``, earlier attempts of one task, oldest first."""
+    parts = [
+        f"Earlier attempts at this task stopped before an answer ({len(traces)} of them). "
+        "What they did is below. A tool call that completed there is answered with the "
+        "same result if you ask for it again with the same arguments; use what they "
+        "found, and do not redo what failed the same way."
+    ]
+    for number, trace in enumerate(traces, 1):
+        parts.append(_attempt(number, trace))
+    text = "\n\n".join(parts)
+    if len(text) > _DIGEST:  # the latest attempts matter most: cut from the front
+        text = parts[0] + "\n\n[... earlier part cut ...]\n" + text[-(_DIGEST - 200) :]
+    return DigestMessage(content=text, attempts=len(traces))
+
+
+def _attempt(number: int, trace: ExecutionTrace) -> str:
+    lines = [f"Attempt {number} ended {trace.status}: {trace.stop_reason}."]
+    for step in trace.steps:
+        lines.extend(_step(step))
+    if not any(step.tool_calls for step in trace.steps):
+        lines.append("- no tool calls")
+    return "\n".join(lines)
+
+
+def _step(step: StepRecord) -> list[str]:
+    lines: list[str] = []
+    if step.response_text:
+        lines.append(f"- said: {_cut(step.response_text)}")
+    if step.error:
+        lines.append(f"- step {step.index + 1} failed: {_cut(step.error)}")
+    done = {outcome.call.id for outcome in step.outcomes}
+    for outcome in step.outcomes:
+        shown = _shown(outcome.call)
+        if outcome.interrupted:
+            lines.append(f"- {shown}: interrupted, no result")
+        elif outcome.is_error:
+            lines.append(f"- {shown} failed: {_cut(outcome.content)}")
+        else:
+            lines.append(f"- {shown} returned: {_cut(outcome.content)}")
+    lines.extend(f"- {_shown(call)}: not run" for call in step.tool_calls if call.id not in done)
+    return lines
+
+
+def _shown(call: ToolCall) -> str:
+    return f"{call.name}({_cut(call.arguments, 200)})"
+
+
+def _cut(text: str, limit: int = _RESULT) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _key(call: ToolCall) -> tuple[str, str]:
+    """A call by name and arguments, the same however its JSON was written."""
+    try:
+        arguments = _encode_sorted(msgspec.json.decode(call.arguments)).decode()
+    except msgspec.DecodeError:
+        arguments = call.arguments
+    return call.name, arguments
+
+
+def completed(traces: Sequence[ExecutionTrace]) -> Reuse:
+    """The completed tool calls of ``traces``, by name and arguments."""
+    reuse: Reuse = {}
+    for trace in traces:
+        for step in trace.steps:
+            for outcome in step.outcomes:
+                if not outcome.is_error and not outcome.interrupted:
+                    reuse.setdefault(_key(outcome.call), []).append(outcome)
+    return reuse
+
+
+class _Resuming(Protocol):
+    reuse: Reuse | None
+
+    @property
+    def observed(self) -> bool: ...
+
+    def emit(self, kind: EventKind, **detail: Any) -> None: ...
+
+    async def _run_tools(
+        self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
+    ) -> None: ...
+
+
+class Resuming:
+    """The tool calls of a step when earlier attempts' results may answer some."""
+
+    __slots__ = ()
+
+    def _reusable(self: _Resuming, calls: tuple[ToolCall, ...]) -> bool:
+        reuse = self.reuse
+        if not reuse:
+            return False
+        return any(_key(call) in reuse for call in calls)
+
+    async def _run_reusing(
+        self: _Resuming, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
+    ) -> None:
+        """Answer the calls that completed before from their results, run the rest."""
+        reuse = self.reuse
+        assert reuse is not None
+        rest: list[int] = []
+        for index, call in enumerate(calls):
+            earlier = reuse.get(_key(call))
+            if not earlier:
+                rest.append(index)
+                continue
+            found = earlier.pop(0)
+            outcomes[index] = msgspec.structs.replace(
+                found, call=call, seconds=0.0, attempts=0, reused=True, approval="", waited=0.0
+            )
+            if self.observed:
+                arguments = call.arguments[:200]
+                self.emit("tool_start", tool=call.name, call_id=call.id, arguments=arguments)
+                self.emit(
+                    "tool_end",
+                    tool=call.name,
+                    call_id=call.id,
+                    is_error=False,
+                    seconds=0.0,
+                    result=found.content[:200],
+                    reused=True,
+                )
+        if rest:
+            some = [outcomes[index] for index in rest]
+            await self._run_tools(tuple(calls[index] for index in rest), some)
+            for index, outcome in zip(rest, some, strict=True):
+                outcomes[index] = outcome
