@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import msgspec
 
-from . import budget, scale, w1_fanout, w2_steps, w3_subagents, w4_mailbox
+from . import budget, memory, scale, w1_fanout, w2_steps, w3_subagents, w4_mailbox
 from ._harness import RESULTS, Row, print_rows, write_results
 
 Workload = tuple[str, Callable[[bool], Awaitable[list[Row]]]]
@@ -55,6 +55,7 @@ WORKLOADS: list[Workload] = [
     ("W4 mailbox round trips", lambda quick: w4_mailbox.run(quick=quick)),
     ("Scale", lambda quick: scale.run(quick=quick)),
     ("Budget", lambda quick: budget.run(quick=quick)),
+    ("Memory", lambda quick: memory.run(quick=quick)),
     ("Provider path", _provider),
     ("Scale-out on Ray", _scaleout),
 ]

@@ -22,7 +22,6 @@ from ._admission import (
     Reservation,
     Wait,
     ahead,
-    chain_refusal,
     free_output,
     impossible,
     over_limit,
@@ -128,16 +127,6 @@ class Reserving:
         minimum = self.min_output_tokens if at_least is None else at_least
         price = self.prices.get(model) if self.prices else None
         return Need(max(input_estimate, 0), min(minimum, wanted), wanted, price, model)
-
-    def would_refuse(
-        self: _Tree, node: Node, *, input_estimate: int, max_tokens: int | None, model: str = ""
-    ) -> BudgetExceeded | None:
-        """The refusal a request would meet now (settled usage), or None; stops
-        nothing: for an optional request (an agent's summarization), skipped then."""
-        if node.stop_status is not None:
-            return self.stopped(node)
-        need = self.need(input_estimate=input_estimate, max_tokens=max_tokens, model=model)
-        return chain_refusal(node, need) if node.limited else None
 
     def reserve_nowait(
         self: _Tree,

@@ -48,6 +48,7 @@ from collections.abc import Callable
 
 import anyio
 
+from ._admission import chain_refusal
 from ._budget import Budget, Caps, Price
 from ._exceptions import BudgetExceeded
 from ._lease import LOST_WHY, HeldUp, Want
@@ -262,6 +263,16 @@ class Supervisor(Reserving):
                 stack.extend(current.children)
         for scope in to_cancel:
             scope.cancel()
+
+    def would_refuse(
+        self, node: Node, *, input_estimate: int, max_tokens: int | None, model: str = ""
+    ) -> BudgetExceeded | None:
+        """The refusal a request would meet now, or None; stops nothing (for an
+        optional request: an agent's summarization is skipped when refused)."""
+        if node.stop_status is not None:
+            return self.stopped(node)
+        need = self.need(input_estimate=input_estimate, max_tokens=max_tokens, model=model)
+        return chain_refusal(node, need) if node.limited else None
 
     def why_stopped(self, node: Node) -> tuple[EndStatus, str]:
         """How a node that was interrupted ends: a supervisor stop, its deadline, or a

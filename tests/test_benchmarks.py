@@ -7,7 +7,8 @@ import pathlib
 
 import pytest
 
-from benchmarks import budget, w4_mailbox
+from actors import Compaction
+from benchmarks import budget, memory, w4_mailbox
 from benchmarks._harness import print_rows, write_results
 
 
@@ -57,6 +58,55 @@ async def test_budget_rows_are_coherent_and_never_overshoot() -> None:
     if wall.holds:
         assert wall.ratio >= 1 / budget.WALL_TARGET
     print_rows([used, overshoot, wall])
+
+
+async def test_memory_compaction_bounds_the_context_and_the_rows_say_so() -> None:
+    turns = 120
+    compaction = Compaction(threshold=memory.THRESHOLD, keep=memory.KEEP)
+    none = await memory.converse(turns, None)
+    folded = await memory.converse(turns, compaction)
+    raw = await memory.raw(turns)
+    # Without memory fractor sends the raw loop's context: every turn, nothing folded.
+    assert (none.messages, none.tokens) == (raw.messages, raw.tokens) == (2 * turns - 1, raw.peak)
+    assert none.covered == 0
+    assert not any(none.summarized)
+    # With it: a summary, the turns it covers gone from the context, the rest verbatim.
+    assert any(folded.summarized)
+    verbatim = (folded.messages - 2) // 2  # the summary, the earlier turns, the task
+    assert folded.covered > 0
+    assert folded.covered + verbatim + 1 == turns
+    assert folded.summary_tokens > 0
+    assert folded.peak <= memory.THRESHOLD + folded.summary_tokens + 4
+    assert folded.tokens < none.tokens / 2
+
+    rows = await memory.run(turns=turns, repeats=1)
+    at = f"Memory T={turns}"
+    assert [row.workload for row in rows] == [
+        f"{at} context, none ({2 * turns - 1} msgs)",
+        f"{at} context, compaction ({folded.messages} msgs)",
+        "  peak context over every turn, compaction",
+        f"{at} per step, none",
+        f"{at} per step, compaction",
+        f"  amortized, last {memory.AMORTIZED} turns, compaction",
+        "  a turn with its summarization",
+        f"{at} per step / T={memory.EARLY}, compaction",
+        f"{at} per step / T={memory.EARLY}, none",
+    ]
+    context, compacted, peak = rows[:3]
+    assert context.fractor == context.baseline == raw.tokens
+    assert context.holds
+    assert compacted.fractor == folded.tokens < context.fractor
+    assert compacted.ratio > 2
+    assert peak.fractor == folded.peak
+    assert peak.holds
+    for row in rows[3:7]:
+        assert row.unit == "s"
+        assert 0 < row.fractor_min <= row.fractor <= row.fractor_max
+        assert abs(row.ratio - row.baseline / row.fractor) < 1e-9
+    flat = rows[7]
+    assert flat.unit == "x"
+    assert flat.holds == (flat.ratio <= memory.FLAT_TARGET)
+    print_rows(rows)
 
 
 # The bare client's streams (the SDK's, not fractor's) stop reading at "[DONE]" and

@@ -19,6 +19,7 @@ from actors import (
     Agent,
     AssistantMessage,
     Conversation,
+    DigestMessage,
     ExecutionTrace,
     Message,
     ModelRequest,
@@ -180,6 +181,7 @@ def round_trip(value: msgspec.Struct, kind: type[Any]) -> None:
 
 messages_strategy = st.one_of(
     st.builds(SystemMessage, content=st.text()),
+    st.builds(DigestMessage, content=st.text(), attempts=st.integers(1, 9)),
     st.builds(UserMessage, content=st.text()),
     st.builds(
         AssistantMessage,
