@@ -64,6 +64,8 @@ from ._streaming import ApprovalDecided as ApprovalDecided
 from ._streaming import ApprovalRequested as ApprovalRequested
 from ._streaming import BudgetResumed as BudgetResumed
 from ._streaming import BudgetWaiting as BudgetWaiting
+from ._streaming import Compacted as Compacted
+from ._streaming import Restarted as Restarted
 from ._streaming import Retrying as Retrying
 from ._streaming import Stopped as Stopped
 from ._streaming import StreamEvent as StreamEvent
@@ -109,6 +111,7 @@ __all__ = [
     "AssistantMessage",
     "BudgetResumed",
     "BudgetWaiting",
+    "Compacted",
     "Compaction",
     "Conversation",
     "CycleModel",
@@ -136,6 +139,7 @@ __all__ = [
     "ReActModel",
     "RemoteHosts",
     "RestartPolicy",
+    "Restarted",
     "Result",
     "RetryPolicy",
     "Retrying",

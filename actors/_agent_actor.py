@@ -237,17 +237,15 @@ class AgentActor(Actor):
         execution = self.running = self._new_execution(
             node, task, history, fold=fold, behind=behind
         )
+        resumed = execution.resumed = behind[-1].execution_id if behind else ""
         earlier: list[Execution] = []  # attempts before a restart
         try:
             await execution.run()
             while execution.status == "failed" and self._may_restart():
                 self.restarts.append(anyio.current_time())
-                if context.runtime.event_bus.active:
-                    context.runtime.event_bus.emit(
+                if execution.observed:  # subscribers, and a streamed ask's watcher
+                    execution.emit(
                         "restart",
-                        agent=agent.name,
-                        agent_id=context.id,
-                        execution_id=node.id,
                         reason=execution.reason,
                         restarts=len(self.restarts),
                         digest=agent.restart.digest,
@@ -265,6 +263,7 @@ class AgentActor(Actor):
                     node, task, execution.history, behind=behind
                 )
                 execution.attempt = node.attempt
+                execution.resumed = resumed
                 await execution.run()
         except BaseException:
             self.running = None
@@ -366,7 +365,7 @@ class AgentActor(Actor):
         context = self.context
         note: DigestMessage | None = None
         if behind:  # earlier attempts: their digest, and their completed calls
-            note = digest(behind)
+            note = digest(behind, task.text)
         return Execution(
             agent=self.agent,
             agent_id=context.id,

@@ -55,24 +55,27 @@ def resumable(traces: Sequence[ExecutionTrace]) -> tuple[ExecutionTrace, ...]:
     return (*earlier, last)
 
 
-def digest(traces: Sequence[ExecutionTrace]) -> DigestMessage:
-    """The digest of ``traces``, earlier attempts of one task, oldest first."""
+def digest(traces: Sequence[ExecutionTrace], task: str) -> DigestMessage:
+    """The digest of ``traces``, earlier attempts at ``task`` (or, for a resumed
+    ask, at the task they name), oldest first."""
     parts = [
-        f"Earlier attempts at this task stopped before an answer ({len(traces)} of them). "
-        "What they did is below. A tool call that completed there is answered with the "
-        "same result if you ask for it again with the same arguments; use what they "
-        "found, and do not redo what failed the same way."
+        f"Earlier attempts stopped before an answer ({len(traces)} of them). What they "
+        "did is below. A tool call that completed there is answered with the same "
+        "result if you ask for it again with the same arguments: use what they found. "
+        "A call that was not run or was interrupted can be made again; one that failed "
+        "will likely fail the same way."
     ]
     for number, trace in enumerate(traces, 1):
-        parts.append(_attempt(number, trace))
+        parts.append(_attempt(number, trace, trace.task != task))
     text = "\n\n".join(parts)
     if len(text) > _DIGEST:  # the latest attempts matter most: cut from the front
         text = parts[0] + "\n\n[... earlier part cut ...]\n" + text[-(_DIGEST - 200) :]
     return DigestMessage(content=text, attempts=len(traces))
 
 
-def _attempt(number: int, trace: ExecutionTrace) -> str:
-    lines = [f"Attempt {number} ended {trace.status}: {trace.stop_reason}."]
+def _attempt(number: int, trace: ExecutionTrace, other_task: bool) -> str:
+    about = f" at the task {_cut(trace.task)!r}" if other_task else ""
+    lines = [f"Attempt {number}{about} ended {trace.status}: {trace.stop_reason}."]
     for step in trace.steps:
         lines.extend(_step(step))
     if not any(step.tool_calls for step in trace.steps):
@@ -91,6 +94,8 @@ def _step(step: StepRecord) -> list[str]:
         shown = _shown(outcome.call)
         if outcome.interrupted:
             lines.append(f"- {shown}: interrupted, no result")
+        elif outcome.is_error and not outcome.attempts:  # refused, or bad arguments
+            lines.append(f"- {shown}: not run: {_cut(outcome.content)}")
         elif outcome.is_error:
             lines.append(f"- {shown} failed: {_cut(outcome.content)}")
         else:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import msgspec
-import structlog
 
 from runtime import (
     ActorContext,
@@ -57,7 +56,7 @@ from ._messages import (
     exception_text,
 )
 from ._output import FINAL_ANSWER
-from ._recording import NOT_RUN, Recording, synthesize
+from ._recording import NOT_RUN, Recording, bind_log_context, synthesize
 from ._requests import EMPTY_USAGE, ascii_arguments, safe_response, send
 
 if TYPE_CHECKING:
@@ -68,32 +67,6 @@ __all__ = ["Execution", "StopCondition", "synthesize"]
 
 #: A user stop condition: called after each step that ran tools; True ends the execution.
 StopCondition = Callable[[StepRecord], bool]
-
-
-#: the first bind (``Token.var``): later binds set them directly.
-_LOG_VARS: list[contextvars.ContextVar[Any]] = []
-
-
-def _bind_log_context(
-    agent_id: str, parent_id: str | None, depth: int, execution_id: str
-) -> tuple[contextvars.Token[Any], ...]:
-    """Bind ``agent_id``, ``parent_id``, ``depth`` and ``execution_id`` for structlog,
-    as ``structlog.contextvars.bind_contextvars`` does, minus its per-key lookups
-    (bind + reset, not ``bound_contextvars()``, which first snapshots every context
-    variable: a cost paid per execution, per subagent call)."""
-    if _LOG_VARS:
-        agent_var, parent_var, depth_var, execution_var = _LOG_VARS
-        return (
-            agent_var.set(agent_id),
-            parent_var.set(parent_id),
-            depth_var.set(depth),
-            execution_var.set(execution_id),
-        )
-    bound = structlog.contextvars.bind_contextvars(
-        agent_id=agent_id, parent_id=parent_id, depth=depth, execution_id=execution_id
-    )
-    _LOG_VARS.extend(token.var for token in bound.values())
-    return tuple(bound.values())
 
 
 class Execution(Calling, Recording, Answering, Summarizing, Resuming):
@@ -133,6 +106,7 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         "own_scope",
         "parent_attempt",
         "reason",
+        "resumed",
         "reuse",
         "sink",
         "started",
@@ -235,6 +209,8 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         if digest is not None:
             buffer.append(digest)
         self.reuse = reuse
+        #: The execution a resumed ask picks up from (set by the agent).
+        self.resumed = ""
 
     @property
     def usage(self) -> Usage:
@@ -297,7 +273,7 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         """Bind the log context and say the execution starts."""
         node = self.node
         parent = node.parent
-        tokens = _bind_log_context(
+        tokens = bind_log_context(
             self.agent_id, parent.id if parent is not None else None, node.depth, node.id
         )
         if self.observed:

@@ -66,10 +66,18 @@ _PER_MESSAGE = 4
 
 
 def conversation_tokens(messages: list[Message] | tuple[Message, ...]) -> int:
-    """An estimate of the tokens of ``messages``: a token per four characters and a
-    few per message (providers count their own way: this decides when to fold)."""
+    """An estimate of the tokens of ``messages``: a token per four characters and
+    four per message (providers count their own way: this decides when to fold)."""
     chars = sum(len(message.content) for message in messages)
-    return math.ceil(chars / _CHARS_PER_TOKEN) + _PER_MESSAGE * len(messages)
+    return _tokens_of(chars) + _PER_MESSAGE * len(messages)
+
+
+def _tokens(text: str) -> int:
+    return _tokens_of(len(text))
+
+
+def _tokens_of(chars: int) -> int:
+    return math.ceil(chars / _CHARS_PER_TOKEN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +85,12 @@ class Compaction:
     """When and how an agent folds old turns of its conversation into its summary.
 
     ``threshold``: the estimated tokens of the conversation (user turns and final
-    answers, the new task included) past which it compacts. ``keep``: the most
-    recent turns (user/answer pairs) kept verbatim. ``model``: the summarizer (None:
-    the agent's own). ``instructions``: the summarizer's system prompt.
-    ``max_tokens``: the cap of the summary's length, in tokens.
+    answers, the new task included: ``conversation_tokens``) from which it
+    compacts. ``keep``: how many of the most recent turns (user/answer pairs) stay
+    verbatim; the new task's turn comes on top of them. ``model``: the summarizer
+    (None: the agent's own). ``instructions``: the summarizer's system prompt; its
+    request is marked ``ModelRequest.purpose == "summary"``. ``max_tokens``: the cap
+    of the summary's length, in tokens.
     """
 
     threshold: int = 8_000
@@ -117,7 +127,8 @@ class Compaction:
         turns = pairs - self.keep
         if turns < 1:
             return None
-        if conversation_tokens(messages) + len(task) // _CHARS_PER_TOKEN < self.threshold:
+        with_task = conversation_tokens(messages) + _tokens(task) + _PER_MESSAGE
+        if with_task < self.threshold:
             return None
         folded = tuple(messages[: 2 * turns])
         earlier = "\n\n".join(_text(message.content) for message in summary)
@@ -141,6 +152,7 @@ class Compaction:
                 UserMessage(content="\n\n".join(parts)),
             ),
             max_tokens=self.max_tokens,
+            purpose="summary",
         )
 
 
@@ -213,11 +225,20 @@ class Summarizing:
         request = fold.request
         began = time.perf_counter()
         self.charged = EMPTY_USAGE
+        # Optional work: only with room for itself and the step it is done for.
+        folded = {id(message) for message in fold.messages}
+        step = ModelRequest(
+            messages=tuple(m for m in self.history if id(m) not in folded),
+            tools=self.agent.specs,
+        )
         refused = self.supervisor.would_refuse(
             self.node,
-            input_estimate=model.estimate_tokens(request),
+            input_estimate=model.estimate_tokens(request)
+            + self.agent.model.estimate_tokens(step)
+            + memory.max_tokens,
             max_tokens=request.max_tokens,
             model=model.name,
+            requests=2,
         )
         text = error = ""
         sink, self.sink = self.sink, None  # the summary is not the agent's text

@@ -120,12 +120,15 @@ class OutputSchema(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One inference request: the compiled context, the tools offered, the output cap,
-    and for a typed answer in the text, its schema (``output_schema``)."""
+    and for a typed answer in the text, its schema (``output_schema``). ``purpose``
+    says what it is for: a step of an execution, or the summary of a compaction
+    (``Agent(memory=...)``); providers send both alike."""
 
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int | None = None
     output_schema: OutputSchema | None = None
+    purpose: Literal["step", "summary"] = "step"
 
 
 class ModelResponse(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -248,6 +251,8 @@ class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     summarization: SummaryRecord | None = None
     #: Whether a digest of earlier attempts was in its context (``DigestMessage``).
     digest: bool = False
+    #: The execution an ask with ``resume=True`` picked up from ("": none).
+    resumed: str = ""
 
 
 class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -11,11 +11,13 @@ observes the execution. They are typed by ``_Running``, the part of an
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
+import structlog
 
 from runtime import ActorContext, Event, EventKind, Node, NodeSnapshot, Supervisor, Usage
 
@@ -35,7 +37,7 @@ from ._messages import (
 if TYPE_CHECKING:
     from ._agent import Agent
 
-__all__ = ["NOT_RUN", "Recording", "synthesize"]
+__all__ = ["NOT_RUN", "Recording", "bind_log_context", "synthesize"]
 
 
 def synthesize(
@@ -77,6 +79,32 @@ def _counted(outcomes: Sequence[ToolOutcome], what: str) -> str:
     return f"{len(outcomes)} {what}" + (f" ({', '.join(names)})" if names else "")
 
 
+#: the first bind (``Token.var``): later binds set them directly.
+_LOG_VARS: list[contextvars.ContextVar[Any]] = []
+
+
+def bind_log_context(
+    agent_id: str, parent_id: str | None, depth: int, execution_id: str
+) -> tuple[contextvars.Token[Any], ...]:
+    """Bind ``agent_id``, ``parent_id``, ``depth`` and ``execution_id`` for structlog,
+    as ``structlog.contextvars.bind_contextvars`` does, minus its per-key lookups
+    (bind + reset, not ``bound_contextvars()``, which first snapshots every context
+    variable: a cost paid per execution, per subagent call)."""
+    if _LOG_VARS:
+        agent_var, parent_var, depth_var, execution_var = _LOG_VARS
+        return (
+            agent_var.set(agent_id),
+            parent_var.set(parent_id),
+            depth_var.set(depth),
+            execution_var.set(execution_id),
+        )
+    bound = structlog.contextvars.bind_contextvars(
+        agent_id=agent_id, parent_id=parent_id, depth=depth, execution_id=execution_id
+    )
+    _LOG_VARS.extend(token.var for token in bound.values())
+    return tuple(bound.values())
+
+
 class _Running(Protocol):
     """What the records read of a running ``Execution``."""
 
@@ -107,6 +135,7 @@ class _Running(Protocol):
     parent_attempt: int
     summarization: SummaryRecord | None
     digested: bool
+    resumed: str
 
     @property
     def usage(self) -> Usage: ...
@@ -369,6 +398,7 @@ class Recording:
                 attempt_of=attempt_of,
                 summarization=self.summarization,
                 digest=self.digested,
+                resumed=self.resumed,
             )
         elif built.parent_id != parent_id or built.execution_id != self.execution_id:
             built = self.built = msgspec.structs.replace(

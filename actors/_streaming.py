@@ -15,14 +15,15 @@
 The stream yields typed events (frozen Structs, a tagged union on ``kind``):
 ``TextDelta`` (the model's text as it is generated), ``ToolCallStarted`` and
 ``ToolCallFinished``, ``SubagentStarted`` and ``SubagentFinished``, ``BudgetWaiting``
-and ``BudgetResumed``, ``Retrying`` (text after it starts over), ``Stopped`` (a
-budget limit or the deadline), and ``ApprovalRequested`` / ``ApprovalDecided`` (a
-tool call held for a person's decision: see ``_approval``). Each names its agent, its
-execution and its ``depth`` below the agent asked (0: the agent itself). By default
-the events of subagents are their start and finish and their approvals only;
-``subagents=True`` adds their text, tool calls, waits and stops. The iteration ends
-once the execution has answered; ``run.result`` is the same ``Result`` that ``ask``
-returns.
+and ``BudgetResumed``, ``Retrying`` (text after it starts over), ``Restarted`` (a
+failed execution runs again), ``Compacted`` (old turns folded into the summary
+first), ``Stopped`` (a budget limit or the deadline), and ``ApprovalRequested`` /
+``ApprovalDecided`` (a tool call held for a person's decision: see ``_approval``).
+Each names its agent, its execution and its ``depth`` below the agent asked (0: the
+agent itself). By default the events of subagents are their start and finish and
+their approvals only; ``subagents=True`` adds their text, tool calls, waits and
+stops. The iteration ends once the execution has answered; ``run.result`` is the
+same ``Result`` that ``ask`` returns.
 
 How it works: the ask carries the name of a watcher (``Task.watch``); the execution's
 node takes it, and every node opened below inherits it (``runtime.Node.watch``), so
@@ -58,6 +59,8 @@ __all__ = [
     "ApprovalRequested",
     "BudgetResumed",
     "BudgetWaiting",
+    "Compacted",
+    "Restarted",
     "Retrying",
     "Stopped",
     "StreamEvent",
@@ -158,6 +161,25 @@ class ApprovalDecided(_Base, frozen=True, kw_only=True, tag="approval_decision")
     waited: float = 0.0
 
 
+class Restarted(_Base, frozen=True, kw_only=True, tag="restart"):
+    """The execution failed and runs again (``RestartPolicy``): its text starts over;
+    ``digest``: the new attempt reads a digest of the earlier ones."""
+
+    restarts: int
+    reason: str
+    digest: bool = False
+
+
+class Compacted(_Base, frozen=True, kw_only=True, tag="compaction"):
+    """The agent folded its oldest turns into its summary before this execution
+    (``Agent(memory=...)``); ``ok`` False: nothing was folded, ``error`` says why."""
+
+    ok: bool
+    turns: int
+    covered: int
+    error: str = ""
+
+
 class Stopped(_Base, frozen=True, kw_only=True, tag="stopped"):
     """A budget limit or the deadline stopped this execution."""
 
@@ -176,6 +198,8 @@ StreamEvent: TypeAlias = (
     | BudgetWaiting
     | BudgetResumed
     | Retrying
+    | Restarted
+    | Compacted
     | Stopped
 )
 
@@ -409,6 +433,8 @@ _SHOWN: dict[str, tuple[type[StreamEvent] | None, tuple[str, ...]]] = {
     "budget_wait": (BudgetWaiting, ("reason",)),
     "budget_resume": (BudgetResumed, ("seconds",)),
     "retry": (Retrying, ("attempt", "error", "delay")),
+    "restart": (Restarted, ("restarts", "reason", "digest")),
+    "compaction": (Compacted, ("ok", "turns", "covered", "error")),
     "budget_exceeded": (Stopped, ("reason",)),
     "deadline": (Stopped, ("reason",)),
     "approval_request": (ApprovalRequested, ("id", "tool", "call_id", "arguments", "path")),

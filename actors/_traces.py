@@ -196,6 +196,7 @@ def _draw_execution(
         if attempt
         else f"{name} [{trace.execution_id}] {status}",
         f"attempt {trace.attempt}" if earlier else "",
+        f"resumes [{trace.resumed}]" if trace.resumed else "",
         "read a digest of the attempts before" if trace.digest else "",
         f"{len(trace.steps)} step{'' if len(trace.steps) == 1 else 's'}",
         _seconds(trace.seconds),

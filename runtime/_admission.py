@@ -129,29 +129,30 @@ class Reservation:
         )
 
 
-def chain_refusal(node: Node, need: Need) -> BudgetExceeded | None:
+def chain_refusal(node: Node, need: Need, requests: int = 1) -> BudgetExceeded | None:
     """The first refusal on ``node``'s chain of budgets (not a leased subtree's,
-    which asks for more headroom instead), or None."""
+    which asks for more headroom instead) of ``requests`` requests that need
+    ``need`` together, or None."""
     current: Node | None = node
     while current is not None:
         budget = current.limits
         if budget is not None and current.lender is None:
             if budget.cost is not None and need.price is None:
                 return None  # a cost limit with no price is refused where it is sent
-            error = refusal(current, budget, need)
+            error = refusal(current, budget, need, requests)
             if error is not None:
                 return error
         current = current.parent
     return None
 
 
-def refusal(node: Node, budget: Budget, need: Need) -> BudgetExceeded | None:
+def refusal(node: Node, budget: Budget, need: Need, requests: int = 1) -> BudgetExceeded | None:
     """The refusal of a request that ``node``'s settled usage has no room for, if so.
 
     Counters first (a request in flight counts: it will happen), then input tokens,
     output tokens, tokens and cost, each against settled usage only.
     """
-    if budget.requests is not None and node.requests + 1 > budget.requests:
+    if budget.requests is not None and node.requests + requests > budget.requests:
         return BudgetExceeded("requests", budget.requests, node.id, node.name)
     if budget.input_tokens is not None:
         left = budget.input_tokens - node.input_tokens

@@ -22,9 +22,8 @@ Every limit is **hard** (zero overshoot) and **honest** (no premature stop):
   Reservations take a fair share of the free headroom (one part for each running
   execution under that budget that may ask next and holds none of it yet: all of
   it when alone; never less than the minimum), so concurrent children run
-  concurrently. A wait shows in the node's
-  snapshot (``waiting``) and in ``statistics()``; a stop, a deadline or a
-  cancellation ends it at once.
+  concurrently. A wait shows in the node's snapshot (``waiting``) and in
+  ``statistics()``; a stop, a deadline or a cancellation ends it at once.
 - Every request is charged: a failed or interrupted one at least its input
   estimate; usage that cannot be true is refused (``InvalidUsage``), never refunded.
 - Time: a node's deadline is the earlier of its own and its parent's.
@@ -265,14 +264,21 @@ class Supervisor(Reserving):
             scope.cancel()
 
     def would_refuse(
-        self, node: Node, *, input_estimate: int, max_tokens: int | None, model: str = ""
+        self,
+        node: Node,
+        *,
+        input_estimate: int,
+        max_tokens: int | None,
+        model: str = "",
+        requests: int = 1,
     ) -> BudgetExceeded | None:
-        """The refusal a request would meet now, or None; stops nothing (for an
-        optional request: an agent's summarization is skipped when refused)."""
-        if node.stop_status is not None:
-            return self.stopped(node)
+        """The refusal ``requests`` requests (input estimates summed) would meet now,
+        or None; stops nothing: for optional work (an agent's summarization)."""
+        if node.stop_status is not None or not node.limited:
+            return self.stopped(node) if node.stop_status is not None else None
         need = self.need(input_estimate=input_estimate, max_tokens=max_tokens, model=model)
-        return chain_refusal(node, need) if node.limited else None
+        need.output *= requests
+        return chain_refusal(node, need, requests)
 
     def why_stopped(self, node: Node) -> tuple[EndStatus, str]:
         """How a node that was interrupted ends: a supervisor stop, its deadline, or a

@@ -68,6 +68,7 @@ def test_actors_surface_names() -> None:
         "SubagentStarted", "TextDelta", "ToolCallFinished", "ToolCallStarted", "streamed",
         # memory: compaction, attempts that learn
         "Compaction", "DEFAULT_SUMMARY_INSTRUCTIONS", "DigestMessage", "SummaryRecord",
+        "Compacted", "Restarted",
         # a human in the loop
         "ApprovalDecided", "ApprovalError", "ApprovalPolicy", "ApprovalRequest",
         "ApprovalRequested", "Decide", "GetApprovals",

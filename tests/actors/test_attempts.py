@@ -281,8 +281,12 @@ async def test_resume_after_a_budget_stop_does_not_repeat_completed_calls() -> N
     assert resumed.ok
     assert lookups.ran == ["a", "b", "c"]  # a and b ran once, before the stop
     (note,) = digests(model.requests[3])
-    assert "Attempt 1 ended budget_exceeded: tool_calls limit of 2 reached" in note.content
+    assert (
+        "Attempt 1 at the task 'find a, b, c' ended budget_exceeded: tool_calls limit of 2"
+        in note.content
+    )
     assert 'lookup({"q":"b"}) returned: found b' in note.content
+    assert 'lookup({"q":"c"}): not run: tool call refused: tool_calls limit of 2' in note.content
     assert resumed.usage.tool_calls == 1
     # The conversation holds both turns, never the digest.
     assert [type(m) for m in conversation.messages] == [UserMessage, AssistantMessage] * 2

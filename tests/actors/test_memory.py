@@ -45,7 +45,9 @@ def is_summarization(
     request: ModelRequest, instructions: str = DEFAULT_SUMMARY_INSTRUCTIONS
 ) -> bool:
     first = request.messages[0]
-    return isinstance(first, SystemMessage) and first.content == instructions
+    marked = isinstance(first, SystemMessage) and first.content == instructions
+    assert marked == (request.purpose == "summary")
+    return marked
 
 
 class Chat:
@@ -317,22 +319,41 @@ async def test_the_summarization_is_charged_to_the_budget() -> None:
     async with Runtime() as rt:
         ref = await rt.spawn(agent)
         await converse(ref, 0, 3)
-        # One request allowed: the summarization takes it, the step is refused.
-        result = await ref.ask(task(3), budget=Budget(requests=1))
+        # Two requests allowed: the summarization takes one, the step the other.
+        result = await ref.ask(task(3), budget=Budget(requests=2))
         conversation = await ref.conversation()
-        tree = rt.tree()
-    assert result.status == "budget_exceeded"
-    assert "requests limit of 1" in result.stop_reason
-    assert result.usage.requests == 1
-    assert len(chat.summaries) == 1
-    node = tree.node(result.execution_id)
-    assert node.usage.requests == 1
-    # The fold happened (the summary was paid for), and invariant 2 still holds.
+        node = rt.tree().node(result.execution_id)
+        summaries = len(chat.summaries)
+        # One more request would be over: the next ask gets no room at all.
+        await converse(ref, 4, 6)
+        stopped = await ref.ask(task(6), budget=Budget(requests=2, tokens=10))
+    assert result.ok
+    assert result.usage.requests == 2
+    assert node.usage.requests == 2
+    assert summaries == 1
     assert conversation.summarized == 2
-    assert conversation.messages[-2:] == (
-        UserMessage(content=task(3)),
-        AssistantMessage(content=result.text),
-    )
+    assert stopped.status == "budget_exceeded"
+    assert stopped.usage.requests == 0
+
+
+async def test_a_summarization_leaves_room_for_the_step_it_is_done_for() -> None:
+    """With room for one request only, the step gets it: the summarization would
+    spend the budget the execution needs to answer at all."""
+    chat = Chat()
+    agent = Agent("a", chat.model, memory=Compaction(threshold=200, keep=1))
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        await converse(ref, 0, 3)
+        result = await ref.ask(task(3), budget=Budget(requests=1))
+        trace = (await ref.trace())[-1]
+        conversation = await ref.conversation()
+    assert result.ok
+    assert result.usage.requests == 1
+    assert chat.summaries == []
+    record = trace.summarization
+    assert record is not None
+    assert record.error.startswith("refused: requests limit of 1")
+    assert conversation.summarized == 0
 
 
 async def test_a_deadline_cuts_the_summarization_and_nothing_is_folded() -> None:
