@@ -115,10 +115,21 @@ class ProgressLines:
                     f"after {_clip(str(detail.get('error', '')))}"
                 )
             case "restart":
+                learns = (
+                    " (it reads a digest of the attempts before)" if detail.get("digest") else ""
+                )
                 return (
                     f"{agent}: restart {detail.get('restarts', '?')} after: "
-                    f"{_clip(str(detail.get('reason', '')), 120)}"
+                    f"{_clip(str(detail.get('reason', '')), 120)}{learns}"
                 )
+            case "compaction":
+                turns = int(detail.get("turns", 0))
+                if detail.get("ok"):
+                    return (
+                        f"{agent}: folded {turns} old turn{'' if turns == 1 else 's'} into "
+                        f"its summary (it covers {detail.get('covered', '?')})"
+                    )
+                return f"{agent}: summary not updated: {_clip(str(detail.get('error', '')), 120)}"
             case "execution_end":
                 return self._end(agent, event)
             case "approval_request":

@@ -19,8 +19,10 @@ from actors import (
     FunctionModel,
     ModelRequest,
     ModelResponse,
+    Restarted,
     RestartPolicy,
     ScriptedModel,
+    TextDelta,
     ToolCall,
     ToolResultMessage,
     UserMessage,
@@ -30,6 +32,7 @@ from actors import (
     fail,
     render_trace_tree,
     reply,
+    streamed,
     tool,
 )
 from actors._traces import trace_from_record
@@ -193,6 +196,28 @@ async def test_a_restart_sees_a_digest_of_the_first_attempt_and_not_its_raw_trac
         AssistantMessage(content="done"),
     )
     assert (first.digest, last.digest) == (False, True)
+
+
+async def test_a_streamed_ask_shows_the_restart_and_its_text_starting_over() -> None:
+    model = ScriptedModel(
+        [call("lookup", q="a"), fail(RuntimeError("gone")), streamed("second try", chunks=2)]
+    )
+    lookups = Lookups()
+    agent = Agent(
+        "a", model, tools=[lookups.tool], restart=RestartPolicy(max_restarts=1, digest=True)
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        async with ref.stream("go") as run:
+            events = [event async for event in run]
+    (restarted,) = [event for event in events if isinstance(event, Restarted)]
+    assert restarted.restarts == 1
+    assert restarted.digest is True
+    assert "model request failed: RuntimeError: gone" in restarted.reason
+    after = events[events.index(restarted) + 1 :]
+    assert "".join(e.text for e in after if isinstance(e, TextDelta)) == "second try"
+    assert run.result is not None
+    assert run.result.text == "second try"
 
 
 async def test_without_digest_a_restart_starts_blind_and_runs_every_call() -> None:

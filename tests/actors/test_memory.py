@@ -20,6 +20,7 @@ from actors import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     Agent,
     AssistantMessage,
+    Compacted,
     Compaction,
     FunctionModel,
     Message,
@@ -395,8 +396,13 @@ async def test_a_streamed_ask_never_shows_the_summary_as_the_agents_text() -> No
         ref = await rt.spawn(agent)
         await converse(ref, 0, 3)
         async with ref.stream(task(3)) as run:
-            texts = [event.text async for event in run if isinstance(event, TextDelta)]
+            events = [event async for event in run]
         conversation = await ref.conversation()
+    texts = [event.text for event in events if isinstance(event, TextDelta)]
+    (compacted,) = [event for event in events if isinstance(event, Compacted)]
+    assert (compacted.ok, compacted.turns, compacted.covered, compacted.depth) == (True, 1, 2, 0)
+    first_text = next(i for i, e in enumerate(events) if isinstance(e, TextDelta))
+    assert events.index(compacted) < first_text  # folded before the step began
     assert run.result is not None
     assert run.result.ok
     assert "SECRET SUMMARY" in conversation.summary[0].content

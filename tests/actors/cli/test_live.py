@@ -388,3 +388,34 @@ def test_an_approval_shows_in_the_lines_and_under_the_agent() -> None:
     assert latest.line("e") == "⧗ waiting for approval: send_email [approval-1]"
     latest.feed(decided)
     assert latest.line("e") == ""
+
+
+@pytest.mark.parametrize(
+    ("detail", "said"),
+    [
+        (
+            {"ok": True, "turns": 3, "covered": 7},
+            "a: folded 3 old turns into its summary (it covers 7)",
+        ),
+        (
+            {"ok": False, "turns": 3, "covered": 4, "error": "refused: requests limit of 1"},
+            "a: summary not updated: refused: requests limit of 1",
+        ),
+    ],
+)
+def test_a_compaction_is_a_progress_line(detail: dict[str, object], said: str) -> None:
+    event = Event(kind="compaction", at=2.0, agent="a", depth=1, detail=detail)
+    assert ProgressLines().line(event) == f"[  2.00s] {said}"
+
+
+def test_a_restart_with_a_digest_says_so() -> None:
+    event = Event(
+        kind="restart",
+        at=1.0,
+        agent="a",
+        depth=1,
+        detail={"restarts": 1, "reason": "boom", "digest": True},
+    )
+    assert ProgressLines().line(event) == (
+        "[  1.00s] a: restart 1 after: boom (it reads a digest of the attempts before)"
+    )
