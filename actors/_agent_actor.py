@@ -28,7 +28,7 @@ from ._agent_ref import Decide, GetApprovals, GetConversation, GetProgress, GetT
 from ._approval import approvals_of
 from ._digest import completed, digest, resumable
 from ._execution import Execution
-from ._memory import Fold, summary_section
+from ._memory import Fold, Tally, summary_section
 from ._messages import (
     AssistantMessage,
     Conversation,
@@ -74,8 +74,10 @@ class AgentActor(Actor):
         self.summary: list[Message] = []
         self.buffer: list[Message] = []
         self.messages: list[Message] = []
-        #: How many turns (user/answer pairs) the summary covers (see ``_memory``).
+        #: How many turns (user/answer pairs) the summary covers (see ``_memory``),
+        #: and the conversation's estimated tokens, for an agent that compacts.
         self.summarized = 0
+        self.tally = Tally() if agent.memory is not None else None
         self.execution: list[Message] = []
         # Plain lists, not deques: an idle agent's footprint counts (10,000 of them).
         self.traces: list[ExecutionTrace] = []
@@ -193,6 +195,8 @@ class AgentActor(Actor):
         """Fold the oldest turns into the summary (its summarization succeeded): the
         context of the execution from now on."""
         del self.messages[: 2 * fold.turns]
+        if self.tally is not None:
+            self.tally.restart()
         self.summarized = fold.covered + fold.turns
         self.summary[:] = [summary_section(text, self.summarized)]
         return self._sections()
@@ -224,8 +228,8 @@ class AgentActor(Actor):
                 return self._refused(str(exc))
         memory = agent.memory
         fold = None
-        if memory is not None:
-            fold = memory.plan(self.messages, task.text, self.summary, self.summarized)
+        if memory is not None and self.tally is not None:
+            fold = memory.plan(self.messages, self.tally, task.text, self.summary, self.summarized)
         behind = await self._resumed(task) if task.resume else ()
         history = self._history(task)
         node.actor_id = context.id

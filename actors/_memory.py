@@ -48,6 +48,7 @@ __all__ = [
     "Compaction",
     "Fold",
     "Summarizing",
+    "Tally",
     "conversation_tokens",
     "summary_section",
 ]
@@ -117,6 +118,7 @@ class Compaction:
     def plan(
         self,
         messages: list[Message],
+        tally: Tally,
         task: str,
         summary: list[Message],
         summarized: int,
@@ -127,7 +129,7 @@ class Compaction:
         turns = pairs - self.keep
         if turns < 1:
             return None
-        with_task = conversation_tokens(messages) + _tokens(task) + _PER_MESSAGE
+        with_task = tally.of(messages) + _tokens(task) + _PER_MESSAGE
         if with_task < self.threshold:
             return None
         folded = tuple(messages[: 2 * turns])
@@ -154,6 +156,28 @@ class Compaction:
             max_tokens=self.max_tokens,
             purpose="summary",
         )
+
+
+class Tally:
+    """An agent's conversation's ``conversation_tokens``, counted as it grows: each
+    message once (all again after a fold or a load, when the start changed)."""
+
+    __slots__ = ("counted", "tokens")
+
+    def __init__(self) -> None:
+        self.counted = 0
+        self.tokens = 0
+
+    def of(self, messages: list[Message]) -> int:
+        counted = self.counted
+        if counted < len(messages):
+            self.tokens += conversation_tokens(messages[counted:])
+            self.counted = len(messages)
+        return self.tokens
+
+    def restart(self) -> None:
+        """The conversation lost messages at its start: count it all again."""
+        self.counted = self.tokens = 0
 
 
 @dataclass(frozen=True, slots=True)

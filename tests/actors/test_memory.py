@@ -482,3 +482,8 @@ async def test_invariant_2_holds_in_its_compacted_form(
             assert after.messages == tuple(everything[2 * after.summarized :])
             if folded:
                 assert len(after.messages) == 2 * (keep + 1)
+            # Folded exactly when the estimate (counted as it grew) reached the threshold.
+            estimate = conversation_tokens((*before.messages, UserMessage(content=text)))
+            foldable = len(before.messages) // 2 > keep
+            if not failing:
+                assert bool(folded) == (foldable and estimate >= threshold)
