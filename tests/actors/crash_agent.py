@@ -1,9 +1,12 @@
 """A process for the crash test of ``test_persistence.py``.
 
-``python crash_agent.py DB MODE BACKEND``, with MODE ``crash`` or ``resume``.
+``python crash_agent.py DB MODE BACKEND``, with MODE ``crash``, ``compact`` or
+``resume``.
 
 ``crash``: the agent ``support`` answers a first task, then in a second task calls a
 tool that prints ``BLOCKED`` and waits forever (the test kills the process there).
+``compact``: the same, with ``Agent(memory=...)``: the second task first folds the
+first turn into the summary (a successful summarization), then blocks.
 ``resume``: the agent ``support`` is spawned again on the same database, answers
 one task, and prints the first request its model received as JSON.
 """
@@ -14,8 +17,8 @@ import sys
 
 import anyio
 
-from actors import Agent, ScriptedModel, call, reply, tool
-from runtime import Runtime, SQLiteStore, encode_json
+from actors import Agent, Compaction, ScriptedModel, call, reply, tool
+from runtime import Event, Runtime, SQLiteStore, encode_json
 
 
 @tool
@@ -26,16 +29,24 @@ async def wait_forever() -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def crash(db: str) -> None:
-    model = ScriptedModel(
-        [reply("First answer."), call("wait_forever", text="thinking in the buffer")]
-    )
-    agent = Agent("support", model, tools=[wait_forever])
+async def crash(db: str, compact: bool = False) -> None:
+    turns = [reply("First answer."), call("wait_forever", text="thinking in the buffer")]
+    if compact:
+        turns.insert(1, reply("The user asked a first question."))  # the summary
+    model = ScriptedModel(turns)
+    memory = Compaction(threshold=1, keep=0) if compact else None
+    agent = Agent("support", model, tools=[wait_forever], memory=memory)
     async with SQLiteStore(db) as store, Runtime(store=store) as rt:
         ref = await rt.spawn(agent, id="support")
         first = await ref.ask("First question?")
         print("FIRST", first.status, first.execution_id, flush=True)
+        rt.event_bus.listen(folded)  # where it happens: before the tool blocks
         await ref.ask("Second question?")
+
+
+def folded(event: Event) -> None:
+    if event.kind == "compaction":
+        print("FOLDED", event.detail["ok"], flush=True)
 
 
 async def resume(db: str) -> None:
@@ -50,7 +61,10 @@ async def resume(db: str) -> None:
 
 def main() -> None:
     db, mode, backend = sys.argv[1], sys.argv[2], sys.argv[3]
-    anyio.run(crash if mode == "crash" else resume, db, backend=backend)
+    if mode == "resume":
+        anyio.run(resume, db, backend=backend)
+    else:
+        anyio.run(crash, db, mode == "compact", backend=backend)
 
 
 if __name__ == "__main__":

@@ -254,14 +254,18 @@ async def read_until(stream: anyio.abc.ByteReceiveStream, marker: bytes) -> byte
     return seen
 
 
+@pytest.mark.parametrize("mode", ["crash", "compact"])
 async def test_a_process_killed_mid_execution_leaves_the_last_completed_turn(
-    tmp_path: Path, anyio_backend: str
+    tmp_path: Path, anyio_backend: str, mode: str
 ) -> None:
+    """Killed mid-execution, after a compaction too (``compact``: the summary had
+    replaced the first turn in memory): the store holds the last completed turn,
+    and no summary."""
     db = tmp_path / "crash.db"
     command = [sys.executable, str(CRASH_SCRIPT), str(db)]
     with anyio.fail_after(30):
         async with await anyio.open_process(
-            [*command, "crash", anyio_backend], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            [*command, mode, anyio_backend], stdout=subprocess.PIPE, stderr=subprocess.PIPE
         ) as process:
             assert process.stdout is not None
             output = await read_until(process.stdout, b"BLOCKED\n")
@@ -269,6 +273,7 @@ async def test_a_process_killed_mid_execution_leaves_the_last_completed_turn(
             assert await process.wait() == -9
     match = re.search(rb"FIRST completed (support#1\.[0-9a-f]+)", output)
     assert match is not None, output
+    assert (b"FOLDED True\n" in output) == (mode == "compact")
     with sqlite3.connect(db) as raw:
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     raw.close()
@@ -276,6 +281,7 @@ async def test_a_process_killed_mid_execution_leaves_the_last_completed_turn(
         state = await stored_state(store, "support")
         records = await store.records()
     assert state.messages == turn("First question?", "First answer.")
+    assert (state.summary, state.summarized) == ((), 0)
     assert no_tool_traces(state.summary + state.buffer + state.messages)
     assert [r.id for r in records] == [match.group(1).decode()]
     # A new process spawning "support" again resumes from that turn.
