@@ -249,21 +249,24 @@ class Summarizing:
         request = fold.request
         began = time.perf_counter()
         self.charged = EMPTY_USAGE
-        # Optional work: only with room for itself and the step it is done for.
-        folded = {id(message) for message in fold.messages}
-        step = ModelRequest(
-            messages=tuple(m for m in self.history if id(m) not in folded),
-            tools=self.agent.specs,
-        )
-        refused = self.supervisor.would_refuse(
-            self.node,
-            input_estimate=model.estimate_tokens(request)
-            + self.agent.model.estimate_tokens(step)
-            + memory.max_tokens,
-            max_tokens=request.max_tokens,
-            model=model.name,
-            requests=2,
-        )
+        refused = None
+        node = self.node
+        if node.limited or node.stop_status is not None:
+            # Optional work: only with room for itself and the step it is done for.
+            folded = {id(message) for message in fold.messages}
+            step = ModelRequest(
+                messages=tuple(m for m in self.history if id(m) not in folded),
+                tools=self.agent.specs,
+            )
+            refused = self.supervisor.would_refuse(
+                node,
+                input_estimate=model.estimate_tokens(request)
+                + self.agent.model.estimate_tokens(step)
+                + memory.max_tokens,
+                max_tokens=request.max_tokens,
+                model=model.name,
+                requests=2,
+            )
         text = error = ""
         sink, self.sink = self.sink, None  # the summary is not the agent's text
         try:

@@ -42,7 +42,11 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
     supervisor = execution.supervisor
     node = execution.node
     wanted = request.max_tokens
-    estimate = model.estimate_tokens(request)
+    # The input estimate is the budget's pre-check: with no budget on the chain it is
+    # made only if the request fails (what it is charged then), never per request (it
+    # reads the whole context: a long conversation would pay for it every step).
+    estimated = node.limited
+    estimate = model.estimate_tokens(request) if estimated else 0
     name = model.name
     attempt = 0
     at_least: int | None = None
@@ -70,13 +74,17 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
                 execution.streamed.clear()  # each attempt streams from its start
                 response = await cast("StreamingModel", model).stream(sent, sink)
         except Exception as exc:
-            _charge(execution, reservation, _reported(exc), name)
+            reported = _reported(exc)
+            if reported is None and not estimated:
+                reported = Usage(input_tokens=model.estimate_tokens(request), requests=1)
+            _charge(execution, reservation, reported, name)
             error = exc
             if observed:
                 _request_end(execution, name, _reported(exc), error=exception_text(exc))
         except BaseException:
             # Cut off (a deadline, a stop): what it read was spent, and what it streamed.
-            _charge(execution, reservation, _cut(execution, reservation), name)
+            read = reservation.input if estimated else model.estimate_tokens(request)
+            _charge(execution, reservation, _cut(execution, reservation, read), name)
             if observed:
                 _request_end(execution, name, None, error="cut off before the model answered")
             raise
@@ -194,19 +202,18 @@ def safe_response(response: ModelResponse) -> ModelResponse:
     return msgspec.structs.replace(response, text=safe_text(response.text), tool_calls=calls)
 
 
-def _cut(execution: Execution, reservation: Reservation) -> Usage | None:
-    """What a request cut off mid-stream spent: its input estimate and an estimate
-    of the text received (within the request's output cap); ``None`` (the input
-    estimate) when nothing was streamed."""
+def _cut(execution: Execution, reservation: Reservation, read: int) -> Usage:
+    """What a request cut off mid-stream spent: its input estimate (``read``) and an
+    estimate of the text received (within the request's output cap)."""
     streamed = execution.streamed
     if not streamed:
-        return None
+        return Usage(input_tokens=read, requests=1)
     chars = sum(len(piece) for piece in streamed)
     output = -(-chars // _CHARS_PER_TOKEN)
     cap = reservation.max_tokens
     if cap is not None:
         output = min(output, cap)
-    return Usage(input_tokens=reservation.input, output_tokens=output, requests=1)
+    return Usage(input_tokens=read, output_tokens=output, requests=1)
 
 
 def _reported(error: Exception) -> Usage | None:

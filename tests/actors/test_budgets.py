@@ -274,6 +274,27 @@ async def test_a_request_cut_by_a_deadline_is_charged_its_input_estimate() -> No
     assert result.usage.input_tokens == model.estimate_tokens(model.requests[0])
 
 
+async def test_with_no_budget_a_cut_request_is_still_charged_its_input_estimate() -> None:
+    """With no budget on the chain the estimate is not made per request (see
+    ``_requests.send``), only for a request that failed or was cut off."""
+    started = anyio.Event()
+
+    async def slow(request: ModelRequest) -> Turn:
+        started.set()
+        await anyio.sleep(10)
+        return reply("never")
+
+    model = FunctionModel(slow)
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, instructions="x" * 400))
+        with anyio.fail_after(5):
+            async with ref.stream("go") as run:
+                await started.wait()  # leaving the block stops the execution
+    assert run.result is not None
+    assert run.result.usage.requests == 1
+    assert run.result.usage.input_tokens == model.estimate_tokens(model.requests[0]) > 100
+
+
 # -- waits are visible, interruptible, and never deadlock -------------------------------
 
 
