@@ -222,15 +222,22 @@ class RemoteReply:
 
 
 class _Shipped:
-    """A remote execution's trace, as the top-level execution's store expects it."""
+    """A remote execution's trace, as the top-level execution's store expects it;
+    delegated by ``attempt`` of the task on ``parent`` (linked to that attempt's id
+    if the task ran again since)."""
 
-    __slots__ = ("trace",)
+    __slots__ = ("attempt", "parent", "trace")
 
-    def __init__(self, trace: ExecutionTrace) -> None:
+    def __init__(self, trace: ExecutionTrace, parent: Node | None, attempt: int) -> None:
         self.trace = trace
+        self.parent = parent
+        self.attempt = attempt
 
     def final_trace(self) -> ExecutionTrace:
-        return self.trace
+        trace, parent = self.trace, self.parent
+        if parent is not None and trace.parent_id == parent.id and self.attempt != parent.attempt:
+            return msgspec.structs.replace(trace, parent_id=f"{parent.id}~{self.attempt}")
+        return trace
 
 
 class RemoteChild:
@@ -244,6 +251,7 @@ class RemoteChild:
         "link",
         "lost",
         "node",
+        "parent_attempt",
         "placed_again",
         "reply",
         "run_id",
@@ -261,6 +269,9 @@ class RemoteChild:
         self.link: HostLink | None = None
         self.run_id = 0
         self.node = node
+        parent = node.parent
+        #: Which attempt of its parent's task delegated it.
+        self.parent_attempt = parent.attempt if parent is not None else 1
         self.supervisor = supervisor
         #: How many times its subtree was placed again after its host was lost.
         self.placed_again = 0
@@ -399,7 +410,8 @@ class RemoteChild:
         if done is not None:
             result = done.result
             if node.traces is not None and done.traces:
-                node.traces.extend(_Shipped(trace) for trace in done.traces)
+                parent, attempt = node.parent, self.parent_attempt
+                node.traces.extend(_Shipped(trace, parent, attempt) for trace in done.traces)
         else:
             if self.lost is not None:
                 status, reason = "failed", self.lost.reason

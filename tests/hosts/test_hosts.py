@@ -27,6 +27,7 @@ from actors import (
     ToolCallStarted,
     call,
     calls,
+    fail,
     reply,
     tool,
 )
@@ -437,3 +438,23 @@ async def test_a_subtree_its_host_cannot_run_still_answers_failed() -> None:
     assert statuses == ["completed", "failed"]
     failed = next(a for a in answers.values() if a.result.status == "failed")
     assert failed.result.stop_reason.startswith("the host 'h' could not run it: ")
+
+
+async def test_a_remote_subtree_is_linked_to_the_attempt_that_delegated_it(
+    make_hosts: MakeHosts,
+) -> None:
+    """The lead's first attempt delegates to a worker on a host, then fails; its
+    second attempt answers. The worker's stored trace hangs from the first attempt."""
+    worker = Agent("worker", ScriptedModel([reply("worked")]))
+    model = ScriptedModel([call("worker", task="w"), fail(RuntimeError("lead down")), reply("ok")])
+    lead_agent = Agent("lead", model, subagents=[worker], restart=RestartPolicy(max_restarts=1))
+    store = MemoryStore()
+    async with Runtime(hosts=make_hosts(1), store=store) as rt:
+        result = await (await rt.spawn(lead_agent)).ask("go")
+        remote = [n for n in rt.tree().nodes if n.name == "worker"]
+    assert result.ok, result.stop_reason
+    assert [n.host for n in remote] == ["default-0"]
+    stored = {record.id: record for record in await store.records()}
+    first = f"{result.execution_id}~1"
+    assert stored[first].parent_id == result.execution_id
+    assert stored[remote[0].id].parent_id == first
