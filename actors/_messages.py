@@ -329,7 +329,8 @@ class Progress(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ``running`` is False between executions (then only ``agent_id``, ``queued`` and
     ``conversation_turns`` say anything). While an execution runs: its id and task,
     the ``steps`` recorded so far, the ``phase`` of the step in flight (``"model"``:
-    its request is out, ``"tools"``: its tool calls run), the tool calls still
+    its request is out, ``"tools"``: its tool calls run; ``"summary"``: before the
+    first step, the request of a compaction is out), the tool calls still
     running (``in_flight``), the text the model has streamed so far in this step
     (``streamed``), the execution's usage so far (descendants included), the
     seconds since it started, and the subtree's nodes as the supervisor sees them.
@@ -341,7 +342,7 @@ class Progress(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     task: str = ""
     attempt: int = 1
     steps: tuple[StepRecord, ...] = ()
-    phase: Literal["idle", "model", "tools"] = "idle"
+    phase: Literal["idle", "summary", "model", "tools"] = "idle"
     in_flight: tuple[ToolCall, ...] = ()
     streamed: str = ""
     usage: Usage = Usage()

@@ -36,6 +36,7 @@ from ._messages import (
 
 if TYPE_CHECKING:
     from ._agent import Agent
+    from ._memory import Fold
 
 __all__ = ["NOT_RUN", "Recording", "bind_log_context", "synthesize"]
 
@@ -134,6 +135,7 @@ class _Running(Protocol):
     built: ExecutionTrace | None
     parent_attempt: int
     summarization: SummaryRecord | None
+    fold: Fold | None
     digested: bool
     resumed: str
 
@@ -338,9 +340,11 @@ class Recording:
         """A snapshot of this execution as it runs (see ``AgentActor.control``)."""
         node = self.node
         asked = self.step_asked
-        phase: Literal["model", "tools"] = "model"
+        phase: Literal["summary", "model", "tools"] = "model"
         in_flight: tuple[ToolCall, ...] = ()
-        if self.step_began and asked is not None:
+        if self.fold is not None and self.summarization is None:
+            phase = "summary"  # its compaction's request is out
+        elif self.step_began and asked is not None:
             phase = "tools"
             calls = asked[0].tool_calls
             done = self.step_outcomes

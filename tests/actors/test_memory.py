@@ -487,3 +487,29 @@ async def test_invariant_2_holds_in_its_compacted_form(
             foldable = len(before.messages) // 2 > keep
             if not failing:
                 assert bool(folded) == (foldable and estimate >= threshold)
+
+
+async def test_progress_shows_a_summarization_in_flight() -> None:
+    entered = anyio.Event()
+    release = anyio.Event()
+
+    async def summarizer(request: ModelRequest) -> ModelResponse:
+        entered.set()
+        await release.wait()
+        return reply("gist")
+
+    chat = Chat()
+    memory = Compaction(threshold=200, keep=1, model=FunctionModel(summarizer))
+    agent = Agent("a", chat.model, memory=memory)
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        await converse(ref, 0, 3)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, task(3))
+            with anyio.fail_after(5):
+                await entered.wait()
+            progress = ref.progress()
+            release.set()
+        after = ref.progress()
+    assert (progress.running, progress.phase, progress.steps) == (True, "summary", ())
+    assert (after.running, after.phase) == (False, "idle")
