@@ -536,8 +536,10 @@ def check_stored_traces(
     tree: TreeSnapshot, traces: Iterable[ExecutionTrace], *, lost: Collection[str] = ()
 ) -> list[str]:
     """2: a store holds the trace of every execution of the tree, remote ones
-    included, as the execution ended (status, reason) and under its parent; but for
-    the executions in ``lost`` (of a host that was lost: their traces were there)."""
+    included, as the execution ended (status, reason) and under its parent (or
+    under the stored earlier attempt of its parent's task that delegated it); but
+    for the executions in ``lost`` (of a host that was lost: their traces were
+    there)."""
     found = []
     by_id = {trace.execution_id: trace for trace in traces}
     for node in tree.nodes:
@@ -549,7 +551,9 @@ def check_stored_traces(
             found.append(f"2: {where} is missing ({node.status}: {node.stop_reason!r:.120})")
             continue
         parent = "" if node.parent_id == "root" else node.parent_id
-        if (trace.status, trace.stop_reason, trace.parent_id) != (
+        attempt = by_id.get(trace.parent_id)
+        under = parent if attempt is not None and attempt.attempt_of == parent else trace.parent_id
+        if (trace.status, trace.stop_reason, under) != (
             node.status,
             node.stop_reason,
             parent,
