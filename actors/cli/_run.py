@@ -16,9 +16,13 @@ with a line for each tool call and retry. ``--tool MODULE:NAME`` gives the agent
 tool (a ``@tool`` function of an importable module); a tool marked
 ``@tool(approval=True)``, or named by ``--approve``, waits for a person: the command
 asks on the terminal (``y`` runs it; anything else denies it, the text as the
-reason the model reads), with progress lines instead of the live tree. Exit status:
-0 when the task completed, 1 when it ended otherwise (failed, budget, time), 2 for
-bad options.
+reason the model reads), with progress lines instead of the live tree.
+``--session NAME`` keeps the agent's conversation in the database (``--db``, as
+``fractor trace``): the next run with the same name goes on from it;
+``--compact-at TOKENS`` (and ``--keep N``) folds its old turns into a summary
+(``Compaction``), and ``--resume`` picks up a run that stopped before its answer
+(``ask(..., resume=True)``). Exit status: 0 when the task completed, 1 when it ended
+otherwise (failed, budget, time), 2 for bad options.
 """
 
 from __future__ import annotations
@@ -36,16 +40,18 @@ from typing import Any, TextIO
 import anyio
 import anyio.to_thread
 
-from runtime import Budget, Runtime, Subscription
+from runtime import Budget, Runtime, SQLiteStore, Store, Subscription
 
 from .._agent import Agent, AgentRef
 from .._approval import ApprovalError
+from .._memory import Compaction
 from .._messages import Result
 from .._policy import RetryPolicy
 from .._streaming import Retrying, Stopped, TextDelta, ToolCallFinished, ToolCallStarted
 from .._tools import Tool, tool
 from ..providers import ProviderError, model_from_string, redact
 from ._live import watch
+from ._trace import default_db
 
 __all__ = ["Event", "add_run_parser", "run_command", "show"]
 
@@ -206,17 +212,56 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="print the answer as it arrives (instead of the live view)",
     )
     run.add_argument(
+        "--session",
+        metavar="NAME",
+        help="keep the conversation in the database under this name; the next run with "
+        "the same name goes on from it",
+    )
+    run.add_argument(
+        "--db", metavar="PATH", help="the database of --session (default $FRACTOR_DB or fractor.db)"
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="pick up the session's last run if it stopped before its answer (needs --session)",
+    )
+    run.add_argument(
+        "--compact-at",
+        type=_positive_int,
+        metavar="TOKENS",
+        help="fold old turns of the conversation into a summary from this size on",
+    )
+    run.add_argument(
+        "--keep",
+        type=_non_negative_int,
+        default=4,
+        metavar="N",
+        help="turns kept verbatim when it folds (default 4; with --compact-at)",
+    )
+    run.add_argument(
         "--backend", choices=("asyncio", "trio"), default="asyncio", help="event loop to run on"
     )
     return run
 
 
-async def _streamed(ref: AgentRef, task: str, out: TextIO) -> tuple[Result, bool]:
+@asynccontextmanager
+async def _store(session: str | None, db: str | None) -> AsyncIterator[Store | None]:
+    """The database of a session (none without one)."""
+    if not session:
+        yield None
+        return
+    async with SQLiteStore(db or default_db()) as store:
+        yield store
+
+
+async def _streamed(
+    ref: AgentRef, task: str, out: TextIO, *, resume: bool = False
+) -> tuple[Result, bool]:
     """Run ``task`` streamed: the model's text as it comes, a line per tool call and
     retry. Also whether the answer was printed whole (the text of its last step)."""
     at_line_start = True
     steps: dict[int, str] = {}
-    async with ref.stream(task) as run:
+    async with ref.stream(task, resume=resume) as run:
         async for event in run:
             match event:
                 case TextDelta(text=text, step=step):
@@ -273,10 +318,15 @@ async def run_command(args: argparse.Namespace) -> int:
         )
     try:
         tools = _load_tools(args.tool or [])
+        if args.resume and not args.session:
+            raise ValueError("--resume picks up a session: give its name with --session NAME")
     except ValueError as exc:
         print(f"fractor run: {exc}", file=sys.stderr)
         await model.aclose()
         return 2
+    memory = None
+    if args.compact_at is not None:
+        memory = Compaction(threshold=args.compact_at, keep=args.keep)
     try:
         agent = Agent(
             name="assistant",
@@ -286,6 +336,7 @@ async def run_command(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             retry=RetryPolicy(retries=args.retries),
             approval=args.approve or None,
+            memory=memory,
         )
         base_url = redact(getattr(model, "base_url", ""), ())  # no credentials shown
         show(
@@ -294,21 +345,30 @@ async def run_command(args: argparse.Namespace) -> int:
             )
         )
         asking = agent.approve is not None
-        if args.stream:
-            async with Runtime(budget=budget) as runtime:
-                ref = await runtime.spawn(agent)
-                async with _approvals_asked(runtime, ref, asking):
-                    result, printed = await _streamed(ref, args.task, sys.stdout)
-            show(Finished(result=result, streamed=printed))
-        else:
-            async with (
-                Runtime(budget=budget) as runtime,
-                watch(runtime, steps=True, title="fractor run", plain=True if asking else None),
-            ):
-                ref = await runtime.spawn(agent)
-                async with _approvals_asked(runtime, ref, asking):
-                    result = await ref.ask(args.task)
-            show(Finished(result=result))
+        async with _store(args.session, args.db) as store:
+            if args.stream:
+                async with Runtime(budget=budget, store=store) as runtime:
+                    ref = await runtime.spawn(agent, id=args.session)
+                    async with _approvals_asked(runtime, ref, asking):
+                        result, printed = await _streamed(
+                            ref, args.task, sys.stdout, resume=args.resume
+                        )
+                show(Finished(result=result, streamed=printed))
+            else:
+                plain = True if asking else None
+                async with (
+                    Runtime(budget=budget, store=store) as runtime,
+                    watch(runtime, steps=True, title="fractor run", plain=plain),
+                ):
+                    ref = await runtime.spawn(agent, id=args.session)
+                    async with _approvals_asked(runtime, ref, asking):
+                        result = await ref.ask(args.task, resume=args.resume)
+                show(Finished(result=result))
+            if args.session:
+                print(
+                    f"session {args.session!r} kept in {args.db or default_db()}; "
+                    f"its trace: fractor trace {result.execution_id!r}"
+                )
     finally:
         await model.aclose()
     return 0 if result.ok else 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 from actors import tool
 
 SENT: list[str] = []
+#: The texts ``word_count`` really counted.
+COUNTED: list[str] = []
 
 
 @tool(approval=True)
@@ -17,4 +19,5 @@ async def send_note(text: str) -> str:
 @tool
 def word_count(text: str) -> int:
     """Count the words of a text."""
+    COUNTED.append(text)
     return len(text.split())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
@@ -262,3 +263,69 @@ def test_fractor_run_refuses_a_tool_it_cannot_find(capsys: pytest.CaptureFixture
     code = main([*command, "--tool", "no_such_module_here:thing", "task"])
     assert code == 2
     assert "--tool 'no_such_module_here:thing'" in capsys.readouterr().err
+
+
+# -- sessions: a conversation kept across runs, compacted, resumed -------------------------
+
+
+def test_fractor_run_keeps_a_session_compacts_it_and_resumes_it(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from . import run_tools
+
+    url = f"{server.url}/v1"
+    db = str(tmp_path / "sessions.db")
+    session = ["run", "--model", "openai:test", "--base-url", url, "--session", "notes"]
+    session += ["--db", db, "--compact-at", "1", "--keep", "1"]
+    counting = ["--tool", "tests.actors.cli.run_tools:word_count"]
+    server.queue(json_reply(completion("Noted: tea.")))
+    assert main([*session, "I drink tea."]) == 0
+    assert f"session 'notes' kept in {db}" in capsys.readouterr().out
+    # The second run goes on from the first: its turn is in the request.
+    server.queue(json_reply(completion("Noted: Oslo.")))
+    assert main([*session, "I live in Oslo."]) == 0
+    second = server.requests[-1].json()["messages"]
+    assert [m["content"] for m in second] == ["I drink tea.", "Noted: tea.", "I live in Oslo."]
+    # The third folds the oldest turn into a summary first (one request of its own).
+    server.queue(
+        json_reply(completion("The user drinks tea.")),
+        json_reply(completion(None, (wire_call("c1", "word_count", '{"text": "a b c"}'),))),
+        json_reply(completion(None, (wire_call("c2", "word_count", '{"text": "d e"}'),))),
+    )
+    code = main([*session, *counting, "--budget-requests", "3", "Count words."])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "status: budget_exceeded" in out
+    summarization, step = (r.json() for r in server.requests[-3:-1])
+    assert summarization["messages"][0]["content"].startswith("You keep the memory")
+    assert "User: I drink tea." in summarization["messages"][1]["content"]
+    assert step["messages"][0]["content"].endswith("The user drinks tea.")
+    assert [m["content"] for m in step["messages"][1:]] == [
+        "I live in Oslo.",
+        "Noted: Oslo.",
+        "Count words.",
+    ]
+    # --resume picks the stopped run up: the completed word count is not run again.
+    run_tools.COUNTED.clear()
+    server.queue(
+        json_reply(completion("Tea, and Oslo.")),  # this run folds one more turn first
+        json_reply(completion(None, (wire_call("c3", "word_count", '{"text": "a b c"}'),))),
+        json_reply(completion("3 and 2 words.")),
+    )
+    assert main([*session, *counting, "--resume", "Go on."]) == 0
+    out = capsys.readouterr().out
+    assert "3 and 2 words." in out
+    assert run_tools.COUNTED == []  # answered from the stopped run
+    resumed = server.requests[-2].json()["messages"]
+    assert resumed[-2]["content"] == "Go on."
+    assert "Earlier attempts stopped before an answer" in resumed[-1]["content"]
+    assert 'word_count({"text": "a b c"}) returned: 3' in resumed[-1]["content"]
+
+
+def test_resume_needs_a_session(capsys: pytest.CaptureFixture[str]) -> None:
+    url = "http://127.0.0.1:9/v1"
+    code = main(["run", "--model", "openai:test", "--base-url", url, "--resume", "go on"])
+    assert code == 2
+    assert "--resume picks up a session: give its name with --session NAME" in (
+        capsys.readouterr().err
+    )
