@@ -46,6 +46,7 @@ from .._agent import Agent, AgentRef
 from .._approval import ApprovalError
 from .._memory import Compaction
 from .._messages import Result
+from .._persistence import is_automatic_id
 from .._policy import RetryPolicy
 from .._streaming import Retrying, Stopped, TextDelta, ToolCallFinished, ToolCallStarted
 from .._tools import Tool, tool
@@ -320,6 +321,13 @@ async def run_command(args: argparse.Namespace) -> int:
         tools = _load_tools(args.tool or [])
         if args.resume and not args.session:
             raise ValueError("--resume picks up a session: give its name with --session NAME")
+        if args.session is not None and (
+            not args.session.strip() or is_automatic_id(args.session, "assistant")
+        ):
+            raise ValueError(
+                f"--session {args.session!r}: a name of its own, not empty nor of the form "
+                "assistant-N (the names the runtime gives agents without one)"
+            )
     except ValueError as exc:
         print(f"fractor run: {exc}", file=sys.stderr)
         await model.aclose()

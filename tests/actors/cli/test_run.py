@@ -6,6 +6,7 @@ asserts on what it received and on what the command printed. No network, no real
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Mapping
 from pathlib import Path
@@ -322,10 +323,20 @@ def test_fractor_run_keeps_a_session_compacts_it_and_resumes_it(
     assert 'word_count({"text": "a b c"}) returned: 3' in resumed[-1]["content"]
 
 
-def test_resume_needs_a_session(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--resume"], "--resume picks up a session: give its name with --session NAME"),
+        (["--session", " "], "--session ' ': a name of its own, not empty nor of the form"),
+        (["--session", "assistant-2"], "nor of the form assistant-N"),
+        (["--compact-at", "0"], "argument --compact-at: expected a whole number >= 1, got 0"),
+    ],
+)
+def test_session_options_are_checked(
+    options: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     url = "http://127.0.0.1:9/v1"
-    code = main(["run", "--model", "openai:test", "--base-url", url, "--resume", "go on"])
-    assert code == 2
-    assert "--resume picks up a session: give its name with --session NAME" in (
-        capsys.readouterr().err
-    )
+    with contextlib.suppress(SystemExit):  # argparse's own errors exit with 2
+        code = main(["run", "--model", "openai:test", "--base-url", url, *options, "go on"])
+        assert code == 2
+    assert said in capsys.readouterr().err
