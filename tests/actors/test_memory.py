@@ -8,6 +8,8 @@ budget; invariant 2 in its compacted form.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,17 @@ def task(index: int) -> str:
 
 async def converse(ref: Any, first: int, last: int) -> list[Any]:
     return [await ref.ask(task(index)) for index in range(first, last)]
+
+
+@contextlib.asynccontextmanager
+async def three_turns_in(model: Any, summarizer: Any = None) -> AsyncIterator[tuple[Runtime, Any]]:
+    """A runtime and an agent (``Compaction(threshold=200, keep=1)``) that answered
+    three tasks: its next one folds the first two turns."""
+    memory = Compaction(threshold=200, keep=1, model=summarizer)
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, memory=memory))
+        await converse(ref, 0, 3)
+        yield rt, ref
 
 
 # -- folding at the threshold -------------------------------------------------------------
@@ -258,11 +271,8 @@ async def test_the_store_keeps_the_summary_and_a_resumed_agent_gets_it_back(
 async def test_a_failed_summarization_leaves_the_conversation_whole(turn: Any, said: str) -> None:
     summarizer = ScriptedModel([turn], name="s")
     chat = Chat()
-    agent = Agent("a", chat.model, memory=Compaction(threshold=200, keep=1, model=summarizer))
     events: list[Event] = []
-    async with Runtime() as rt:
-        ref = await rt.spawn(agent)
-        await converse(ref, 0, 3)
+    async with three_turns_in(chat.model, summarizer) as (rt, ref):
         before = await ref.conversation()
         async with rt.events() as subscription:
             result = await ref.ask(task(3))
@@ -316,10 +326,7 @@ async def test_a_summarization_the_budget_refuses_is_skipped_and_the_step_runs()
 
 async def test_the_summarization_is_charged_to_the_budget() -> None:
     chat = Chat()
-    agent = Agent("a", chat.model, memory=Compaction(threshold=200, keep=1))
-    async with Runtime() as rt:
-        ref = await rt.spawn(agent)
-        await converse(ref, 0, 3)
+    async with three_turns_in(chat.model) as (rt, ref):
         # Two requests allowed: the summarization takes one, the step the other.
         result = await ref.ask(task(3), budget=Budget(requests=2))
         conversation = await ref.conversation()
@@ -341,10 +348,7 @@ async def test_a_summarization_leaves_room_for_the_step_it_is_done_for() -> None
     """With room for one request only, the step gets it: the summarization would
     spend the budget the execution needs to answer at all."""
     chat = Chat()
-    agent = Agent("a", chat.model, memory=Compaction(threshold=200, keep=1))
-    async with Runtime() as rt:
-        ref = await rt.spawn(agent)
-        await converse(ref, 0, 3)
+    async with three_turns_in(chat.model) as (_, ref):
         result = await ref.ask(task(3), budget=Budget(requests=1))
         trace = (await ref.trace())[-1]
         conversation = await ref.conversation()
@@ -363,11 +367,7 @@ async def test_a_deadline_cuts_the_summarization_and_nothing_is_folded() -> None
         return reply("never")  # pragma: no cover
 
     chat = Chat()
-    memory = Compaction(threshold=200, keep=1, model=FunctionModel(slow_summarizer))
-    agent = Agent("a", chat.model, memory=memory)
-    async with Runtime() as rt:
-        ref = await rt.spawn(agent)
-        await converse(ref, 0, 3)
+    async with three_turns_in(chat.model, FunctionModel(slow_summarizer)) as (_, ref):
         before = await ref.conversation()
         with anyio.fail_after(5):
             result = await ref.ask(task(3), budget=Budget(seconds=0.1))
@@ -391,10 +391,7 @@ async def test_a_streamed_ask_never_shows_the_summary_as_the_agents_text() -> No
             return streamed("SECRET SUMMARY", chunks=3)
         return streamed("the answer " + "." * 200, chunks=4)
 
-    agent = Agent("a", FunctionModel(answer), memory=Compaction(threshold=200, keep=1))
-    async with Runtime() as rt:
-        ref = await rt.spawn(agent)
-        await converse(ref, 0, 3)
+    async with three_turns_in(FunctionModel(answer)) as (_, ref):
         async with ref.stream(task(3)) as run:
             events = [event async for event in run]
         conversation = await ref.conversation()
@@ -499,11 +496,7 @@ async def test_progress_shows_a_summarization_in_flight() -> None:
         return reply("gist")
 
     chat = Chat()
-    memory = Compaction(threshold=200, keep=1, model=FunctionModel(summarizer))
-    agent = Agent("a", chat.model, memory=memory)
-    async with Runtime() as rt:
-        ref = await rt.spawn(agent)
-        await converse(ref, 0, 3)
+    async with three_turns_in(chat.model, FunctionModel(summarizer)) as (_, ref):
         async with anyio.create_task_group() as tg:
             tg.start_soon(ref.ask, task(3))
             with anyio.fail_after(5):
