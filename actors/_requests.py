@@ -65,7 +65,11 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
         observed = execution.observed
         if observed:
             execution.emit(
-                "request_start", step=len(execution.steps), attempt=attempt + 1, model=name
+                "request_start",
+                step=len(execution.steps),
+                attempt=attempt + 1,
+                model=name,
+                purpose=request.purpose,
             )
         try:
             if sink is None:

@@ -281,6 +281,7 @@ class Instrumentation:
                 "fractor.node_id": event.execution_id,
                 "fractor.step": int(event.detail.get("step", 0)),
                 "fractor.attempt": int(event.detail.get("attempt", 1)),
+                "fractor.purpose": str(event.detail.get("purpose", "step")),
             },
             start_time=self._ns(event),
         )
@@ -415,6 +416,8 @@ _HANDLERS: dict[str, Callable[[Instrumentation, Event], None]] = {
     "refused": Instrumentation._refused,
     "text": Instrumentation._text,
     "retry": Instrumentation._mark,
+    "restart": Instrumentation._mark,
+    "compaction": Instrumentation._mark,
     "budget_wait": Instrumentation._mark,
     "budget_resume": Instrumentation._mark,
     "budget_exceeded": Instrumentation._mark,

@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 
 from actors import (
     Agent,
+    Compaction,
     RestartPolicy,
     RetryPolicy,
     ScriptedModel,
@@ -445,3 +446,26 @@ async def test_a_refused_task_leaves_no_caller_behind(
     (span,) = by_operation(exporter.get_finished_spans(), "invoke_agent")
     assert span.parent is not None
     assert span.parent.span_id == first.get_span_context().span_id
+
+
+async def test_a_summarization_is_a_chat_span_of_its_execution(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    model = ScriptedModel([reply("one " * 20), reply("two " * 20), reply("gist"), reply("three")])
+    agent = Agent("a", model, memory=Compaction(threshold=10, keep=1))
+    async with Runtime() as rt:
+        with otel.instrument(rt, tracer_provider=provider):
+            ref = await rt.spawn(agent)
+            for task in ("first", "second", "third"):
+                await ref.ask(task)
+    spans = exporter.get_finished_spans()
+    *_, last = by_operation(spans, "invoke_agent")
+    chats = [
+        s
+        for s in by_operation(spans, "chat")
+        if s.parent and last.context and (s.parent.span_id == last.context.span_id)
+    ]
+    assert [(s.attributes or {})["fractor.purpose"] for s in chats] == ["summary", "step"]
+    (folded,) = [e for e in last.events if e.name == "fractor.compaction"]
+    assert (folded.attributes or {})["fractor.ok"] is True
+    assert (folded.attributes or {})["fractor.turns"] == 1
