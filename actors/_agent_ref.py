@@ -83,10 +83,11 @@ class AgentRef:
         result: Result = await self._ref.ask(_task(text, budget, resume))
         return result
 
-    async def tell(self, text: str, *, budget: Budget | None = None) -> None:
-        """Give the agent a task without waiting; its answer joins its conversation."""
+    async def tell(self, text: str, *, budget: Budget | None = None, resume: bool = False) -> None:
+        """Give the agent a task without waiting; its answer joins its conversation.
+        ``resume``: as for ``ask``."""
         self._handed()
-        await self._ref.tell(_task(text, budget))
+        await self._ref.tell(_task(text, budget, resume))
 
     def stream(
         self,

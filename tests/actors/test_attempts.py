@@ -403,3 +403,19 @@ def test_resume_must_be_a_bool() -> None:
 def test_digest_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match=r"RestartPolicy\.digest must be a bool, got 1"):
         RestartPolicy(max_restarts=1, digest=1)  # type: ignore[arg-type]
+
+
+async def test_a_told_task_can_resume_too() -> None:
+    lookups = Lookups()
+    model = ScriptedModel(
+        [call("lookup", q="a"), call("lookup", q="b"), call("lookup", q="a"), reply("a")]
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, tools=[lookups.tool]))
+        stopped = await ref.ask("find a", budget=Budget(tool_calls=1))
+        await ref.tell("go on", resume=True)
+        conversation = await ref.conversation()  # queued behind the told task
+    assert stopped.status == "budget_exceeded"
+    assert lookups.ran == ["a"]
+    assert len(digests(model.requests[2])) == 1
+    assert conversation.messages[-1] == AssistantMessage(content="a")
