@@ -13,15 +13,23 @@ the persistent sections (``actors._persistence``).
 
 from __future__ import annotations
 
-import dataclasses
-import weakref
 from collections.abc import Coroutine, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
 
-from runtime import Actor, Budget, BudgetExceeded, Node, Price, Record, Runtime, Store, Usage
+from runtime import (
+    Actor,
+    Budget,
+    BudgetExceeded,
+    Node,
+    Price,
+    Record,
+    Store,
+    StoreError,
+    Usage,
+)
 from runtime.lowlevel import HeldUp
 
 from ._agent_ref import Decide, GetApprovals, GetConversation, GetProgress, GetTrace
@@ -43,12 +51,11 @@ from ._messages import (
     exception_text,
 )
 from ._persistence import AgentState, decode_state, encode_state, is_automatic_id
-from ._tools import Tool
+from ._toolbox import with_toolsets
 from ._traces import TRACE_KIND, trace_from_record, trace_record
 
 if TYPE_CHECKING:
     from ._agent import Agent
-    from ._toolbox import Toolset
 
 __all__ = ["AgentActor"]
 
@@ -394,8 +401,17 @@ class AgentActor(Actor):
         traces: list[ExecutionTrace] | tuple[ExecutionTrace, ...] = self.traces
         store = self.context.runtime.store
         if not traces and self.persistent and store is not None:
-            records = await store.records(actor_id=self.context.id, kind=TRACE_KIND, limit=50)
-            traces = tuple(trace_from_record(record) for record in records)
+            try:
+                records = await store.records(actor_id=self.context.id, kind=TRACE_KIND, limit=50)
+                traces = tuple(trace_from_record(record) for record in records)
+            except StoreError as exc:  # the task runs all the same, from scratch
+                log.warning(
+                    "the last execution could not be read to resume it",
+                    agent_id=self.context.id,
+                    store=repr(store),
+                    error=exception_text(exc),
+                )
+                return ()
             traces = tuple(trace for trace in traces if not trace.parent_id)
         return resumable(traces)
 
@@ -453,31 +469,7 @@ def _priced_names(agent: Agent) -> Iterator[str]:
     model = agent.model
     inner = getattr(model, "inner", None)
     yield inner.name if inner is not None else model.name
+    if agent.memory is not None and agent.memory.model is not None:
+        yield agent.memory.model.name  # the summarizer
     for subagent in agent.subagents:
         yield from _priced_names(subagent)
-
-
-#: Agent definitions with their toolsets resolved, per runtime (by the definition's
-#: identity; the definition is kept with it, so the identity stays its own).
-_resolved: weakref.WeakKeyDictionary[Runtime, dict[int, tuple[Agent, Agent]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-async def with_toolsets(agent: Agent, runtime: Runtime) -> Agent:
-    """``agent`` with each of its toolsets replaced by the tools it lists in
-    ``runtime``; resolved once per runtime and definition (a subagent spawned a
-    thousand times lists its server's tools once)."""
-    cache = _resolved.setdefault(runtime, {})
-    found = cache.get(id(agent))
-    if found is not None:
-        return found[1]
-    entries: list[Any] = []
-    for entry in agent.tools:
-        if isinstance(entry, Tool):
-            entries.append(entry)
-        else:
-            entries.extend(await cast("Toolset", entry).tools(runtime))
-    resolved = dataclasses.replace(agent, tools=tuple(entries))
-    cache.setdefault(id(agent), (agent, resolved))
-    return cache[id(agent)][1]

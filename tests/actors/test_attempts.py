@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 
 from actors import (
     Agent,
@@ -37,7 +38,7 @@ from actors import (
 )
 from actors._traces import trace_from_record
 from actors.cli import main
-from runtime import Budget, MemoryStore, Runtime, SQLiteStore
+from runtime import Budget, MemoryStore, Runtime, SQLiteStore, StoreError
 
 
 class Lookups:
@@ -419,3 +420,21 @@ async def test_a_told_task_can_resume_too() -> None:
     assert lookups.ran == ["a"]
     assert len(digests(model.requests[2])) == 1
     assert conversation.messages[-1] == AssistantMessage(content="a")
+
+
+async def test_a_store_that_cannot_be_read_resumes_nothing_and_loses_nothing() -> None:
+    class Unreadable(MemoryStore):
+        async def records(self, **filters: Any) -> list[Any]:
+            raise StoreError("unreadable", "list records", "the disk is gone")
+
+    model = ScriptedModel([reply("from scratch")])
+    with capture_logs() as logs:
+        async with Runtime(store=Unreadable()) as rt:
+            ref = await rt.spawn(Agent("a", model), id="worker")
+            result = await ref.ask("go on", resume=True)
+            conversation = await ref.conversation()
+    assert (result.status, result.text) == ("completed", "from scratch")
+    assert digests(model.requests[0]) == []
+    assert len(conversation.messages) == 2
+    (warning,) = [e for e in logs if e["event"].startswith("the last execution could not")]
+    assert "the disk is gone" in warning["error"]

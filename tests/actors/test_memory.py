@@ -38,7 +38,7 @@ from actors import (
     streamed,
 )
 from actors._memory import conversation_tokens
-from runtime import Budget, Event, Runtime, SQLiteStore
+from runtime import Budget, Event, Price, Runtime, SQLiteStore
 
 INSTRUCTIONS = "Answer briefly."
 SUMMARY_HEADING = "Summary of the conversation before the turns below"
@@ -506,3 +506,12 @@ async def test_progress_shows_a_summarization_in_flight() -> None:
         after = ref.progress()
     assert (progress.running, progress.phase, progress.steps) == (True, "summary", ())
     assert (after.running, after.phase) == (False, "idle")
+
+
+async def test_a_cost_limit_needs_the_summarizers_price_too() -> None:
+    summarizer = ScriptedModel([reply("gist")], name="small")
+    agent = Agent("a", ScriptedModel([reply("x")], name="big"), memory=Compaction(model=summarizer))
+    async with Runtime(prices={"big": Price(input_per_million=1.0, output_per_million=1.0)}) as rt:
+        ref = await rt.spawn(agent)
+        with pytest.raises(ValueError, match="no price is known for model 'small'"):
+            await ref.ask("go", budget=Budget(cost=1.0))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from dataclasses import replace as replace_spec
 from typing import Any, Literal
 
 from msgspec.structs import replace
@@ -34,6 +35,7 @@ __all__ = [
     "TOOL_POOL",
     "HostsMode",
     "Kill",
+    "Memory",
     "Op",
     "OpKind",
     "Plan",
@@ -97,6 +99,13 @@ FAULT_KINDS = (
     "host_kill",
     "host_lost",
     "placed_again",
+    "compaction_ok",
+    "compaction_failed",
+    "compaction_empty",
+    "compaction_cut_off",
+    "resume",
+    "restart_digest",
+    "reused_call",
 )
 GARBAGE = tuple(kind.removeprefix("garbage_") for kind in FAULT_KINDS if "garbage_" in kind)
 #: What only a tree across hosts hits: a subtree placed on a host, a kill, a subtree
@@ -121,6 +130,17 @@ TOOL_POOL = (
 
 
 @dataclass(frozen=True)
+class Memory:
+    """A top-level agent's ``Compaction``: small thresholds, so that it folds often."""
+
+    threshold: int
+    keep: int
+    #: Its summarizer: the agent's own model, or one of its own (which may fail,
+    #: stall where a deadline applies, or answer no text).
+    separate: bool
+
+
+@dataclass(frozen=True)
 class Spec:
     """One agent of the tree and how its model behaves."""
 
@@ -138,6 +158,10 @@ class Spec:
     max_steps: int
     #: A deadline surely applies to its executions (its own, an ancestor's, the runtime's).
     deadline: bool
+    #: Compaction of its conversation (top-level agents only).
+    memory: Memory | None = None
+    #: Its restarts read a digest of the attempts before (``RestartPolicy.digest``).
+    digest: bool = False
 
     def walk(self) -> list[Spec]:
         found = [self]
@@ -161,6 +185,8 @@ class Op:
     surrogate: bool = False
     #: Which running node a ``cancel_node`` picks, as a fraction of the running ones.
     pick: float = 0.0
+    #: An ask that resumes the agent's last execution if it stopped before its answer.
+    resume: bool = False
 
 
 #: How many hosts a tree that runs across hosts has (``LocalHosts(HOSTS)``).
@@ -315,6 +341,40 @@ def _hosts(seed: int, mode: HostsMode) -> tuple[int, Kill | None]:
     return HOSTS, Kill(host=rng.randrange(HOSTS), placed=placed, delay=delay)
 
 
+def _memory(
+    seed: int, tops: tuple[Spec, ...], rounds: tuple[tuple[Op, ...], ...]
+) -> tuple[tuple[Spec, ...], tuple[tuple[Op, ...], ...]]:
+    """The memory features of tree ``seed``, drawn apart from the rest of its plan:
+    compaction on half the top-level agents, digests on some restart policies (and
+    restarts on some top-level agents that had none), resumed asks."""
+    rng = random.Random(f"{seed}|memory")
+
+    def digest(spec: Spec) -> Spec:
+        children = tuple(digest(child) for child in spec.children)
+        restarts = spec.restarts
+        if spec.depth == 0 and not restarts and rng.random() < 0.3:
+            restarts = rng.choice([1, 2])
+        on = bool(restarts) and rng.random() < 0.7
+        return replace_spec(spec, children=children, restarts=restarts, digest=on)
+
+    drawn = []
+    for top in tops:
+        memory = None
+        if rng.random() < 0.5:
+            threshold = rng.choice([1, 8, 20, 40, 80, 160])
+            keep = rng.randint(0, 3)
+            memory = Memory(threshold=threshold, keep=keep, separate=rng.random() < 0.4)
+        drawn.append(replace_spec(digest(top), memory=memory))
+    resumed = tuple(
+        tuple(
+            replace_spec(op, resume=True) if op.kind in ASKS and rng.random() < 0.3 else op
+            for op in ops
+        )
+        for ops in rounds
+    )
+    return tuple(drawn), resumed
+
+
 def make_plan(seed: int, hosts: HostsMode = "plan") -> Plan:
     """Everything about tree ``seed`` that is decided before it runs; ``hosts``: which
     trees run across hosts (as drawn, or all, or none)."""
@@ -337,17 +397,22 @@ def make_plan(seed: int, hosts: HostsMode = "plan") -> Plan:
     if rng.random() < 0.15:
         caps = Caps(depth=rng.randint(1, 3), agents=rng.randint(1, 20), steps=rng.randint(1, 5))
     host_count, kill = _hosts(seed, hosts)
+    min_output = rng.choice([16, 32, 64, 256])
+    default_max_tokens = rng.choice([64, 256, 4_096])
+    persistent = store != "none" and rng.random() < 0.7
+    observe = rng.random() < 0.5
+    tops, rounds = _memory(seed, tops, _rounds(rng, count))
     return Plan(
         seed=seed,
         tops=tops,
         runtime_budget=runtime_budget,
         caps=caps,
-        min_output=rng.choice([16, 32, 64, 256]),
-        default_max_tokens=rng.choice([64, 256, 4_096]),
+        min_output=min_output,
+        default_max_tokens=default_max_tokens,
         store=store,
-        persistent=store != "none" and rng.random() < 0.7,
-        observe=rng.random() < 0.5,
-        rounds=_rounds(rng, count),
+        persistent=persistent,
+        observe=observe,
+        rounds=rounds,
         focus=focus,
         hosts=host_count,
         kill=kill,
