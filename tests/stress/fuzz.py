@@ -30,17 +30,31 @@ run there, each subtree under a lease of the budgets above it; in half of those,
 host is killed mid-run, as a crash would. Every invariant below is checked of the
 whole tree across hosts (see ``fuzz_tree`` for what a host changes).
 
+Memory runs under the same faults (``fuzz_memory``): half the top-level agents
+compact their conversations (small thresholds, ``keep`` 0 to 3; summarized by
+their own model or by a summarizer of their own that fails, stalls or answers no
+text), some restart policies read a digest of the attempts before, some asks
+resume the last execution; a new attempt's model asks again for calls its digest
+shows, so that completed ones are reused.
+
 The modules: ``fuzz_plan`` (what a seed decides), ``fuzz_faults`` (the tools and
-the models), ``fuzz_tree`` (one tree run and checked), ``fuzz_checks`` (the checks).
-The invariants are checked throughout:
+the models), ``fuzz_tree`` (one tree run), ``fuzz_tops`` (its top-level agents),
+``fuzz_final`` (what is checked after its runtime), ``fuzz_checks`` and
+``fuzz_memory`` (the checks). The invariants are checked throughout:
 
 1. isolation: in every request every model received and in every top-level
    conversation, another agent's text appears only as the result of the tool call
    that delegated to it;
 2. between executions the buffer is empty and the conversation is exactly one task
    and one final answer per execution (refused turns stay out), matching the traces
-   and the ``Result``s; the stored state equals the live conversation; a store
-   holds the trace of every execution of the tree as it ended, under its parent;
+   and the ``Result``s, less a folded prefix of whole pairs that the summary section
+   (one message, or none if nothing was folded) covers, as the summarizations in
+   the traces say; a request holds the instructions, the summary, pairs, the task
+   and its buffer, a digest first in it at most; a summarization request, the
+   instructions and one user message; a reused call completed in an earlier
+   attempt and is not charged; the stored state (summary included) equals the live
+   conversation; a store holds the trace of every execution of the tree as it
+   ended, under its parent;
 3. in every request, every tool result follows its call with its id, no call lacks
    one, ids are unique;
 4. usage sums and limits on every node of tree snapshots taken at every model

@@ -26,12 +26,9 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-import msgspec
-
 from actors import (
     AssistantMessage,
-    Conversation,
-    ExecutionTrace,
+    DigestMessage,
     Message,
     ModelRequest,
     Result,
@@ -57,14 +54,11 @@ from runtime.lowlevel import LEASED
 __all__ = [
     "NOT_STARTED",
     "STATUSES",
-    "check_conversation",
     "check_events",
     "check_held",
     "check_leases_returned",
-    "check_pairs",
     "check_request",
     "check_result",
-    "check_stored_traces",
     "check_tree",
     "marker",
     "markers_in",
@@ -74,6 +68,8 @@ __all__ = [
 
 STATUSES = frozenset({"completed", "budget_exceeded", "timed_out", "cancelled", "failed"})
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cached_tokens", "requests", "tool_calls")
+#: How the summary section's one message begins (``Agent(memory=...)``).
+SUMMARY_HEADING = "Summary of the conversation before the turns below ("
 #: How the answer to an ask the supervisor refused to start begins.
 NOT_STARTED = "[budget_exceeded] The task was not started"
 #: Agent names are ``t<i>`` for top-level agents, ``<parent>s<i>`` for subagents.
@@ -128,24 +124,32 @@ def check_request(
     allowed: frozenset[str],
     children: frozenset[str],
     fresh: bool,
+    summary: bool = False,
 ) -> list[str]:
-    """One request the model of agent ``name`` received.
+    """One step request the model of agent ``name`` received.
 
-    2: the context is the system prompt, user/final pairs, the task, then the
-    execution buffer (``fresh``: a subagent's actor starts with no pairs). 3: in the
-    buffer each tool result follows its call, with its id, and no call lacks one;
-    ids are unique. 1: the only markers are the agent's own and ``allowed``'s (its
-    ancestors wrote its task), save a child's in the result of the call that
-    delegated to that child.
+    2: the context is the system prompt, the summary section (only if the agent
+    compacts: ``summary``), user/final pairs, the task, then the execution buffer,
+    a digest of earlier attempts first in it at most (``fresh``: a subagent's actor
+    starts with no pairs). 3: in the buffer each tool result follows its call, with
+    its id, and no call lacks one; ids are unique. 1: the only markers are the
+    agent's own and ``allowed``'s (its ancestors wrote its task), save a child's in
+    the result of the call that delegated to that child (or in a digest of them).
     """
     where = f"a request of {name}"
     found: list[str] = []
     messages = request.messages
     start = 0
+    if request.purpose != "step":
+        found.append(f"2: {where} is for a {request.purpose!r}")
     if system:
         if not messages or messages[0] != SystemMessage(content=system):
             found.append(f"2: {where} does not open with its system prompt")
         start = 1
+    if summary and len(messages) > start and isinstance(messages[start], SystemMessage):
+        if not messages[start].content.startswith(SUMMARY_HEADING):
+            found.append(f"2: {where} has a summary section of {messages[start]!r:.100}")
+        start += 1
     users = [i for i, m in enumerate(messages) if isinstance(m, UserMessage)]
     if not users:
         return [*found, f"2: {where} holds no task"]
@@ -160,7 +164,8 @@ def check_request(
         ):
             found.append(f"2: {where} has {type(message).__name__} at {start + index} of history")
             break
-    found.extend(_check_buffer(where, messages, task + 1))
+    digest = task + 1 < len(messages) and isinstance(messages[task + 1], DigestMessage)
+    found.extend(_check_buffer(where, messages, task + 1 + digest))
     found.extend(_check_isolation(where, messages, allowed | {name}, children))
     return found
 
@@ -173,7 +178,11 @@ def _check_buffer(where: str, messages: Sequence[Message], start: int) -> list[s
     while index < len(messages):
         message = messages[index]
         if not isinstance(message, AssistantMessage) or not message.tool_calls:
-            found.append(f"3: {where} has {type(message).__name__} unanswered at {index}")
+            found.append(
+                f"2: {where} has a digest at {index}, not first in its buffer"
+                if isinstance(message, DigestMessage)
+                else f"3: {where} has {type(message).__name__} unanswered at {index}"
+            )
             index += 1
             continue
         calls = {c.id: c.name for c in message.tool_calls}
@@ -203,86 +212,14 @@ def _check_isolation(
             and called.get(message.call_id) == message.name
         ):
             foreign.discard(message.name)  # the delegated child's answer, where it belongs
+        elif isinstance(message, DigestMessage):
+            foreign -= children  # what earlier attempts' delegations answered
         if foreign:
             found.append(
                 f"1: {where} holds text of {sorted(foreign)} in its "
                 f"{type(message).__name__} at {index}: {message.content!r:.200}"
             )
     return found
-
-
-# -- invariant 2 on a top-level agent's conversation ---------------------------------------
-
-
-def check_conversation(
-    name: str,
-    conversation: Conversation,
-    traces: Sequence[ExecutionTrace],
-    *,
-    base: Sequence[Message],
-    system: str,
-    results: Mapping[str, Result],
-) -> list[str]:
-    """2 (and 1): between executions the buffer is empty and the conversation is what
-    it was when the actor started (``base``) plus, for each execution in order, its
-    task and its one final answer, as its trace and its ``Result`` say; no other
-    agent's marker in it."""
-    where = f"the conversation of {name}"
-    found: list[str] = []
-    if conversation.execution:
-        found.append(f"2: {where} keeps {len(conversation.execution)} buffer messages")
-    if conversation.system != system or conversation.summary or conversation.buffer:
-        found.append(f"2: {where} has a changed system prompt, summary or buffer section")
-    # A restarted execution leaves a trace per attempt; an earlier attempt's id is
-    # ``<id>~<attempt>``, and only the last attempt (the task's id) makes a turn.
-    final: dict[str, ExecutionTrace] = {}
-    for trace in traces:
-        if trace.execution_id.endswith(f"~{trace.attempt}"):
-            continue
-        final[trace.execution_id] = trace
-    expected: list[Message] = list(base)
-    for trace in final.values():
-        expected += [UserMessage(content=trace.task), AssistantMessage(content=trace.final_text)]
-    if list(conversation.messages) != expected:
-        found.append(
-            f"2: {where} has {len(conversation.messages)} messages, its executions "
-            f"account for {len(expected)}: {_diff(conversation.messages, expected)}"
-        )
-    for execution_id, result in results.items():
-        kept = final.get(execution_id)
-        if kept is None:
-            continue  # its trace was dropped (trace_limit) or the actor was replaced
-        if (kept.final_text, kept.status, kept.stop_reason) != (
-            result.text,
-            result.status,
-            result.stop_reason,
-        ):
-            found.append(f"2: {where}: execution {execution_id} answered other than it kept")
-    for index, message in enumerate(conversation.messages):
-        foreign = markers_in(message) - {name}
-        if foreign:
-            found.append(f"1: {where} holds text of {sorted(foreign)} at {index}")
-    return found
-
-
-def check_pairs(where: str, messages: Sequence[Message]) -> list[str]:
-    """2: a conversation's messages are tasks and final answers, in pairs."""
-    if len(messages) % 2:
-        return [f"2: {where} has {len(messages)} messages: a turn is half-written"]
-    for index, message in enumerate(messages):
-        kind = UserMessage if index % 2 == 0 else AssistantMessage
-        if not isinstance(message, kind) or (
-            isinstance(message, AssistantMessage) and message.tool_calls
-        ):
-            return [f"2: {where} has {type(message).__name__} at {index}"]
-    return []
-
-
-def _diff(got: Sequence[Message], expected: Sequence[Message]) -> str:
-    for index, (left, right) in enumerate(zip(got, expected, strict=False)):
-        if left != right:
-            return f"first difference at {index}: {left!r:.150} != {right!r:.150}"
-    return "one is a prefix of the other"
 
 
 # -- invariant 4 -------------------------------------------------------------------------
@@ -530,46 +467,3 @@ def check_result(
         if budget is not None:
             found.extend(over_limits(result.usage, budget, where))
     return found
-
-
-def check_stored_traces(
-    tree: TreeSnapshot, traces: Iterable[ExecutionTrace], *, lost: Collection[str] = ()
-) -> list[str]:
-    """2: a store holds the trace of every execution of the tree, remote ones
-    included, as the execution ended (status, reason) and under its parent (or
-    under the stored earlier attempt of its parent's task that delegated it); but
-    for the executions in ``lost`` (of a host that was lost: their traces were
-    there)."""
-    found = []
-    by_id = {trace.execution_id: trace for trace in traces}
-    for node in tree.nodes:
-        if node.parent_id is None or node.id in lost:
-            continue
-        trace = by_id.get(node.id)
-        where = f"the stored trace of {node.id}" + (f" (host {node.host!r})" if node.host else "")
-        if trace is None:
-            found.append(f"2: {where} is missing ({node.status}: {node.stop_reason!r:.120})")
-            continue
-        parent = "" if node.parent_id == "root" else node.parent_id
-        attempt = by_id.get(trace.parent_id)
-        under = parent if attempt is not None and attempt.attempt_of == parent else trace.parent_id
-        if (trace.status, trace.stop_reason, under) != (
-            node.status,
-            node.stop_reason,
-            parent,
-        ):
-            found.append(
-                f"2: {where} says {trace.status} ({trace.stop_reason!r:.120}) under "
-                f"{trace.parent_id!r}; its node {node.status} ({node.stop_reason!r:.120})"
-                f" under {parent!r}"
-            )
-    return found
-
-
-def decode_struct(data: bytes, kind: type[msgspec.Struct], what: str) -> list[str]:
-    """6: stored bytes decode as ``kind`` and round-trip."""
-    try:
-        value = msgspec.json.decode(data, type=kind)
-    except Exception as exc:
-        return [f"6: {what} does not decode as {kind.__name__}: {_error(exc)}"]
-    return round_trip(value, kind, what)

@@ -56,6 +56,7 @@ from actors import (
 from runtime import Usage
 
 from .fuzz_checks import marker
+from .fuzz_memory import digest_calls, summarize
 from .fuzz_plan import GARBAGE, Plan, Spec
 
 if TYPE_CHECKING:
@@ -247,6 +248,11 @@ class Script:
     async def __call__(self, request: ModelRequest) -> ModelResponse:
         if self.on_request is not None:
             self.on_request()
+        if request.purpose == "summary":  # its agent compacts, with this model
+            spec = self.spec
+            return await summarize(
+                self.plan.seed, spec.name, request, self.attempts, separate=False, deadline=False
+            )
         messages = request.messages
         last_task = max(i for i, m in enumerate(messages) if isinstance(m, UserMessage))
         task = messages[last_task].content
@@ -266,6 +272,10 @@ class Script:
         weights = [0.1 + 0.25 * steps, 0.3, 0.45 if self.spec.children else 0.0, 0.1, 0.2]
         weights[3 if focus.startswith("model_") else 4] += 0.3
         kind = "final" if steps >= self.spec.max_steps else rng.choices(kinds, weights)[0]
+        again = digest_calls(request, last_task)  # an attempt after others: their calls
+        if again and rng.random() < 0.6:
+            response = ModelResponse(tool_calls=tuple(again), finish_reason="tool_calls")
+            return self._usage(rng, request, response)
         if kind == "tools":
             turns = [self._tool_call(rng) for _ in range(rng.randint(1, 4))]
             return self._usage(rng, request, calls(*turns, text=f"{self.me} step {steps}"))

@@ -28,9 +28,7 @@ nodes stay in the driver's tree as their host last sent them.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import traceback
 from collections import Counter
 from collections.abc import Sequence
@@ -39,17 +37,12 @@ from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
-import msgspec
 
 from actors import (
     Agent,
-    AgentRef,
-    AgentState,
-    Conversation,
+    Compaction,
     ExecutionTrace,
     FunctionModel,
-    Message,
-    ModelRequest,
     RestartPolicy,
     Result,
     RetryPolicy,
@@ -57,39 +50,29 @@ from actors import (
     Task,
 )
 from actors._host import AgentHost
+from actors._messages import safe_text
 from runtime import (
     ActorStopped,
     AskTimeout,
     Budget,
     Event,
     MemoryStore,
-    Node,
     Price,
     Runtime,
-    RuntimeStatistics,
     SQLiteStore,
     Store,
-    TreeSnapshot,
 )
 
-from .fuzz_checks import (
-    check_conversation,
-    check_events,
-    check_held,
-    check_leases_returned,
-    check_pairs,
-    check_request,
-    check_result,
-    check_stored_traces,
-    check_tree,
-    decode_struct,
-    marker,
-    remote_tops,
-    round_trip,
-)
+from .fuzz_checks import check_held, check_tree, marker, remote_tops, round_trip
 from .fuzz_faults import MODEL, PROBE, TOOLS, FaultyModel, Hosts, Script
 from .fuzz_faults import _hit as hit
+from .fuzz_final import SECONDS_SLACK, check_after
+from .fuzz_memory import (
+    SUMMARIZER,
+    Summarizer,
+)
 from .fuzz_plan import ASKS, Kill, Op, Plan, Spec
+from .fuzz_tops import Top, check_top, look, respawn, spawn
 
 if TYPE_CHECKING:
     from actors._remote import RemoteChild
@@ -97,29 +80,6 @@ if TYPE_CHECKING:
 __all__ = ["PRICE", "SECONDS_SLACK", "TreeReport", "TreeRun"]
 
 PRICE = Price(input_per_million=1_000, output_per_million=4_000)
-#: How late a node may end after its deadline (a loaded machine is slow to cancel).
-SECONDS_SLACK = 2.0
-#: How a budget's refusal names its limit.
-_LIMIT = re.compile(r"^(\w+) limit of")
-#: How a subtree of a lost host says so (naming its host).
-_LOST = re.compile(r"host '([^']*)' lost")
-
-
-@dataclass
-class Top:
-    """A top-level agent as the driver sees it."""
-
-    spec: Spec
-    agent: Agent
-    ref: AgentRef
-    actor_id: str | None
-    #: The conversation it started from (a persistent agent resumes its stored one).
-    base: tuple[Message, ...]
-    #: The Results of its current incarnation, by execution id.
-    results: dict[str, Result] = field(default_factory=dict)
-    cancelled: bool = False
-    #: Its conversation at the last check.
-    last: tuple[Message, ...] = ()
 
 
 @dataclass
@@ -164,6 +124,10 @@ class TreeRun:
         self.doomed: dict[str, RemoteChild] = {}
         #: Every event seen (when the plan observes them).
         self.events: list[Event] = []
+        #: The separate summarizers' models, by agent name.
+        self.summarizers: dict[str, FunctionModel] = {}
+        #: Every top-level trace seen, by execution id (checked after the runtime).
+        self.seen: dict[str, ExecutionTrace] = {}
 
     def _note_ancestors(self, spec: Spec, above: frozenset[str]) -> None:
         self.ancestors[spec.name] = above
@@ -230,6 +194,18 @@ class TreeRun:
         def stop_when(record: StepRecord) -> bool:
             return stop_after is not None and record.index + 1 >= stop_after
 
+        memory = None
+        if spec.memory is not None:
+            summarizer = None
+            if spec.memory.separate:
+                function = Summarizer(
+                    self.plan.seed, spec.name, deadline=spec.deadline, on_request=self.at_request
+                )
+                summarizer = FunctionModel(function, name=SUMMARIZER)
+                self.summarizers[spec.name] = summarizer
+            memory = Compaction(
+                threshold=spec.memory.threshold, keep=spec.memory.keep, model=summarizer
+            )
         return Agent(
             spec.name,
             FaultyModel(model),
@@ -242,8 +218,9 @@ class TreeRun:
             stop_when=stop_when if stop_after is not None else None,
             max_tokens=spec.max_tokens,
             retry=RetryPolicy(retries=spec.retries, initial_delay=0.001, max_delay=0.004),
-            restart=RestartPolicy(max_restarts=spec.restarts),
+            restart=RestartPolicy(max_restarts=spec.restarts, digest=spec.digest),
             escalate=spec.escalate,
+            memory=memory,
         )
 
     async def run(self) -> None:
@@ -272,7 +249,7 @@ class TreeRun:
         rt = self.rt = Runtime(
             hosts=self.hosts,
             budget=plan.runtime_budget,
-            prices={MODEL: PRICE},
+            prices={MODEL: PRICE, SUMMARIZER: PRICE},
             grace=1.0,
             store=store,
             min_output_tokens=plan.min_output,
@@ -286,7 +263,7 @@ class TreeRun:
                 tg.start_soon(self._kill, self.hosts, plan.kill)
             await self._drive()
             tg.cancel_scope.cancel()
-        await self._after(rt, before)
+        await check_after(self, rt, before)
 
     async def _watch(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         """Invariants 6 on every event and 4 on the tree at every ``execution_end``;
@@ -314,24 +291,11 @@ class TreeRun:
 
     # -- from outside ------------------------------------------------------------------------
 
-    async def _spawn(self, index: int, spec: Spec) -> Top:
-        assert self.rt is not None
-        actor_id = f"{spec.name}_keeper" if index == 0 and self.plan.persistent else None
-        agent = self.build(spec) if index >= len(self.tops) else self.tops[index].agent
-        ref = await self.rt.spawn(agent, id=actor_id)
-        conversation = await ref.conversation()
-        self.violate(round_trip(conversation, Conversation, "a conversation"))
-        if conversation.execution:
-            self.violate([f"2: {spec.name} starts with a buffer of {conversation.execution}"])
-        base = conversation.messages
-        self.violate(check_pairs(f"the resumed conversation of {spec.name}", base))
-        return Top(spec=spec, agent=agent, ref=ref, actor_id=actor_id, base=base, last=base)
-
     async def _drive(self) -> None:
         for index, spec in enumerate(self.plan.tops):
-            top = await self._spawn(index, spec)
-            if top.base:
-                self.violate([f"2: {spec.name} resumed {len(top.base)} messages from a new store"])
+            top = await spawn(self, index, spec)
+            if top.start.messages or top.start.summary:
+                self.violate([f"2: {spec.name} resumed {top.start!r:.200} from a new store"])
             self.tops.append(top)
         for number, ops in enumerate(self.plan.rounds):
             if sum(op.kind in ASKS for op in ops) > 1:
@@ -344,7 +308,7 @@ class TreeRun:
             if sorted(replies) != asked:
                 self.violate([f"5: round {number}: asks {asked} got replies {sorted(replies)}"])
             await self._settle(f"after round {number}")
-            await self._respawn()
+            await respawn(self)
         for top in self.tops:
             text = f"{marker(top.spec.name)} {PROBE}"
             try:
@@ -381,10 +345,12 @@ class TreeRun:
                     top.cancelled = True
                     top.ref.cancel()
             else:
-                await self._look(top)
+                await look(self, top)
             return
         me = marker(top.spec.name)
         text = f"{me} task {number}.{index}" + (" \ud800" if op.surrogate else "")
+        if op.resume:
+            top.resumes.add(safe_text(text))
         if op.surrogate:
             hit("ask_surrogate")
         if op.kind == "tell":
@@ -399,14 +365,14 @@ class TreeRun:
         result: Result | None = None
         try:
             if op.kind == "ask":
-                result = await top.ref.ask(text, budget=op.budget)
+                result = await top.ref.ask(text, budget=op.budget, resume=op.resume)
             elif op.kind == "scope":
                 with anyio.move_on_after(op.delay) as scope:
-                    result = await top.ref.ask(text, budget=op.budget)
+                    result = await top.ref.ask(text, budget=op.budget, resume=op.resume)
                 if scope.cancelled_caught:
                     hit("ask_cancel_scope")
             else:
-                task = Task(text=text, budget=op.budget)
+                task = Task(text=text, budget=op.budget, resume=op.resume)
                 self.violate(round_trip(task, Task, "a Task"))
                 answer: object = await top.ref.actor.ask(task, timeout=op.delay)
                 if not isinstance(answer, Result):
@@ -432,23 +398,6 @@ class TreeRun:
         else:
             hit("refused_turn")
 
-    async def _look(self, top: Top) -> None:
-        """A snapshot taken while asks run: it is taken between executions."""
-        hit("look")
-        try:
-            conversation = await top.ref.conversation()
-        except ActorStopped:
-            if not top.cancelled:
-                self.violate([f"5: a look at the live {top.spec.name} raised ActorStopped"])
-            return
-        where = f"a look at {top.spec.name}"
-        self.violate(round_trip(conversation, Conversation, "a conversation"))
-        if conversation.execution:
-            self.violate([f"2: {where} saw a buffer of {len(conversation.execution)}"])
-        if conversation.messages[: len(top.base)] != top.base:
-            self.violate([f"2: {where} saw its conversation lose messages"])
-        self.violate(check_pairs(where, conversation.messages))
-
     async def _settle(self, where: str) -> None:
         """Wait until nothing runs (abandoned children unwind, withdrawn asks finish in
         their actors), then check each live top-level agent's conversation and store."""
@@ -467,25 +416,8 @@ class TreeRun:
             if statistics.pending_asks or statistics.budget_waiting:
                 self.violate([f"5: {where}, on host {name!r}: {statistics!r}"])
         for top in self.tops:
-            if top.cancelled:
-                continue
-            conversation = await top.ref.conversation()
-            traces = await top.ref.trace()
-            self.violate(round_trip(conversation, Conversation, "a conversation"))
-            self.violate(round_trip(traces, tuple[ExecutionTrace, ...], "traces"))
-            self.violate(
-                check_conversation(
-                    top.spec.name,
-                    conversation,
-                    traces,
-                    base=top.base,
-                    system=top.agent.instructions,
-                    results=top.results,
-                )
-            )
-            top.last = conversation.messages
-            if top.actor_id is not None:
-                await self._check_stored(top, conversation.messages)
+            if not top.cancelled:
+                await check_top(self, top)
 
     def _quiet(self) -> bool:
         rt = self.rt
@@ -500,183 +432,6 @@ class TreeRun:
             if host.load or host.runtime.statistics().live_actors:
                 return False
         return all(top.ref.statistics().queued == 0 for top in live)
-
-    async def _check_stored(self, top: Top, messages: tuple[Message, ...]) -> None:
-        """2 and 6: the stored state decodes and holds ``messages`` exactly."""
-        assert self.store is not None
-        assert top.actor_id is not None
-        where = f"the stored state of {top.actor_id}"
-        data = await self.store.load(top.actor_id)
-        if data is None:
-            if messages:
-                self.violate([f"2: nothing is stored for {top.actor_id}"])
-            return
-        self.violate(decode_struct(data, AgentState, where))
-        try:
-            state = msgspec.json.decode(data, type=AgentState)
-        except Exception:
-            return
-        self.violate(check_pairs(where, state.messages))
-        if state.messages != messages:
-            self.violate([f"2: {where} is not its conversation: {len(state.messages)} messages"])
-
-    async def _respawn(self) -> None:
-        """Respawn each cancelled top-level agent, from the store if it persists: it
-        resumes what it last saved (its last check, plus whole turns since)."""
-        for index, top in enumerate(self.tops):
-            if not top.cancelled:
-                continue
-            await top.ref.actor.wait_stopped()
-            hit("respawn")
-            fresh = await self._spawn(index, top.spec)
-            if top.actor_id is not None:
-                await self._check_stored(fresh, fresh.base)
-                if fresh.base[: len(top.last)] != top.last:
-                    self.violate([f"2: {top.actor_id} resumed other than it had saved"])
-            self.tops[index] = fresh
-
-    # -- after the runtime's block -------------------------------------------------------------
-
-    async def _after(self, rt: Runtime, before: set[int]) -> None:
-        tree = rt.tree()
-        where = "the final tree"
-        # The subtrees of a lost host stay as it last sent them: their tops may be
-        # ahead of their children. One placed again adds up like any other (its top
-        # keeps, as its own, what the lost run reported).
-        lost = {node.id for node in remote_tops(tree) if node.host == self.killed}
-        below_lost = _below(tree, lost)
-        self.violate(
-            check_tree(
-                tree,
-                caps=self.plan.caps,
-                seconds_slack=SECONDS_SLACK,
-                where=where,
-                lagging=lost,
-            )
-        )
-        self.violate(check_events(tree, self.events, moved=self.doomed.keys()))
-        if self.hosts is not None:
-            self._check_hosts(tree, rt.supervisor.root)
-        self.violate(round_trip(tree, TreeSnapshot, "the final tree"))
-        statistics = rt.statistics()
-        self.violate(round_trip(statistics, RuntimeStatistics, "the statistics"))
-        if statistics.live_actors or statistics.pending_asks or statistics.budget_waiting:
-            self.violate([f"5: after the runtime: {statistics!r}"])
-        leaked = [t.name for t in anyio.get_running_tasks() if t.id not in before]
-        if leaked:
-            self.violate([f"5: tasks outlive the runtime: {leaked}"])
-        root = tree.node("root")
-        if root.limits != self.plan.runtime_budget:
-            self.violate([f"4: the root's limits are {root.limits}"])
-        for node in tree.nodes:
-            if node.id == "root":
-                continue
-            self.report.executions += 1
-            self.report.statuses[node.status] += 1
-            if node.status == "running" and node.id in below_lost:
-                hit("lost_running")  # as its lost host last sent it
-            elif node.status == "running":
-                self.violate([f"5: {node.id} still runs after the runtime"])
-            elif node.status != "completed":
-                hit(node.status)
-            tripped = _LIMIT.match(node.stop_reason) if node.status == "budget_exceeded" else None
-            if tripped is not None:
-                self.report.limits[tripped.group(1)] += 1
-            if node.parent_id != "root" and node.limits != self.specs[node.name].budget:
-                self.violate([f"4: {node.id} has limits {node.limits}"])
-        budgets = {spec.name: spec.budget for spec in self.plan.tops}
-        for spec, budget, result in self.results:
-            own = budgets[spec.name]
-            expected = own.merge(budget) if own is not None else budget
-            self.violate(
-                check_result(
-                    result,
-                    tree,
-                    expected=expected,
-                    budgets=(expected, self.plan.runtime_budget),
-                    where=f"a Result of {spec.name}",
-                )
-            )
-        for name, model in self.models.items():
-            spec = self.specs[name]
-            children = frozenset(child.name for child in spec.children)
-            for request in model.requests:
-                self.violate(
-                    check_request(
-                        name,
-                        request,
-                        system=f"You are {marker(name)}.",
-                        allowed=self.ancestors[name],
-                        children=children,
-                        fresh=spec.depth > 0,
-                    )
-                )
-                self.violate(round_trip(request, ModelRequest, f"a request of {name}"))
-        if self.store is not None:
-            stored = []
-            for record in await self.store.records(kind="trace", limit=None):
-                self.violate(decode_struct(record.data, ExecutionTrace, "a stored trace"))
-                with contextlib.suppress(msgspec.DecodeError):  # reported just above
-                    stored.append(msgspec.json.decode(record.data, type=ExecutionTrace))
-            # A lost subtree's traces were on its host: they are lost with it.
-            self.violate(check_stored_traces(tree, stored, lost=lost | below_lost))
-
-    def _check_hosts(self, tree: TreeSnapshot, root: Node) -> None:
-        """After the runtime, across hosts: placement, lost subtrees, and leases."""
-        assert self.hosts is not None
-        names = {link.name for link in self.hosts.links}
-        by_id = {node.id: node for node in tree.nodes}
-        for node in tree.nodes:
-            parent = by_id.get(node.parent_id or "")
-            if parent is None:
-                continue
-            if parent.id == "root":  # a top-level execution runs here
-                wrong = node.host != ""
-            elif parent.parent_id == "root":  # its children are placed on the hosts
-                wrong = node.host not in names
-            else:  # a placed subtree stays whole on its host
-                wrong = node.host != parent.host
-            if wrong:
-                self.violate([f"5: {node.id} runs on {node.host!r}, its parent on {parent.host!r}"])
-        tops = remote_tops(tree)
-        self.faults["remote_subtree"] += len(tops)
-        for node in tops:
-            said = _LOST.search(node.stop_reason)
-            if said is not None and said.group(1) != self.killed:
-                self.violate([f"5: {node.id} answered {node.stop_reason!r:.200}, no host was lost"])
-        for node_id, child in self.doomed.items():
-            doomed = by_id.get(node_id)
-            if doomed is None:
-                self.violate([f"5: {node_id}, on the killed host, is not in the final tree"])
-                continue
-            if doomed.host != self.killed:
-                hit("placed_again")
-                if not self.specs[doomed.name].restarts:
-                    self.violate([f"5: {node_id} was placed again, its agent restarts none"])
-            elif doomed.status == "failed" and f"host {self.killed!r} lost" in doomed.stop_reason:
-                hit("host_lost")
-            elif child.done is None:
-                self.violate(
-                    [
-                        f"5: {node_id} ran on the killed host {self.killed!r} and answered "
-                        f"{doomed.status} ({doomed.stop_reason!r:.200})"
-                    ]
-                )
-        self.violate(check_held([root], "the root after the runtime"))
-        self.violate(check_leases_returned(root, lost=bool(self.killed)))
-
-
-def _below(tree: TreeSnapshot, tops: set[str]) -> set[str]:
-    """The ids of the nodes below ``tops``."""
-    parents = {node.id: node.parent_id for node in tree.nodes}
-    found = set()
-    for node in tree.nodes:
-        above = node.parent_id
-        while above is not None and above not in tops:
-            above = parents.get(above)
-        if above is not None:
-            found.add(node.id)
-    return found
 
 
 def _described(exc: BaseException) -> str:

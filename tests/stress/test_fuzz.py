@@ -3,13 +3,16 @@
 ``python -m tests.stress.fuzz --trees 2000`` runs thousands (see ``fuzz.py``). Here:
 88 fixed seeds (four trees favouring each fault a model draws, one in three across
 hosts as their plans draw), which must break no invariant and hit every fault kind
-at least once, so the fuzz cannot silently stop injecting one; 24 more trees across
-hosts, each killing a host right as a subtree was placed there, which must lose
-subtrees with it and place some again; a few seeds drawn by hypothesis; and checks
-that the checks themselves catch what they look for.
+at least once (memory's too: compactions that succeed and fail, resumed asks,
+restarts with a digest, reused calls), so the fuzz cannot silently stop injecting
+one; 24 more trees across hosts, each killing a host right as a subtree was placed
+there, which must lose subtrees with it and place some again; a few seeds drawn by
+hypothesis; and checks that the checks themselves catch what they look for.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import anyio
 import msgspec
@@ -21,13 +24,16 @@ from actors import (
     Agent,
     AssistantMessage,
     Conversation,
+    DigestMessage,
     ExecutionTrace,
     Message,
     ModelRequest,
     Result,
     ScriptedModel,
+    StepRecord,
     SystemMessage,
     ToolCall,
+    ToolOutcome,
     ToolResultMessage,
     UserMessage,
     fail,
@@ -47,16 +53,22 @@ from runtime.lowlevel import Tally, Want
 
 from .fuzz import FAULT_KINDS, Summary, render, run_tree, run_trees
 from .fuzz_checks import (
-    check_conversation,
     check_events,
     check_held,
     check_leases_returned,
     check_request,
-    check_stored_traces,
     check_tree,
     round_trip,
 )
 from .fuzz_faults import TOOLS
+from .fuzz_final import check_stored_traces
+from .fuzz_memory import (
+    HEADING,
+    check_conversation,
+    check_reuse,
+    check_summary_request,
+    continues,
+)
 from .fuzz_plan import DRAWN, HOST_KINDS, TOOL_POOL, Plan, make_plan
 
 SEEDS = range(4 * len(DRAWN))
@@ -350,7 +362,8 @@ def test_the_conversation_check_catches_a_half_written_turn() -> None:
         messages=(UserMessage(content="<t0> task"),),
         execution=(AssistantMessage(tool_calls=(ToolCall(id="c1", name="work"),)),),
     )
-    found = check_conversation("t0", conversation, (), base=(), system="s", results={})
+    start = msgspec.structs.replace(conversation, messages=(), execution=())
+    found = check_conversation("t0", conversation, (), start=start, system="s", results={})
     assert [v[0] for v in found] == ["2", "2"], found
 
 
@@ -378,3 +391,90 @@ async def test_a_model_error_with_a_lone_surrogate_is_made_safe_and_stored() -> 
     assert "half a character: \ufffd" in result.stop_reason
     assert decode_json(encode_json(result), Result) == result
     assert stored is not None
+
+
+# -- the memory checks catch what they look for ----------------------------------------------
+
+
+def test_the_request_check_catches_a_digest_out_of_place_and_a_bad_summary() -> None:
+    digest = DigestMessage(content="<t0s0> earlier")
+    assert checked(UserMessage(content="<t0> task"), digest) == []
+    out_of_place = checked(
+        UserMessage(content="<t0> task"),
+        AssistantMessage(tool_calls=(ToolCall(id="c1", name="work"),)),
+        ToolResultMessage(call_id="c1", name="work", content="r"),
+        digest,
+    )
+    assert [v[0] for v in out_of_place] == ["2"], out_of_place
+    instructions = "Summarize."
+    good = ModelRequest(
+        messages=(SystemMessage(content=instructions), UserMessage(content="<t0> turns")),
+        purpose="summary",
+    )
+    assert check_summary_request("t0", good, instructions=instructions) == []
+    worse = msgspec.structs.replace(good, messages=(*good.messages, digest))
+    assert [v[0] for v in check_summary_request("t0", worse, instructions=instructions)] == [
+        "2",
+        "1",
+    ]
+
+
+def trace(execution_id: str, outcomes: tuple[ToolOutcome, ...], **fields: Any) -> ExecutionTrace:
+    step = StepRecord(
+        index=0,
+        input_messages=1,
+        response_text="",
+        tool_calls=tuple(outcome.call for outcome in outcomes),
+        outcomes=outcomes,
+        usage=Usage(),
+        model_seconds=0.0,
+        tools_seconds=0.0,
+        finish_reason="tool_calls",
+    )
+    return ExecutionTrace(
+        execution_id=execution_id,
+        agent_id="t0",
+        agent_name="t0",
+        task="<t0> task",
+        steps=(step,),
+        stop_reason="",
+        final_text="x",
+        usage=Usage(),
+        seconds=0.0,
+        **{"status": "completed", **fields},
+    )
+
+
+def test_the_reuse_check_catches_a_call_that_never_completed_before() -> None:
+    done = ToolOutcome(
+        call=ToolCall(id="a", name="work", arguments='{"x":1}'),
+        content="r",
+        is_error=False,
+        seconds=0.0,
+    )
+    again = msgspec.structs.replace(
+        done, call=ToolCall(id="b", name="work", arguments='{ "x": 1 }'), reused=True
+    )
+    first = trace("e~1", (done,), status="failed", attempt_of="e")
+    second = trace("e", (again,), attempt=2, digest=True)
+    traces = {t.execution_id: t for t in (first, second)}
+    assert check_reuse(traces, {"t0": True}) == []
+    assert [v[0] for v in check_reuse(traces, {"t0": False})] == ["2"]
+    failed = msgspec.structs.replace(done, is_error=True)
+    traces["e~1"] = trace("e~1", (failed,), status="failed", attempt_of="e")
+    assert len(check_reuse(traces, {"t0": True})) == 1
+
+
+def test_the_conversation_check_catches_a_summary_its_traces_do_not_account_for() -> None:
+    start = Conversation(system="s", summary=(), buffer=(), messages=(), execution=())
+    summary = (SystemMessage(content=f"{HEADING} (1 earlier turns):\nx"),)
+    folded = msgspec.structs.replace(start, summary=summary, summarized=1)
+    found = check_conversation("t0", folded, (), start=start, system="s", results={})
+    assert found
+    assert {v[0] for v in found} == {"2"}, found
+    without = check_conversation(
+        "t0", folded, (), start=folded, system="s", results={}, memory=None
+    )
+    assert any("does not compact" in v for v in without), without
+    assert continues("t0", (0, ()), (1, ())) == []
+    assert continues("t0", (1, ()), (0, ())) != []
