@@ -26,8 +26,8 @@ called directly (after the same checkpoint the fake takes). What is reported:
 - flatness, as in W2: the time per step at turn 1,000 over the time per step around
   turn 50 (turns 26 to 75), in the same run, with compaction (target) and without
   (reported); the baseline column is the raw loop's own growth. Without compaction
-  fractor's step grows faster than the raw loop's: each request's token estimate
-  (``Model.estimate_tokens``, the budget's pre-check) reads the whole context.
+  fractor's step stays flat too: with no budget, no request's input estimate is made
+  (it would read the whole context), and the context is one tuple concatenation.
 
 Every figure is the median over ``repeats`` runs, each run doing the three
 conversations one after the other; every ratio is against the raw loop at turn 1,000.
