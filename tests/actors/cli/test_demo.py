@@ -195,7 +195,12 @@ async def test_the_demo_streams_each_agents_latest_line_into_the_tree() -> None:
     # While they ran, frames showed what the models were streaming, under their agent.
     streamed = re.findall(r"“([^”]+)”", out)
     assert streamed
-    assert any("Findings" in line or "Sources" in line or "Verified" in line for line in streamed)
+    # Lines the demo's models write: what a step says with its tool calls (shown while
+    # its tools run) or a final answer (shown while it streams: a frame may miss a
+    # short one on a loaded machine, so any of them will do).
+    said = ("Searching for", "Looking for primary", "Splitting the", "One researcher per")
+    answered = ("Findings", "Sources", "Verified")
+    assert any(line.startswith(said) or any(w in line for w in answered) for line in streamed)
 
 
 def test_the_default_database_is_fractor_db_here(
