@@ -16,6 +16,7 @@ from actors import (
     Agent,
     AnthropicModel,
     AssistantMessage,
+    DigestMessage,
     ModelRequest,
     ProviderError,
     SystemMessage,
@@ -248,7 +249,7 @@ def test_the_request_body_edge_cases() -> None:
             SystemMessage(content="First."),
             SystemMessage(content="Second."),
             UserMessage(content="One"),
-            UserMessage(content="Two"),
+            DigestMessage(content="Two"),  # a digest is a user turn too
             AssistantMessage(content=" \n"),  # blank: the API refuses it, left out
             AssistantMessage(
                 tool_calls=(

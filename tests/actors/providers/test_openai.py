@@ -14,6 +14,7 @@ import pytest
 from actors import (
     Agent,
     AnthropicModel,
+    DigestMessage,
     ModelRequest,
     OpenAIModel,
     ProviderError,
@@ -56,7 +57,11 @@ def roles(messages: list[dict[str, Any]]) -> list[str]:
 async def test_a_final_answer_maps_both_ways(server: LoopbackServer) -> None:
     server.queue(json_reply(completion("Hello there.", cached=4)))
     request = ModelRequest(
-        messages=(SystemMessage(content="Be brief."), UserMessage(content="Hi")),
+        messages=(
+            SystemMessage(content="Be brief."),
+            UserMessage(content="Hi"),
+            DigestMessage(content="Earlier attempts..."),
+        ),
     )
     async with model_for(server) as model:
         response = await model.request(request)
@@ -77,6 +82,7 @@ async def test_a_final_answer_maps_both_ways(server: LoopbackServer) -> None:
     assert body["messages"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
+        {"role": "user", "content": "Earlier attempts..."},  # a digest is a user turn
     ]
     assert "tools" not in body
     assert "max_tokens" not in body
