@@ -19,8 +19,13 @@ block exits, after its actors stopped, on every path.
 
 A call is a tool call like any other: counted by the budget, bounded by ``timeout``
 and the execution's deadline, cancelled with its execution. A server error, a crash of
-the server process, a malformed reply all become error results the model reads; after
-a crash, every later call says the server is gone.
+the server process, a malformed reply all become error results the model reads. A
+server that goes away (its process died, its connection closed) is connected again
+(a stdio server started again) for the calls after it: at most ``RECONNECTS`` times
+within ``RECONNECT_WINDOW`` seconds, each attempt after a short backoff; past that,
+every later call says the server is gone, and why. The call that saw it go is not
+sent again (it may have done part of its work): its result says so, and the model
+decides.
 
 The tools are bound to the runtime that listed them: build the agent inside the
 runtime block. They cannot be shipped to another host.
@@ -38,6 +43,7 @@ from typing import Any, Literal
 import anyio
 import msgspec
 import pydantic
+from anyio.abc import TaskStatus
 from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -54,6 +60,11 @@ __all__ = ["MCPServer", "MCPTool", "MCPToolset", "mcp_tools"]
 
 #: How long connecting to a server (starting it, the MCP handshake) may take.
 CONNECT_TIMEOUT = 30.0
+#: How many times a server that went away is connected again within the window.
+RECONNECTS = 3
+RECONNECT_WINDOW = 60.0
+#: Seconds before the first attempt to connect again; doubled after each failure.
+RECONNECT_DELAY = 0.2
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _object_decoder = msgspec.json.Decoder(dict[str, Any])
 
@@ -144,6 +155,95 @@ class MCPServer:
             yield session
 
 
+class _Link:
+    """A runtime's connection to one MCP server: the session of now, and a new one
+    after the server went away (see the module). Held open by the runtime
+    (``Runtime.enter``): ``_keep`` runs in a task group of its own there."""
+
+    def __init__(self, server: MCPServer) -> None:
+        self.server = server
+        self.session: ClientSession | None = None
+        #: Why no session can be had any more ("" while one can).
+        self.gone = ""
+        self._lost = anyio.Event()
+        self._changed = anyio.Event()
+        self._reconnects: list[float] = []
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, server: MCPServer) -> AsyncIterator[_Link]:
+        link = cls(server)
+        async with anyio.create_task_group() as tg:
+            await tg.start(link._keep)  # the first connection: its error raises here
+            try:
+                yield link
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _keep(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Hold a session until a call sees it closed, then connect again (bounded)."""
+        first = True
+        delay = RECONNECT_DELAY
+        why = ""
+        while True:
+            try:
+                async with self.server.connect() as session:
+                    self._up(session)
+                    if first:
+                        task_status.started()
+                        first = False
+                    delay = RECONNECT_DELAY
+                    await self._lost.wait()
+                    why = "its connection closed"
+            except Exception as exc:  # connecting failed, or the dead session's exit did
+                if first:
+                    raise
+                why = why or exception_text(exc)
+            self._down()
+            now = anyio.current_time()
+            self._reconnects = [t for t in self._reconnects if now - t <= RECONNECT_WINDOW]
+            if len(self._reconnects) >= RECONNECTS:
+                self.gone = (
+                    f"it went away {RECONNECTS + 1} times within {RECONNECT_WINDOW:g} s "
+                    f"(last: {why}); it is not connected again"
+                )
+                self._notify()
+                return
+            self._reconnects.append(now)
+            await anyio.sleep(delay)
+            delay *= 2
+            why = ""
+
+    def _up(self, session: ClientSession) -> None:
+        self.session = session
+        self._lost = anyio.Event()
+        self._notify()
+
+    def _down(self) -> None:
+        self.session = None
+        self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    def lost(self, session: ClientSession) -> None:
+        """A call saw ``session`` closed: connect again (once, however many saw it)."""
+        if session is self.session:
+            self._lost.set()
+
+    async def current(self) -> ClientSession | None:
+        """The session to call through, waiting while the server is connected again;
+        None once it is gone."""
+        while True:
+            session = self.session
+            if session is not None and not self._lost.is_set():
+                return session
+            if self.gone:
+                return None
+            await self._changed.wait()
+
+
 @dataclass(frozen=True, slots=True)
 class MCPToolset:
     """An MCP server's tools in an agent's ``tools`` (``MCPServer.tools``): an
@@ -169,11 +269,11 @@ class MCPToolset:
 class MCPTool(Tool[..., Any]):
     """One tool of an MCP server, called through a runtime's session with it."""
 
-    __slots__ = ("remote_name", "server", "session")
+    __slots__ = ("link", "remote_name", "server")
 
     def __init__(
         self,
-        session: ClientSession,
+        link: _Link,
         server: MCPServer,
         listed: types.Tool,
         *,
@@ -187,7 +287,7 @@ class MCPTool(Tool[..., Any]):
                 f"its name {name!r} is not 1 to 64 letters, digits, '_' or '-'",
                 "leave it out with include=, or choose another prefix",
             )
-        self.session = session
+        self.link = link
         self.server = server
         self.remote_name = listed.name
         self.fn = self._unbound
@@ -208,6 +308,11 @@ class MCPTool(Tool[..., Any]):
         self._expected = f"Expected arguments: {msgspec.json.encode(parameters).decode()}"
         self._timed_out = f"tool {name!r} timed out after {timeout:g} s" if timeout else ""
         self.direct = False
+
+    @property
+    def session(self) -> ClientSession | None:
+        """The runtime's session with the server now (None while it reconnects)."""
+        return self.link.session
 
     def _unbound(self, **kwargs: Any) -> Any:
         raise TypeError(f"the MCP tool {self.name!r} is called by the agent, not directly")
@@ -232,14 +337,22 @@ class MCPTool(Tool[..., Any]):
             return self._finish(
                 call, f"{self._invalid_prefix}{problem}. {self._expected}", 0, start
             )
+        link = self.link
+        session = None
         try:
             with anyio.move_on_after(self.timeout) as scope:
-                result = await self.session.call_tool(self.remote_name, arguments)
+                session = await link.current()
+                if session is None:
+                    text = f"tool {self.name!r} failed: the MCP server {self.server} is gone: "
+                    return self._finish(call, text + link.gone, 0, start)
+                result = await session.call_tool(self.remote_name, arguments)
         except MCPError as exc:
-            if exc.error.code == CONNECTION_CLOSED:
+            if exc.error.code == CONNECTION_CLOSED and session is not None:
+                link.lost(session)
                 text = (
-                    f"tool {self.name!r} failed: the MCP server {self.server} is gone "
-                    "(its connection closed); none of its tools can be called any more"
+                    f"tool {self.name!r} failed: the MCP server {self.server} went away "
+                    "during the call (its connection closed); the call may have done part "
+                    "of its work. The server is being connected again for later calls"
                 )
             else:
                 text = f"tool {self.name!r} failed: the MCP server answered {exception_text(exc)}"
@@ -254,6 +367,9 @@ class MCPTool(Tool[..., Any]):
             text = f"tool {self.name!r} (MCP server {self.server}) failed: {exception_text(exc)}"
             return self._finish(call, text, 1, start)
         if scope.cancelled_caught:
+            if session is None:  # still waiting for the server to be connected again
+                text = f"{self._timed_out} waiting for the MCP server {self.server} to be "
+                return self._finish(call, text + "connected again", 0, start)
             return self._finish(call, self._timed_out, 1, start)
         text = _text(result)
         if result.is_error:
@@ -296,7 +412,10 @@ async def mcp_tools(
         raise TypeError(f"server is an MCPServer, got {type(server).__qualname__}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
-    session = await runtime.enter((MCPServer, server), server.connect)
+    link: _Link = await runtime.enter((MCPServer, server), lambda: _Link.open(server))
+    session = await link.current()
+    if session is None:
+        raise ConnectionError(f"the MCP server {server} is gone: {link.gone}")
     listed: list[types.Tool] = []
     cursor: str | None = None
     while True:
@@ -319,7 +438,7 @@ async def mcp_tools(
         listed = [t for t in listed if t.name in chosen]
     return tuple(
         MCPTool(
-            session,
+            link,
             server,
             entry,
             name=f"{prefix}{entry.name}",

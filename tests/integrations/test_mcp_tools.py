@@ -12,10 +12,12 @@ import time
 from collections.abc import Iterator
 
 import anyio
+import anyio.abc
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from actors import Agent, ScriptedModel, call, calls, reply
+from actors import Agent, ScriptedModel, ToolCall, call, calls, reply
+from actors.integrations import mcp
 from actors.integrations.mcp import MCPServer, MCPTool, mcp_tools
 from runtime import Budget, Runtime
 
@@ -163,18 +165,54 @@ async def test_stdio_tools_through_one_shared_session(
             await _written(marks)
             assert marks.read_text() == "hang cancelled\n"
 
-            # The server dies mid-call: an error result, then every call says it is gone.
+            # The server dies mid-call: an error result; the next call runs on a new
+            # server process, started again (the crashed call is not sent again).
             (pid,) = _pids(pids)
             assert _alive(pid)
-            ref = await rt.spawn(_agent(tools, call("crash"), call("add", a=1, b=2), reply("ok")))
+            again = await mcp_tools(rt, stdio, include=["crash", "add"])
+            (quick,) = await mcp_tools(rt, stdio, include=["add"], prefix="quick_", timeout=0.05)
+            steps = (call("crash"), call("quick_add", a=0, b=0), call("add", a=1, b=2))
+            ref = await rt.spawn(_agent((*again, quick), *steps, reply("ok")))
             assert (await ref.ask("go")).ok
             (trace,) = await ref.trace()
-            crashed, after = (step.outcomes[0] for step in trace.steps[:2])
+            crashed, waited, after = (step.outcomes[0] for step in trace.steps[:3])
+            # The server is connected again after a backoff (0.2 s): a quick call waits.
+            assert waited.content == (
+                f"tool 'quick_add' timed out after 0.05 s waiting for the MCP server {stdio} "
+                "to be connected again"
+            )
             assert crashed.is_error
-            assert "is gone" in crashed.content
-            assert after.is_error
-            assert "none of its tools can be called any more" in after.content
-    assert not _alive(pid)
+            assert "went away during the call" in crashed.content
+            assert "may have done part of its work" in crashed.content
+            assert (after.content, after.is_error) == ("3", False)
+            first, second = _pids(pids)
+            assert first == pid
+            assert not _alive(first)
+            assert _alive(second)
+    assert not any(_alive(pid) for pid in _pids(pids))
+
+
+async def test_a_server_that_keeps_crashing_is_gone_after_its_reconnects(
+    stdio: MCPServer, files: tuple[pathlib.Path, pathlib.Path]
+) -> None:
+    """Connected again after each crash, at most RECONNECTS times within the window;
+    then every call says the server is gone, and why, without waiting."""
+    pids, _ = files
+    crashes = [call("crash") for _ in range(mcp.RECONNECTS + 1)]
+    with anyio.fail_after(30):
+        async with Runtime() as rt:
+            tools = await mcp_tools(rt, stdio)
+            ref = await rt.spawn(_agent(tools, *crashes, call("add", a=1, b=2), reply("ok")))
+            assert (await ref.ask("go")).ok
+            (trace,) = await ref.trace()
+    outcomes = [step.outcomes[0] for step in trace.steps[: mcp.RECONNECTS + 2]]
+    assert all("went away during the call" in o.content for o in outcomes[:-1])
+    last = outcomes[-1]
+    assert last.is_error
+    assert "is gone: it went away 4 times within 60 s" in last.content
+    assert last.attempts == 0  # never sent
+    assert len(_pids(pids)) == mcp.RECONNECTS + 1
+    assert not any(_alive(pid) for pid in _pids(pids))
 
 
 async def test_a_malformed_reply_is_an_error_result() -> None:
@@ -317,3 +355,44 @@ async def test_an_agent_defined_anywhere_takes_a_servers_tools_next_to_its_own(
     assert sorted(m.content for m in lead_model.requests[2].messages[-2:]) == ["3", "4"]
     assert len(_pids(pids)) == 1  # one server process for every agent that used it
     assert not any(_alive(pid) for pid in _pids(pids))
+
+
+async def _serve_http(port: int) -> anyio.abc.Process:
+    process = await anyio.open_process(
+        [sys.executable, "-m", MODULE, "http", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    while True:
+        try:
+            await (await anyio.connect_tcp("127.0.0.1", port)).aclose()
+            return process
+        except OSError:
+            await anyio.sleep(0.05)
+
+
+@SDK_HTTP_TRIO_LEAK
+async def test_an_http_server_that_restarts_is_connected_again() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with anyio.fail_after(30):
+        process = await _serve_http(port)
+        try:
+            async with Runtime() as rt:
+                server = MCPServer.http(f"http://127.0.0.1:{port}/mcp")
+                (add,) = await mcp_tools(rt, server, include=["add"])
+                first = await add.invoke(ToolCall(id="1", name="add", arguments='{"a": 1, "b": 2}'))
+                process.kill()
+                await process.wait()
+                down = await add.invoke(ToolCall(id="2", name="add", arguments='{"a": 1, "b": 2}'))
+                process = await _serve_http(port)  # the same URL, a new server
+                again = await add.invoke(ToolCall(id="3", name="add", arguments='{"a": 2, "b": 2}'))
+        finally:
+            process.kill()
+            await process.wait()
+    assert (first.content, first.is_error) == ("3", False)
+    assert down.is_error
+    assert "is being connected again" in down.content
+    assert (again.content, again.is_error) == ("4", False)
