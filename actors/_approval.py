@@ -16,7 +16,11 @@ execution: the deadline, a stop and a cancellation end it as they end anything e
 (``ToolOutcome.approval``, ``ToolOutcome.waited``).
 
 Requests are kept per runtime (``approvals_of``), each tagged with the top-level
-agent of its tree, which is the one whose ref may answer it.
+agent of its tree, which is the one whose ref may answer it. A subtree placed on
+another host asks through its host (``forwarders``, by the subtree's top node): the
+request is sent to the driver, which lists it in the tree of the top-level agent
+there (``adopt``) and sends the decision back (``settle`` on the host); a wait that
+ends first is withdrawn on both sides.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import itertools
 import time
 import weakref
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import anyio
 import msgspec
@@ -36,10 +40,12 @@ if TYPE_CHECKING:
     from runtime import Node, Runtime
 
 __all__ = [
+    "Answer",
     "ApprovalError",
     "ApprovalPolicy",
     "ApprovalRequest",
     "Approvals",
+    "Forwarder",
     "approvals_of",
     "approver",
 ]
@@ -81,15 +87,29 @@ class ApprovalError(LookupError):
         self.agent_id = agent_id
 
 
-class _Pending:
-    __slots__ = ("decided", "done", "reason", "request", "top")
+class Forwarder(Protocol):
+    """How a subtree on a host asks the driver (see the module)."""
 
-    def __init__(self, request: ApprovalRequest, top: str) -> None:
+    def ask(self, request: ApprovalRequest) -> None: ...
+
+    def withdraw(self, request_id: str) -> None: ...
+
+
+#: How the driver answers a request adopted from a host: (approved, reason).
+Answer: TypeAlias = Callable[[bool, str], None]
+
+
+class _Pending:
+    __slots__ = ("answer", "decided", "done", "reason", "request", "top")
+
+    def __init__(self, request: ApprovalRequest, top: str, answer: Answer | None = None) -> None:
         self.request = request
         self.top = top
         self.done = anyio.Event()
         self.decided = False
         self.reason = ""
+        #: For a request adopted from a host: where the decision goes.
+        self.answer = answer
 
 
 class Approvals:
@@ -98,6 +118,10 @@ class Approvals:
     def __init__(self) -> None:
         self._pending: dict[str, _Pending] = {}
         self._ids = itertools.count(1)
+        #: Before each id (a host's name: ids stay unique on the driver).
+        self.prefix = ""
+        #: On a host: how each subtree's calls ask the driver, by its top node's id.
+        self.forwarders: dict[str, Forwarder] = {}
 
     def pending(self, top: str) -> tuple[ApprovalRequest, ...]:
         """The requests waiting in the tree of the top-level agent ``top``, oldest first."""
@@ -109,9 +133,29 @@ class Approvals:
         if pending is None or pending.top != top:
             raise ApprovalError(request_id, top)
         del self._pending[request_id]
+        if pending.answer is not None:  # asked on a host: the decision goes there
+            pending.answer(approved, reason)
+            return
         pending.decided = approved
         pending.reason = reason
         pending.done.set()
+
+    def settle(self, request_id: str, *, approved: bool, reason: str) -> None:
+        """On a host: the driver's decision on a request forwarded to it (none if the
+        wait ended meanwhile)."""
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            pending.decided = approved
+            pending.reason = reason
+            pending.done.set()
+
+    def adopt(self, request: ApprovalRequest, top: str, answer: Answer) -> None:
+        """On the driver: list a request a host forwarded, in the tree of ``top``."""
+        self._pending[request.id] = _Pending(request, top, answer)
+
+    def withdraw(self, request_id: str) -> None:
+        """On the driver: a forwarded request whose wait ended on its host."""
+        self._pending.pop(request_id, None)
 
     def open(
         self, node: Node, agent: str, agent_id: str, call: ToolCall, at: float
@@ -120,7 +164,7 @@ class Approvals:
         chain = list(node.chain())[:-1]  # without the supervisor's root
         top = chain[-1]
         request = ApprovalRequest(
-            id=f"approval-{next(self._ids)}",
+            id=f"{self.prefix}approval-{next(self._ids)}",
             agent=agent,
             agent_id=agent_id,
             execution_id=node.id,

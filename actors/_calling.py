@@ -203,22 +203,27 @@ class Calling:
     async def _run_call_approved(self: _Calling, call: ToolCall) -> ToolOutcome:
         """Hold ``call`` until a person decides (see ``_approval``): run it approved,
         answer it denied. The wait ends with the execution, as any await does."""
-        if any(node.lender is not None for node in self.node.chain()):
-            # A subtree run for another host's tree: nobody here can answer.
-            return ToolOutcome(
-                call=call,
-                content="[denied] this call needs a person's approval, which a subtree "
-                "placed on another host cannot ask for: run this agent on the driver",
-                is_error=True,
-                seconds=0.0,
-                attempts=0,
-                approval="denied: not available on another host",
-            )
         approvals = approvals_of(self.context.runtime)
+        forwarder = None
+        lent = next((node for node in self.node.chain() if node.lender is not None), None)
+        if lent is not None:  # a subtree run for another host's tree: ask through it
+            forwarder = approvals.forwarders.get(lent.id)
+            if forwarder is None:
+                return ToolOutcome(
+                    call=call,
+                    content="[denied] this call needs a person's approval, which this "
+                    "subtree on another host has no way to ask for",
+                    is_error=True,
+                    seconds=0.0,
+                    attempts=0,
+                    approval="denied: not available on another host",
+                )
         bus = self.context.runtime.event_bus
         request, pending = approvals.open(
             self.node, self.agent.name, self.agent_id, call, bus.now()
         )
+        if forwarder is not None:
+            forwarder.ask(request)
         if self.observed:
             self.emit(
                 "approval_request",
@@ -228,7 +233,11 @@ class Calling:
                 arguments=call.arguments[:200],
                 path=list(request.path),
             )
-        approved, reason, waited = await approvals.wait(pending)
+        try:
+            approved, reason, waited = await approvals.wait(pending)
+        finally:
+            if forwarder is not None and not pending.done.is_set():
+                forwarder.withdraw(request.id)  # ended first: the driver forgets it
         if self.observed:
             self.emit(
                 "approval_decision",

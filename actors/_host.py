@@ -21,9 +21,12 @@ import structlog
 from runtime import Caps, Event, Node, NodeSnapshot, Price, Runtime, Usage
 from runtime.lowlevel import Tally, Want, new_waiter, park, wake
 
+from ._approval import ApprovalRequest, approvals_of
 from ._messages import ExecutionTrace, Result, Task, exception_text
 from ._remote import (
     Ask,
+    Asking,
+    Decided,
     Deny,
     Done,
     Events,
@@ -32,6 +35,7 @@ from ._remote import (
     Start,
     Stop,
     Up,
+    Withdrawn,
     decode_down,
     encode,
     tally,
@@ -94,6 +98,22 @@ class _Lender:
         self.host.post(Ask(run=run.run_id, tally=tally(node), want=want))
 
 
+class _Forwarder:
+    """How a subtree's tool calls ask the driver for a person's approval."""
+
+    __slots__ = ("host", "run")
+
+    def __init__(self, host: AgentHost, run: _Run) -> None:
+        self.host = host
+        self.run = run
+
+    def ask(self, request: ApprovalRequest) -> None:
+        self.host.post(Asking(run=self.run.run_id, request=request))
+
+    def withdraw(self, request_id: str) -> None:
+        self.host.post(Withdrawn(run=self.run.run_id, id=request_id))
+
+
 class AgentHost:
     """Runs subtrees for other processes' trees (see the module's docstring)."""
 
@@ -135,6 +155,7 @@ class AgentHost:
             anyio.create_task_group() as tg,
         ):
             self.runtime = runtime
+            approvals_of(runtime).prefix = f"{self.name}/"  # unique on the driver too
             self._task_group = tg
             tg.start_soon(self._snapshots)
             self._ready.set()
@@ -178,6 +199,10 @@ class AgentHost:
                 error = message.refusal.error() if message.refusal is not None else None
                 supervisor.stop_subtree(node, message.status, message.reason, error)
                 ledger.changed_at(node)
+            elif isinstance(message, Decided):
+                approvals_of(runtime).settle(
+                    message.id, approved=message.approved, reason=message.reason
+                )
 
     def post(self, message: Up) -> None:
         self._outbox.append(message)
@@ -214,6 +239,8 @@ class AgentHost:
             return
         run = self._runs[start.run] = _Run(start.run, node, start.depth)
         node.lender = _Lender(self, run)
+        forwarders = approvals_of(runtime).forwarders
+        forwarders[node.id] = _Forwarder(self, run)
         if start.events:
             self._observe(run, start.parent_id)
         if start.traces:
@@ -233,6 +260,7 @@ class AgentHost:
             result = _failed(reason, node.id, node.usage())
         finally:
             del self._runs[start.run]
+            forwarders.pop(node.id, None)
             if self._observed.pop(node.id, None) is not None and not self._observed:
                 runtime.event_bus.tap = None
                 runtime.event_bus.active = runtime.event_bus.log_events

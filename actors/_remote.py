@@ -33,6 +33,7 @@ import msgspec
 from runtime import Budget, BudgetExceeded, Event, Node, NodeSnapshot, Usage
 from runtime.lowlevel import Refusal, Tally, Want, new_waiter, park, wake
 
+from ._approval import ApprovalRequest, approvals_of
 from ._messages import ExecutionTrace, Result
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Ask",
+    "Asking",
+    "Decided",
     "Deny",
     "Done",
     "Down",
@@ -55,6 +58,7 @@ __all__ = [
     "Start",
     "Stop",
     "Up",
+    "Withdrawn",
     "decode_down",
     "decode_up",
     "encode",
@@ -110,7 +114,16 @@ class Stop(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     refusal: Refusal | None = None
 
 
-Down = Start | Grant | Deny | Stop
+class Decided(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Down: a person's decision on a tool call the subtree asked approval for."""
+
+    run: int
+    id: str
+    approved: bool
+    reason: str = ""
+
+
+Down = Start | Grant | Deny | Stop | Decided
 
 
 class Ask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -147,7 +160,21 @@ class Events(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     run: int = 0
 
 
-Up = Ask | Nodes | Done | Events
+class Asking(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Up: a tool call of the subtree waits for a person's approval."""
+
+    run: int
+    request: ApprovalRequest
+
+
+class Withdrawn(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Up: that wait ended before a decision (a deadline, a stop): forget it."""
+
+    run: int
+    id: str
+
+
+Up = Ask | Nodes | Done | Events | Asking | Withdrawn
 
 _encoder = msgspec.msgpack.Encoder()
 _up = msgspec.msgpack.Decoder(list[Up])
@@ -245,6 +272,7 @@ class RemoteChild:
 
     __slots__ = (
         "agent",
+        "asked",
         "done",
         "hosts",
         "inbox",
@@ -280,9 +308,17 @@ class RemoteChild:
         self.waiter: Any = None
         self.done: Done | None = None
         self.lost: Lost | None = None
+        #: Approvals its subtree asked for that wait on the driver (their ids).
+        self.asked: set[str] = set()
 
     def deliver(self, message: Up | Lost) -> None:
         """A message from the host (or the news that it was lost), from its pump."""
+        if isinstance(message, Asking):  # here, before the events after it are shown
+            self._adopt(message.request)
+            return
+        if isinstance(message, Withdrawn):
+            self._withdraw(message.id)
+            return
         if isinstance(message, Done):
             # Settle the ledger at once: an ask of the subtree may still wait here.
             self.supervisor.ledger.end(self.node, message.tally)
@@ -399,6 +435,35 @@ class RemoteChild:
                 lease.nodes = message.nodes
                 ledger.report(node, message.tally)
 
+    def _adopt(self, request: ApprovalRequest) -> None:
+        """List an approval the subtree asked for under the top-level agent above it
+        (path and depth in the whole tree); its decision goes down to the host."""
+        runtime = self.hosts.runtime
+        if runtime is None:
+            return
+        chain = list(self.node.chain())[:-1]  # up to the top-level agent's node
+        above = tuple(node.name for node in reversed(chain[1:]))
+        request = msgspec.structs.replace(
+            request,
+            path=(*above, *request.path),
+            depth=request.depth + self.node.depth - 1,
+        )
+        run_id, link = self.run_id, self.link
+
+        def answer(approved: bool, reason: str) -> None:
+            self.asked.discard(request.id)
+            if link is not None and self.run_id == run_id:
+                decided = Decided(run=run_id, id=request.id, approved=approved, reason=reason)
+                link.send(encode([decided]))
+
+        self.asked.add(request.id)
+        approvals_of(runtime).adopt(request, chain[-1].actor_id, answer)
+
+    def _withdraw(self, request_id: str) -> None:
+        self.asked.discard(request_id)
+        if self.hosts.runtime is not None:
+            approvals_of(self.hosts.runtime).withdraw(request_id)
+
     def _finish(self) -> Result:
         """Close the node with how the subtree ended, and keep its traces."""
         node = self.node
@@ -407,6 +472,8 @@ class RemoteChild:
         link = self.link
         assert link is not None
         link.finished(self.run_id)
+        for request_id in list(self.asked):  # the subtree answered (or is lost)
+            self._withdraw(request_id)
         if done is not None:
             result = done.result
             if node.traces is not None and done.traces:

@@ -236,8 +236,10 @@ async def test_bad_approval_answers_are_refused_clearly() -> None:
             ref.deny("approval-1", reason=3)  # type: ignore[arg-type]
 
 
-async def test_a_subtree_on_another_host_cannot_ask_and_is_told_so() -> None:
-    from actors import LocalHosts
+async def test_a_subtree_on_another_host_asks_through_the_driver() -> None:
+    """The request of a call on a host comes up with the streamed events; the
+    top-level agent's ref answers it, and the call runs on the host."""
+    from actors import ApprovalRequested, LocalHosts
 
     def mailer_turns(request: ModelRequest) -> Turn:
         if isinstance(request.messages[-1], ToolResultMessage):
@@ -250,12 +252,21 @@ async def test_a_subtree_on_another_host_cannot_ask_and_is_told_so() -> None:
         ScriptedModel([call("mailer", task="mail"), reply("ok")]),
         subagents=[mailer],
     )
+    asked: list[ApprovalRequested] = []
     async with Runtime(hosts=LocalHosts(1)) as rt:
         ref = await rt.spawn(lead)
-        with anyio.fail_after(10):  # nothing waits for an answer nobody can give
-            result = await ref.ask("go")
+        with anyio.fail_after(10):
+            async with ref.stream("go") as run:
+                async for event in run:
+                    if isinstance(event, ApprovalRequested):
+                        asked.append(event)
+                        ref.approve(event.id)
         (trace,) = await ref.trace()
-    assert result.status == "completed"
+    assert run.result is not None
+    assert run.result.status == "completed"
+    (event,) = asked
+    assert (event.tool, event.depth, event.agent) == ("send_email", 1, "mailer")
+    assert event.id.startswith("default-0/")
     (outcome,) = trace.steps[0].outcomes
-    assert "cannot ask for" in outcome.content  # the mailer's answer: its call denied
-    assert RAN == []
+    assert outcome.content == "sent to x"  # the mailer's answer: its call ran
+    assert RAN == ["x"]

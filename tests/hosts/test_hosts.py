@@ -34,7 +34,7 @@ from actors import (
 from runtime import Budget, Caps, MemoryStore, Runtime
 
 from .conftest import MakeHosts
-from .trees import SLOW, digger, lead, nested_worker, researcher, until
+from .trees import SLOW, digger, guarded, lead, nested_worker, researcher, until
 
 
 async def test_a_tree_spread_over_two_hosts_answers(make_hosts: MakeHosts) -> None:
@@ -458,3 +458,57 @@ async def test_a_remote_subtree_is_linked_to_the_attempt_that_delegated_it(
     first = f"{result.execution_id}~1"
     assert stored[first].parent_id == result.execution_id
     assert stored[remote[0].id].parent_id == first
+
+
+@pytest.mark.parametrize(
+    ("approved", "reason", "answer"),
+    [(True, "", "notes on tides"), (False, "not today", "a person denied this call: not today")],
+)
+async def test_a_remote_subtree_asks_the_driver_for_approval(
+    make_hosts: MakeHosts, approved: bool, reason: str, answer: str
+) -> None:
+    """The worker runs on a host; its call waits for a person, who answers through
+    the top-level agent's ref on the driver; the decision goes down to the host."""
+    with anyio.fail_after(30):
+        async with Runtime(hosts=make_hosts(1)) as rt:
+            ref = await rt.spawn(lead(guarded(), ["tides"]))
+            async with anyio.create_task_group() as tg:
+                results: list[Any] = []
+
+                async def ask() -> None:
+                    results.append(await ref.ask("go"))
+
+                tg.start_soon(ask)
+                await until(lambda: bool(ref.approvals()))
+                (request,) = ref.approvals()
+                if approved:
+                    ref.approve(request.id)
+                else:
+                    ref.deny(request.id, reason)
+            remote = [n for n in rt.tree().nodes if n.name == "worker"]
+            (trace,) = await ref.trace()
+            assert ref.approvals() == ()
+    assert request.id.startswith("default-0/approval-")
+    assert request.path == ("lead", "worker")
+    assert request.depth == 2
+    assert request.call.name == "lookup"
+    assert [n.host for n in remote] == ["default-0"]
+    assert results[0].ok
+    assert answer in trace.steps[0].outcomes[0].content
+
+
+async def test_a_remote_wait_for_approval_ends_with_the_deadline(make_hosts: MakeHosts) -> None:
+    with anyio.fail_after(30):
+        async with Runtime(hosts=make_hosts(1)) as rt:
+            ref = await rt.spawn(lead(guarded(), ["tides"]))
+            async with anyio.create_task_group() as tg:
+                results: list[Any] = []
+
+                async def ask() -> None:
+                    results.append(await ref.ask("go", budget=Budget(seconds=1.0)))
+
+                tg.start_soon(ask)
+                await until(lambda: bool(ref.approvals()))
+            # Withdrawn on the driver once the host's wait ended.
+            await until(lambda: not ref.approvals())
+    assert results[0].status == "timed_out"

@@ -103,3 +103,21 @@ def nested_worker() -> Agent:
 
 def digger(**options: object) -> Agent:
     return Agent("worker", FunctionModel(digging), tools=[dig], **options)  # type: ignore[arg-type]
+
+
+async def echoing(request: ModelRequest) -> Turn:
+    """A worker that looks its task up, then answers with what the lookup said."""
+    if _asked(request) == 0:
+        return call("lookup", topic=_task(request))
+    return reply(str(request.messages[-1].content))
+
+
+def guarded(**options: object) -> Agent:
+    """A worker whose lookups wait for a person's approval."""
+    return Agent(
+        "worker",
+        FunctionModel(echoing),
+        tools=[lookup],
+        approval=["lookup"],
+        **options,  # type: ignore[arg-type]
+    )
