@@ -231,7 +231,13 @@ class AgentActor(Actor):
                 # Nothing ran: the turn joins neither the live nor the stored conversation.
                 bus = context.runtime.event_bus
                 if bus.active:
-                    bus.emit("refused", agent=agent.name, agent_id=context.id, reason=str(exc))
+                    bus.emit(
+                        "refused",
+                        agent=agent.name,
+                        agent_id=context.id,
+                        reason=str(exc),
+                        caller=task.caller,
+                    )
                 return self._refused(str(exc))
         memory = agent.memory
         fold = None
@@ -249,6 +255,7 @@ class AgentActor(Actor):
             node, task, history, fold=fold, behind=behind
         )
         resumed = execution.resumed = behind[-1].execution_id if behind else ""
+        execution.caller = task.caller
         earlier: list[Execution] = []  # attempts before a restart
         try:
             await execution.run()

@@ -10,6 +10,7 @@ reaches the agent.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -79,15 +80,13 @@ class AgentRef:
         digest of what it did, and its completed tool calls are answered from their
         results instead of run again (nothing to pick up after a completed one).
         """
-        self._handed()
-        result: Result = await self._ref.ask(_task(text, budget, resume))
+        result: Result = await self._ref.ask(self._handed(_task(text, budget, resume)))
         return result
 
     async def tell(self, text: str, *, budget: Budget | None = None, resume: bool = False) -> None:
         """Give the agent a task without waiting; its answer joins its conversation.
         ``resume``: as for ``ask``."""
-        self._handed()
-        await self._ref.tell(_task(text, budget, resume))
+        await self._ref.tell(self._handed(_task(text, budget, resume)))
 
     def stream(
         self,
@@ -105,16 +104,19 @@ class AgentRef:
         ``buffer`` events wait for a slow consumer (see ``actors._streaming``).
         Leaving the block before the answer stops the execution. ``resume``: as
         for ``ask``."""
-        self._handed()
-        task = _task(text, budget, resume)
+        task = self._handed(_task(text, budget, resume))
         return AgentStream(self._ref, task, subagents=subagents, buffer=buffer)
 
-    def _handed(self) -> None:
+    def _handed(self, task: Task) -> Task:
         """A task from outside is handed over: tell the observer that asked to know
-        (``EventBus.on_task``), here in the caller's task."""
+        (``EventBus.on_task``), here in the caller's task, with the key the task
+        carries from now on (``Task.caller``)."""
         on_task = self._ref.runtime.event_bus.on_task
-        if on_task is not None:
-            on_task(self._ref.id)
+        if on_task is None:
+            return task
+        key = f"task-{next(_keys)}"
+        on_task(self._ref.id, key)
+        return msgspec.structs.replace(task, caller=key)
 
     def progress(self) -> Progress:
         """What the agent is doing now, answered at once even while it runs a task
@@ -159,6 +161,10 @@ class AgentRef:
 
     def statistics(self) -> MailboxStatistics:
         return self._ref.statistics()
+
+
+#: The keys of tasks handed to agents while an observer wants to know (``_handed``).
+_keys = itertools.count(1)
 
 
 def _task(text: str, budget: Budget | None, resume: bool = False) -> Task:

@@ -87,6 +87,7 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         "buffer",
         "built",
         "call_ids",
+        "caller",
         "charged",
         "compacted",
         "concluded",
@@ -209,8 +210,10 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         if digest is not None:
             buffer.append(digest)
         self.reuse = reuse
-        #: The execution a resumed ask picks up from (set by the agent).
+        #: The execution a resumed ask picks up from, and the key its caller's
+        #: observer knows its task by (``Task.caller``): both set by the agent.
         self.resumed = ""
+        self.caller = ""
 
     @property
     def usage(self) -> Usage:
@@ -277,7 +280,8 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
             self.agent_id, parent.id if parent is not None else None, node.depth, node.id
         )
         if self.observed:
-            self.emit("execution_start", task=self.task[:200])
+            caller = {"caller": self.caller} if self.caller else {}
+            self.emit("execution_start", task=self.task[:200], **caller)
         return tokens
 
     def _cancelled(self) -> None:

@@ -321,6 +321,9 @@ class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: limit, the deadline, a failure): a digest of what it did, and its completed
     #: tool calls answered from their results instead of run again.
     resume: bool = False
+    #: The key an observer of the caller knows this task by (``EventBus.on_task``):
+    #: the execution's start (or its refusal) names it as ``caller``.
+    caller: str = ""
 
 
 class Progress(msgspec.Struct, frozen=True, kw_only=True, gc=False):

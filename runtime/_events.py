@@ -121,11 +121,12 @@ class EventBus:
         #: tree it works for); makes the bus active.
         self.tap: Callable[[Event], None] | None = None
         self._listeners: list[Callable[[Event], None]] = []
-        #: Called, when set, with an agent's id where a task from outside is handed to
-        #: it (``AgentRef.ask``, ``tell``, ``stream``), in the caller's own task: an
-        #: observer takes what it needs of the caller's context there (the
-        #: OpenTelemetry integration, the caller's current span).
-        self.on_task: Callable[[str], None] | None = None
+        #: Called, when set, with an agent's id and a key of the task where a task
+        #: from outside is handed to it (``AgentRef.ask``, ``tell``, ``stream``), in
+        #: the caller's own task: an observer takes what it needs of the caller's
+        #: context there (the OpenTelemetry integration, the caller's current span)
+        #: and finds it again by the key, which the task's events carry ("caller").
+        self.on_task: Callable[[str, str], None] | None = None
         #: Watchers of one subtree each, by the key a message names them with: the
         #: actor that opens the subtree's node takes its watcher from here (see
         #: ``Node.watch``).

@@ -32,7 +32,6 @@ the tracer provider given, else to the global one.
 
 from __future__ import annotations
 
-import collections
 import json
 import time
 from collections.abc import Callable
@@ -67,6 +66,8 @@ log = structlog.get_logger("fractor.otel")
 
 #: How many ended executions' parents are kept for a restart (which follows at once).
 _ENDED_KEPT = 1_000
+#: How many callers' contexts of tasks not started yet are kept, at most.
+CALLERS_KEPT = 10_000
 
 
 def instrument(
@@ -121,8 +122,9 @@ class Instrumentation:
         self._ended: dict[str, otel_context.Context] = {}
         #: Subagent calls in flight, by the child's node id: the span and its parent.
         self._spawned: dict[str, tuple[Span, str]] = {}
-        #: The callers' contexts of tasks handed to each agent, oldest first.
-        self._callers: dict[str, collections.deque[otel_context.Context]] = {}
+        #: The caller's context of each task handed over, by its key (``Task.caller``);
+        #: the oldest are let go past ``CALLERS_KEPT`` (tasks that never started).
+        self._callers: dict[str, otel_context.Context] = {}
         self._previous = bus.on_task
         bus.on_task = self._handed
         self._remove: Callable[[], None] | None = bus.listen(self._on_event)
@@ -150,13 +152,16 @@ class Instrumentation:
 
     # -- the caller's context ---------------------------------------------------------
 
-    def _handed(self, agent_id: str) -> None:
+    def _handed(self, agent_id: str, key: str) -> None:
         """A task from outside for ``agent_id``: keep the caller's context, which its
-        execution's span will have as parent."""
-        self._callers.setdefault(agent_id, collections.deque()).append(otel_context.get_current())
+        execution's span will have as parent (found by the task's key)."""
+        callers = self._callers
+        callers[key] = otel_context.get_current()
+        if len(callers) > CALLERS_KEPT:
+            del callers[next(iter(callers))]
         previous = self._previous
         if previous is not None:
-            previous(agent_id)
+            previous(agent_id, key)
 
     # -- events to spans ----------------------------------------------------------------
 
@@ -177,12 +182,8 @@ class Instrumentation:
 
     def _refused(self, event: Event) -> None:
         """A task refused before it started (a depth or agents limit): its caller's
-        context is dropped, so the agent's next execution gets its own."""
-        callers = self._callers.get(event.agent_id)
-        if callers:
-            callers.popleft()
-            if not callers:
-                del self._callers[event.agent_id]
+        context is let go."""
+        self._callers.pop(str(event.detail.get("caller", "")), None)
 
     def _execution_start(self, event: Event) -> None:
         node_id = event.execution_id
@@ -194,10 +195,8 @@ class Instrumentation:
             if spawned is not None:
                 parent = trace.set_span_in_context(spawned[0], otel_context.Context())
             else:
-                callers = self._callers.get(event.agent_id)
-                parent = callers.popleft() if callers else otel_context.Context()
-                if callers is not None and not callers:
-                    del self._callers[event.agent_id]
+                caller = str(event.detail.get("caller", ""))
+                parent = self._callers.pop(caller, None) or otel_context.Context()
         self._parents[node_id] = parent
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",

@@ -469,3 +469,25 @@ async def test_a_summarization_is_a_chat_span_of_its_execution(
     (folded,) = [e for e in last.events if e.name == "fractor.compaction"]
     assert (folded.attributes or {})["fractor.ok"] is True
     assert (folded.attributes or {})["fractor.turns"] == 1
+
+
+async def test_a_task_that_fails_before_it_starts_leaves_no_parent_for_the_next(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """A cost limit over a model with no price fails the ask before its execution
+    starts (no refusal event): the next ask's execution still hangs from its caller."""
+    agent = Agent("a", ScriptedModel([reply("fine")]))
+    tracer = provider.get_tracer("the caller")
+    async with Runtime() as rt:
+        with otel.instrument(rt, tracer_provider=provider):
+            ref = await rt.spawn(agent)
+            with (
+                tracer.start_as_current_span("first caller"),
+                pytest.raises(ValueError, match="no price is known"),
+            ):
+                await ref.ask("go", budget=Budget(cost=1.0))
+            with tracer.start_as_current_span("second caller") as second:
+                assert (await ref.ask("go")).ok
+    (span,) = by_operation(exporter.get_finished_spans(), "invoke_agent")
+    assert span.parent is not None
+    assert span.parent.span_id == second.get_span_context().span_id
