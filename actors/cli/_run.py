@@ -361,6 +361,7 @@ async def run_command(args: argparse.Namespace) -> int:
                         result, printed = await _streamed(
                             ref, args.task, sys.stdout, resume=args.resume
                         )
+                    kept = await ref.conversation()
                 show(Finished(result=result, streamed=printed))
             else:
                 plain = True if asking else None
@@ -371,11 +372,15 @@ async def run_command(args: argparse.Namespace) -> int:
                     ref = await runtime.spawn(agent, id=args.session)
                     async with _approvals_asked(runtime, ref, asking):
                         result = await ref.ask(args.task, resume=args.resume)
+                    kept = await ref.conversation()
                 show(Finished(result=result))
             if args.session:
+                turns = len(kept.messages) // 2
+                folded = f", {kept.summarized} more in its summary" if kept.summarized else ""
                 print(
-                    f"session {args.session!r} kept in {args.db or default_db()}; "
-                    f"its trace: fractor trace {result.execution_id!r}"
+                    f"session {args.session!r}: {turns} turn{'' if turns == 1 else 's'}{folded}, "
+                    f"kept in {args.db or default_db()}; its trace: fractor trace "
+                    f"{result.execution_id!r}"
                 )
     finally:
         await model.aclose()

@@ -281,10 +281,15 @@ def test_fractor_run_keeps_a_session_compacts_it_and_resumes_it(
     counting = ["--tool", "tests.actors.cli.run_tools:word_count"]
     server.queue(json_reply(completion("Noted: tea.")))
     assert main([*session, "I drink tea."]) == 0
-    assert f"session 'notes' kept in {db}" in capsys.readouterr().out
+    assert f"session 'notes': 1 turn, kept in {db}; its trace: fractor trace" in (
+        capsys.readouterr().out
+    )
     # The second run goes on from the first: its turn is in the request.
-    server.queue(json_reply(completion("Noted: Oslo.")))
-    assert main([*session, "I live in Oslo."]) == 0
+    server.queue(
+        sse_reply([_chunk({"role": "assistant", "content": "Noted: Oslo."}), _chunk({}, "stop")])
+    )
+    assert main([*session, "--stream", "I live in Oslo."]) == 0  # streamed, the same
+    assert "session 'notes': 2 turns, kept in" in capsys.readouterr().out
     second = server.requests[-1].json()["messages"]
     assert [m["content"] for m in second] == ["I drink tea.", "Noted: tea.", "I live in Oslo."]
     # The third folds the oldest turn into a summary first (one request of its own).
@@ -316,6 +321,7 @@ def test_fractor_run_keeps_a_session_compacts_it_and_resumes_it(
     assert main([*session, *counting, "--resume", "Go on."]) == 0
     out = capsys.readouterr().out
     assert "3 and 2 words." in out
+    assert "session 'notes': 2 turns, 2 more in its summary, kept in" in out
     assert run_tools.COUNTED == []  # answered from the stopped run
     resumed = server.requests[-2].json()["messages"]
     assert resumed[-2]["content"] == "Go on."
