@@ -216,6 +216,9 @@ class AgentActor(Actor):
             _check_prices(agent, supervisor.prices, task.budget)
         # An earlier execution may have died mid-way: never carry its buffer over.
         self.execution.clear()
+        # Read before the node opens: nothing awaits between its opening and the
+        # block that closes it on every path.
+        behind = await self._resumed(task) if task.resume else ()
         if task.node:
             node = supervisor.get(task.node)  # opened by the parent that delegated
         else:
@@ -243,7 +246,6 @@ class AgentActor(Actor):
         fold = None
         if memory is not None and self.tally is not None:
             fold = memory.plan(self.messages, self.tally, task.text, self.summary, self.summarized)
-        behind = await self._resumed(task) if task.resume else ()
         history = self._history(task)
         node.actor_id = context.id
         if task.watch:

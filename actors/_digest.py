@@ -41,18 +41,30 @@ Reuse = dict[tuple[str, str], list[ToolOutcome]]
 
 #: How an execution may end that a resumed ask picks up from.
 RESUMABLE = frozenset({"budget_exceeded", "timed_out", "failed", "cancelled"})
+#: How many executions back a chain of resumed asks is followed.
+RESUMED_CHAIN = 8
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
 
 def resumable(traces: Sequence[ExecutionTrace]) -> tuple[ExecutionTrace, ...]:
     """The attempts of the last execution in ``traces`` (oldest first), if it
-    stopped before its answer; empty if it completed (nothing to resume)."""
+    stopped before its answer, and those of the executions it resumed in turn (at
+    most ``RESUMED_CHAIN`` of them, those still in ``traces``); empty if it
+    completed (nothing to resume)."""
     if not traces or traces[-1].status not in RESUMABLE:
         return ()
-    last = traces[-1]
-    earlier = [trace for trace in traces if trace.attempt_of == last.execution_id]
-    return (*earlier, last)
+    by_id = {trace.execution_id: trace for trace in traces}
+    found: list[ExecutionTrace] = []
+    last: ExecutionTrace | None = traces[-1]
+    for _ in range(RESUMED_CHAIN):
+        if last is None:
+            break
+        task_id = last.execution_id
+        earlier = [trace for trace in traces if trace.attempt_of == task_id]
+        found[:0] = [*earlier, last]
+        last = by_id.get(last.resumed) if last.resumed else None
+    return tuple(found)
 
 
 def digest(traces: Sequence[ExecutionTrace], task: str) -> DigestMessage:
@@ -123,12 +135,14 @@ def _key(call: ToolCall) -> tuple[str, str]:
 
 
 def completed(traces: Sequence[ExecutionTrace]) -> Reuse:
-    """The completed tool calls of ``traces``, by name and arguments."""
+    """The tool calls of ``traces`` that ran and completed, by name and arguments
+    (one answered from an earlier attempt did not run: the run it came from counts,
+    once)."""
     reuse: Reuse = {}
     for trace in traces:
         for step in trace.steps:
             for outcome in step.outcomes:
-                if not outcome.is_error and not outcome.interrupted:
+                if not (outcome.is_error or outcome.interrupted or outcome.reused):
                     reuse.setdefault(_key(outcome.call), []).append(outcome)
     return reuse
 
@@ -187,6 +201,8 @@ class Resuming:
                 )
         if rest:
             some = [outcomes[index] for index in rest]
-            await self._run_tools(tuple(calls[index] for index in rest), some)
-            for index, outcome in zip(rest, some, strict=True):
-                outcomes[index] = outcome
+            try:
+                await self._run_tools(tuple(calls[index] for index in rest), some)
+            finally:  # interrupted too: the calls that completed are the step's
+                for index, outcome in zip(rest, some, strict=True):
+                    outcomes[index] = outcome

@@ -213,6 +213,7 @@ class _Summarizing(Protocol):
     node: Node
     supervisor: Supervisor
     history: tuple[Message, ...]
+    buffer: list[Message]
     fold: Fold | None
     compacted: Callable[[Fold, str], tuple[Message, ...]] | None
     summarization: SummaryRecord | None
@@ -254,10 +255,8 @@ class Summarizing:
         if node.limited or node.stop_status is not None:
             # Optional work: only with room for itself and the step it is done for.
             folded = {id(message) for message in fold.messages}
-            step = ModelRequest(
-                messages=tuple(m for m in self.history if id(m) not in folded),
-                tools=self.agent.specs,
-            )
+            kept = tuple(m for m in self.history if id(m) not in folded)
+            step = ModelRequest(messages=(*kept, *self.buffer), tools=self.agent.specs)
             refused = self.supervisor.would_refuse(
                 node,
                 input_estimate=model.estimate_tokens(request)

@@ -5,8 +5,8 @@ subagent call on one, the call's node is opened here as for any child (its budge
 checked here), and then a ``RemoteChild`` stands in for the child actor: it starts
 the subtree on its host and follows it until its one ``Result`` comes back. What
 crosses is fractor's own messages as msgspec bytes (``Down``: the task, lease
-grants and refusals, a stop; ``Up``: lease asks, snapshots, the ``Result`` with the
-subtree's traces), never a pickled conversation.
+grants and refusals, a stop, approval decisions; ``Up``: lease asks, snapshots,
+approval requests, the ``Result`` with its traces), never a pickled conversation.
 
 The stand-in keeps every promise of a local child:
 
@@ -249,9 +249,8 @@ class RemoteReply:
 
 
 class _Shipped:
-    """A remote execution's trace, as the top-level execution's store expects it;
-    delegated by ``attempt`` of the task on ``parent`` (linked to that attempt's id
-    if the task ran again since)."""
+    """A remote execution's trace, as the top-level execution's store expects it,
+    linked to the attempt of the task on ``parent`` that delegated it."""
 
     __slots__ = ("attempt", "parent", "trace")
 
@@ -324,6 +323,8 @@ class RemoteChild:
             self.supervisor.ledger.end(self.node, message.tally)
         elif isinstance(message, Lost):
             self.supervisor.ledger.end(self.node, None, lost=True)
+            for request_id in list(self.asked):  # nobody there waits for them now
+                self._withdraw(request_id)
         self.inbox.append(message)
         if self.waiter is not None:
             wake(self.waiter)
@@ -472,7 +473,7 @@ class RemoteChild:
         link = self.link
         assert link is not None
         link.finished(self.run_id)
-        for request_id in list(self.asked):  # the subtree answered (or is lost)
+        for request_id in list(self.asked):  # the subtree answered
             self._withdraw(request_id)
         if done is not None:
             result = done.result

@@ -6,6 +6,7 @@ headroom that requests in flight hold), send, settle, with the agent's retries
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import anyio
@@ -47,6 +48,9 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
     # reads the whole context: a long conversation would pay for it every step).
     estimated = node.limited
     estimate = model.estimate_tokens(request) if estimated else 0
+    # What a request charged as its estimate (failed, cut, impossible usage) charges
+    # when it was reserved without one.
+    lazy = None if estimated else (lambda: model.estimate_tokens(request))
     name = model.name
     attempt = 0
     at_least: int | None = None
@@ -78,17 +82,13 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
                 execution.streamed.clear()  # each attempt streams from its start
                 response = await cast("StreamingModel", model).stream(sent, sink)
         except Exception as exc:
-            reported = _reported(exc)
-            if reported is None and not estimated:
-                reported = Usage(input_tokens=model.estimate_tokens(request), requests=1)
-            _charge(execution, reservation, reported, name)
+            _charge(execution, reservation, _reported(exc), name, lazy)
             error = exc
             if observed:
                 _request_end(execution, name, _reported(exc), error=exception_text(exc))
         except BaseException:
             # Cut off (a deadline, a stop): what it read was spent, and what it streamed.
-            read = reservation.input if estimated else model.estimate_tokens(request)
-            _charge(execution, reservation, _cut(execution, reservation, read), name)
+            _charge(execution, reservation, _cut(execution, reservation, lazy), name, lazy)
             if observed:
                 _request_end(execution, name, None, error="cut off before the model answered")
             raise
@@ -96,7 +96,9 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
             if observed:
                 _request_end(execution, name, response.usage, response=response)
             try:
-                charged = supervisor.settle(node, reservation, response.usage, model=name)
+                charged = supervisor.settle(
+                    node, reservation, response.usage, model=name, estimate=lazy
+                )
             except InvalidUsage as exc:
                 error = exc
                 execution.charged = execution.charged + exc.charged
@@ -158,12 +160,18 @@ def _request_end(
 
 
 def _charge(
-    execution: Execution, reservation: Reservation, usage: Usage | None, model: str
+    execution: Execution,
+    reservation: Reservation,
+    usage: Usage | None,
+    model: str,
+    estimate: Callable[[], int] | None,
 ) -> None:
     """Settle a request that failed or was cut off: what its error reported (if
     that cannot be true, the whole reservation), or its input estimate."""
     try:
-        charged = execution.supervisor.settle(execution.node, reservation, usage, model=model)
+        charged = execution.supervisor.settle(
+            execution.node, reservation, usage, model=model, estimate=estimate
+        )
     except InvalidUsage as exc:  # the request failed already: that error stands
         charged = exc.charged
     execution.charged = execution.charged + charged
@@ -206,12 +214,16 @@ def safe_response(response: ModelResponse) -> ModelResponse:
     return msgspec.structs.replace(response, text=safe_text(response.text), tool_calls=calls)
 
 
-def _cut(execution: Execution, reservation: Reservation, read: int) -> Usage:
-    """What a request cut off mid-stream spent: its input estimate (``read``) and an
-    estimate of the text received (within the request's output cap)."""
+def _cut(
+    execution: Execution, reservation: Reservation, estimate: Callable[[], int] | None
+) -> Usage | None:
+    """What a request cut off mid-stream spent: its input estimate and an estimate
+    of the text received (within the request's output cap); ``None`` (the input
+    estimate) when nothing was streamed."""
     streamed = execution.streamed
     if not streamed:
-        return Usage(input_tokens=read, requests=1)
+        return None
+    read = reservation.input or (estimate() if estimate is not None else 0)
     chars = sum(len(piece) for piece in streamed)
     output = -(-chars // _CHARS_PER_TOKEN)
     cap = reservation.max_tokens

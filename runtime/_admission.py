@@ -137,9 +137,7 @@ def chain_refusal(node: Node, need: Need, requests: int = 1) -> BudgetExceeded |
     while current is not None:
         budget = current.limits
         if budget is not None and current.lender is None:
-            if budget.cost is not None and need.price is None:
-                return None  # a cost limit with no price is refused where it is sent
-            error = refusal(current, budget, need, requests)
+            error = refusal(current, budget, need, requests)  # cost only with a price
             if error is not None:
                 return error
         current = current.parent

@@ -364,12 +364,19 @@ class Reserving:
             self.ledger.serve()
 
     def settle(
-        self: _Tree, node: Node, reservation: Reservation, usage: Usage | None, *, model: str = ""
+        self: _Tree,
+        node: Node,
+        reservation: Reservation,
+        usage: Usage | None,
+        *,
+        model: str = "",
+        estimate: Callable[[], int] | None = None,
     ) -> Usage:
         """Release ``reservation`` and charge the real ``usage``.
 
         ``None`` means the model reported nothing (the request failed or was cut):
-        its input estimate is charged, since the provider may have read it all.
+        its input estimate is charged, since the provider may have read it all (one
+        reserved without: ``estimate()``, made only now).
         Usage that cannot be true is charged as the whole reservation and raises
         ``InvalidUsage`` after the charge: never a refund. Returns the usage as
         charged, with its cost. If the real usage went past a limit (a model's
@@ -380,7 +387,7 @@ class Reserving:
         price = reservation.price
         extra_requests = cached_tokens = 0
         if usage is None or problem:
-            input_tokens = reservation.input
+            input_tokens = reservation.input or (estimate() if estimate is not None else 0)
             output_tokens = reservation.output if problem else 0
             cost = price.cost(input_tokens, output_tokens) if price is not None else 0.0
         else:

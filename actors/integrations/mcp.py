@@ -351,8 +351,9 @@ class MCPTool(Tool[..., Any]):
                 link.lost(session)
                 text = (
                     f"tool {self.name!r} failed: the MCP server {self.server} went away "
-                    "during the call (its connection closed); the call may have done part "
-                    "of its work. The server is being connected again for later calls"
+                    "before it answered (its connection closed); if the call reached it, "
+                    "it may have done part of its work. The server is being connected "
+                    "again for later calls"
                 )
             else:
                 text = f"tool {self.name!r} failed: the MCP server answered {exception_text(exc)}"

@@ -38,7 +38,7 @@ from actors import (
 )
 from actors._traces import trace_from_record
 from actors.cli import main
-from runtime import Budget, MemoryStore, Runtime, SQLiteStore, StoreError
+from runtime import ActorStopped, Budget, MemoryStore, Runtime, SQLiteStore, StoreError
 
 
 class Lookups:
@@ -438,3 +438,120 @@ async def test_a_store_that_cannot_be_read_resumes_nothing_and_loses_nothing() -
     assert len(conversation.messages) == 2
     (warning,) = [e for e in logs if e["event"].startswith("the last execution could not")]
     assert "the disk is gone" in warning["error"]
+
+
+# -- found in review: each a bug before its fix ----------------------------------------------
+
+
+async def test_a_call_that_completed_in_an_interrupted_step_is_not_run_again() -> None:
+    lookups = Lookups()
+
+    @tool
+    async def slow(q: str) -> str:
+        """Hangs."""
+        await anyio.sleep(30)
+        return "never"  # pragma: no cover
+
+    model = ScriptedModel(
+        [
+            call("lookup", q="a"),
+            fail(RuntimeError("model went away")),
+            # resumed: a reused, b runs and completes, the deadline cuts slow
+            calls(call("lookup", q="a"), call("lookup", q="b"), call("slow", q="x")),
+            call("lookup", q="b"),  # resumed again: b completed above
+            reply("done"),
+        ]
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, tools=[lookups.tool, slow]))
+        await ref.ask("find")
+        cut = await ref.ask("go on", resume=True, budget=Budget(seconds=0.3))
+        step = (await ref.trace())[-1].steps[-1]
+        done = await ref.ask("go on", resume=True)
+    assert (cut.status, done.status) == ("timed_out", "completed")
+    assert [(o.reused, o.interrupted) for o in step.outcomes] == [
+        (True, False),
+        (False, False),
+        (False, True),
+    ]
+    assert lookups.ran == ["a", "b"]
+
+
+async def test_a_reused_result_counts_once_however_many_attempts_reused_it() -> None:
+    lookups = Lookups()
+    model = ScriptedModel(
+        [
+            call("lookup", q="a"),
+            fail(RuntimeError("one")),
+            call("lookup", q="a"),  # reused
+            fail(RuntimeError("two")),
+            calls(call("lookup", q="a"), call("lookup", q="a")),  # one reused, one runs
+            reply("done"),
+        ]
+    )
+    policy = RestartPolicy(max_restarts=2, digest=True)
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, tools=[lookups.tool], restart=policy))
+        result = await ref.ask("go")
+        last = (await ref.trace())[-1]
+    assert result.ok
+    assert [o.reused for o in last.steps[0].outcomes] == [True, False]
+    assert lookups.ran == ["a", "a"]
+
+
+async def test_a_resume_of_a_resume_remembers_the_first() -> None:
+    lookups = Lookups()
+    model = ScriptedModel(
+        [
+            call("lookup", q="a"),
+            call("lookup", q="b"),  # refused: one tool call
+            call("lookup", q="c"),  # the first resume: c
+            call("lookup", q="d"),  # refused
+            calls(call("lookup", q="a"), call("lookup", q="c")),  # both completed before
+            reply("a and c"),
+        ]
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, tools=[lookups.tool]))
+        first = await ref.ask("find", budget=Budget(tool_calls=1))
+        second = await ref.ask("go on", resume=True, budget=Budget(tool_calls=1))
+        third = await ref.ask("go on", resume=True)
+    assert (first.status, second.status, third.status) == (
+        "budget_exceeded",
+        "budget_exceeded",
+        "completed",
+    )
+    assert lookups.ran == ["a", "c"]
+    (note,) = digests(model.requests[4])
+    assert note.attempts == 2
+    assert 'lookup({"q":"a"}) returned: found a' in note.content
+
+
+async def test_a_cancellation_while_a_resume_reads_the_store_leaves_no_node_open() -> None:
+    class SlowStore(MemoryStore):
+        slow = False
+
+        async def records(self, **filters: Any) -> list[Any]:
+            if self.slow:
+                await anyio.sleep(30)
+            return await super().records(**filters)
+
+    store = SlowStore()
+    async with Runtime(store=store) as rt:
+        ref = await rt.spawn(Agent("a", ScriptedModel([fail(RuntimeError("x"))])), id="keeper")
+        assert (await ref.ask("work")).status == "failed"
+    store.slow = True
+    async with Runtime(store=store) as rt:
+        ref = await rt.spawn(Agent("a", ScriptedModel([reply("ok")])), id="keeper")
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+
+                async def asker() -> None:
+                    with pytest.raises(ActorStopped):
+                        await ref.ask("go on", resume=True)
+
+                tg.start_soon(asker)
+                await anyio.wait_all_tasks_blocked()
+                ref.actor.cancel()
+        running = [n.id for n in rt.tree().nodes if n.status == "running" and n.id != "root"]
+    assert running == []

@@ -318,12 +318,17 @@ class Observer:
                 self.admitting = None
 
         def observed_settle(
-            node: Node, reservation: Reservation, usage: Usage | None, *, model: str = ""
+            node: Node,
+            reservation: Reservation,
+            usage: Usage | None,
+            *,
+            model: str = "",
+            estimate: Callable[[], int] | None = None,
         ) -> Usage:
             # What settling must charge, added up before the supervisor settles: a
             # request it admits while settling sees this one settled already.
             if usage is None:  # cut off: its input estimate
-                tokens = (reservation.input, 0)
+                tokens = (reservation.input or (estimate() if estimate else 0), 0)
             else:
                 tokens = (usage.input_tokens, usage.output_tokens)
             due = Usage(
@@ -334,7 +339,7 @@ class Observer:
             )
             for current in node.chain():
                 self.ledger[current.id] = self.ledger.get(current.id, Usage()) + due
-            charged = settle(node, reservation, usage, model=model)
+            charged = settle(node, reservation, usage, model=model, estimate=estimate)
             if (charged.input_tokens, charged.output_tokens) != tokens or (
                 charged.cost != pytest.approx(due.cost, rel=1e-12)
             ):  # an assertion here would fail the execution, not the test

@@ -247,6 +247,22 @@ async def test_negative_usage_from_a_model_is_refused_never_refunded() -> None:
     assert root.usage.input_tokens >= 60
 
 
+@pytest.mark.parametrize("budget", [None, Budget(tokens=10**7)], ids=["no-budget", "budget"])
+async def test_impossible_usage_charges_the_input_estimate_with_or_without_a_budget(
+    budget: Budget | None,
+) -> None:
+    """Usage that cannot be true is charged as the reservation: its input is the
+    estimate, made then when no budget needed it before the request."""
+    model = ScriptedModel(
+        [reply("x", usage=Usage(input_tokens=10, output_tokens=-1, requests=1))], name="liar"
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, instructions="y" * 4_000))
+        result = await ref.ask("go", budget=budget)
+    assert result.status == "failed"
+    assert result.usage.input_tokens == model.estimate_tokens(model.requests[0]) > 1_000
+
+
 async def test_a_failed_request_is_charged_its_input_estimate() -> None:
     model = FunctionModel(lambda request: _raise(ValueError("bad request shape")))
     async with Runtime() as rt:

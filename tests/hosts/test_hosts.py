@@ -18,6 +18,7 @@ import pytest
 
 from actors import (
     Agent,
+    ApprovalError,
     LocalHosts,
     RestartPolicy,
     ScriptedModel,
@@ -512,3 +513,31 @@ async def test_a_remote_wait_for_approval_ends_with_the_deadline(make_hosts: Mak
             # Withdrawn on the driver once the host's wait ended.
             await until(lambda: not ref.approvals())
     assert results[0].status == "timed_out"
+
+
+async def test_a_lost_hosts_approval_requests_are_withdrawn() -> None:
+    """The worker waits for approval on a host that dies; placed again on the other
+    host (its restart policy), it asks again: only the new request is listed."""
+    hosts = LocalHosts(2)
+    worker = guarded(restart=RestartPolicy(max_restarts=1))
+    with anyio.fail_after(30):
+        async with Runtime(hosts=hosts) as rt:
+            ref = await rt.spawn(lead(worker, ["tides"]))
+            async with anyio.create_task_group() as tg:
+                results: list[Any] = []
+
+                async def ask() -> None:
+                    results.append(await ref.ask("go"))
+
+                tg.start_soon(ask)
+                await until(lambda: bool(ref.approvals()))
+                (first,) = ref.approvals()
+                dead = first.id.split("/")[0]
+                hosts.kill(dead)
+                await until(lambda: [r.id for r in ref.approvals()] not in ([], [first.id]))
+                (second,) = ref.approvals()
+                ref.approve(second.id)
+            with pytest.raises(ApprovalError):
+                ref.approve(first.id)
+    assert not second.id.startswith(f"{dead}/")
+    assert results[0].ok
