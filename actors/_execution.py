@@ -86,6 +86,7 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         "attempt",
         "buffer",
         "built",
+        "bus",
         "call_ids",
         "caller",
         "charged",
@@ -156,6 +157,7 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         self.history = history
         self.buffer = buffer
         self.context = context
+        self.bus = context.runtime.event_bus  # read at every event site
         #: The conversation of an execution that ends itself (see ``run``): a
         #: delegated child's, whose actor ends with this one task.
         self.conversation = conversation
@@ -199,8 +201,7 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         self.sink: Callable[[str], None] | None = None
         if self.via is None and getattr(agent.model, "streaming", False):
             self.sink = self._streamed_text
-        #: A compaction to begin with (see ``Summarizing``), what does it in the
-        #: agent's sections, and its record once sent.
+        #: A compaction to begin with, what does it, its record (``Summarizing``).
         self.fold = fold
         self.compacted = compacted
         self.summarization: SummaryRecord | None = None
@@ -210,8 +211,7 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         if digest is not None:
             buffer.append(digest)
         self.reuse = reuse
-        #: The execution a resumed ask picks up from, and the key its caller's
-        #: observer knows its task by (``Task.caller``): both set by the agent.
+        #: The execution a resumed ask picks up from; ``Task.caller`` (set by the agent).
         self.resumed = ""
         self.caller = ""
 
@@ -224,13 +224,13 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
     def observed(self) -> bool:
         """Whether anyone sees this execution's events: the runtime's subscribers (or
         its log), or the watcher of a streamed ask above it."""
-        return self.context.runtime.event_bus.active or self.node.watch is not None
+        return self.bus.active or self.node.watch is not None
 
     def _streamed_text(self, text: str) -> None:
         """The sink of a streaming model: keep the piece (for a snapshot, and for the
         trace if the request is cut) and show it to whoever watches."""
         self.streamed.append(text)
-        if self.context.runtime.event_bus.active or self.node.watch is not None:
+        if self.bus.active or self.node.watch is not None:
             self.emit("text", text=text, step=len(self.steps))
 
     async def run(self) -> Result | None:
