@@ -35,7 +35,7 @@ from actors import (
 from runtime import Budget, Caps, MemoryStore, Runtime
 
 from .conftest import MakeHosts
-from .trees import SLOW, digger, guarded, lead, nested_worker, researcher, until
+from .trees import SLOW, asking, digger, guarded, lead, nested_worker, researcher, until
 
 
 async def test_a_tree_spread_over_two_hosts_answers(make_hosts: MakeHosts) -> None:
@@ -473,14 +473,7 @@ async def test_a_remote_subtree_asks_the_driver_for_approval(
     with anyio.fail_after(30):
         async with Runtime(hosts=make_hosts(1)) as rt:
             ref = await rt.spawn(lead(guarded(), ["tides"]))
-            async with anyio.create_task_group() as tg:
-                results: list[Any] = []
-
-                async def ask() -> None:
-                    results.append(await ref.ask("go"))
-
-                tg.start_soon(ask)
-                await until(lambda: bool(ref.approvals()))
+            async with asking(ref) as results:
                 (request,) = ref.approvals()
                 if approved:
                     ref.approve(request.id)
@@ -502,14 +495,8 @@ async def test_a_remote_wait_for_approval_ends_with_the_deadline(make_hosts: Mak
     with anyio.fail_after(30):
         async with Runtime(hosts=make_hosts(1)) as rt:
             ref = await rt.spawn(lead(guarded(), ["tides"]))
-            async with anyio.create_task_group() as tg:
-                results: list[Any] = []
-
-                async def ask() -> None:
-                    results.append(await ref.ask("go", budget=Budget(seconds=1.0)))
-
-                tg.start_soon(ask)
-                await until(lambda: bool(ref.approvals()))
+            async with asking(ref, budget=Budget(seconds=1.0)) as results:
+                pass
             # Withdrawn on the driver once the host's wait ended.
             await until(lambda: not ref.approvals())
     assert results[0].status == "timed_out"
@@ -523,14 +510,7 @@ async def test_a_lost_hosts_approval_requests_are_withdrawn() -> None:
     with anyio.fail_after(30):
         async with Runtime(hosts=hosts) as rt:
             ref = await rt.spawn(lead(worker, ["tides"]))
-            async with anyio.create_task_group() as tg:
-                results: list[Any] = []
-
-                async def ask() -> None:
-                    results.append(await ref.ask("go"))
-
-                tg.start_soon(ask)
-                await until(lambda: bool(ref.approvals()))
+            async with asking(ref) as results:
                 (first,) = ref.approvals()
                 dead = first.id.split("/")[0]
                 hosts.kill(dead)

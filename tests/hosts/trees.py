@@ -3,15 +3,19 @@ them by reference (a test's own closures would not import on a host)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 
 from actors import (
     Agent,
+    AgentRef,
     AssistantMessage,
     FunctionModel,
     ModelRequest,
+    Result,
     ScriptedModel,
     UserMessage,
     call,
@@ -121,3 +125,18 @@ def guarded(**options: object) -> Agent:
         approval=["lookup"],
         **options,  # type: ignore[arg-type]
     )
+
+
+@asynccontextmanager
+async def asking(ref: AgentRef, **options: Any) -> AsyncIterator[list[Result]]:
+    """Ask ``ref`` "go" in the background; the block runs once a call of its tree
+    waits for approval, and the ask's ``Result`` is in the list after it."""
+    results: list[Result] = []
+
+    async def ask() -> None:
+        results.append(await ref.ask("go", **options))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+        await until(lambda: bool(ref.approvals()))
+        yield results
