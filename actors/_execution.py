@@ -38,7 +38,7 @@ from runtime.lowlevel import HeldUp
 from ._answering import Answering
 from ._calling import Calling, Interrupted
 from ._digest import Resuming, Reuse
-from ._memory import Fold, Summarizing
+from ._memory import Fold, Summarizing, clear_results
 from ._messages import (
     AssistantMessage,
     DigestMessage,
@@ -50,12 +50,11 @@ from ._messages import (
     Status,
     StepRecord,
     SummaryRecord,
-    ToolCall,
     ToolOutcome,
     ToolResultMessage,
     exception_text,
 )
-from ._output import FINAL_ANSWER
+from ._output import answers
 from ._recording import NOT_RUN, Recording, bind_log_context, synthesize
 from ._requests import EMPTY_USAGE, ascii_arguments, safe_response, send
 
@@ -360,6 +359,8 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
             # What the model sees: the history, then this execution's buffer. Grown by
             # one concatenation per step (the buffer list is kept for snapshots).
             output = agent.output_spec
+            clearing = agent.memory.clear_results if agent.memory is not None else None
+            cleared = 0  # tool steps whose results are cleared (see Compaction)
             if output is None:
                 context = self.history + tuple(buffer)
             else:  # a typed answer: its tool, or its instructions (see Answering)
@@ -429,7 +430,7 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
                 buffer.append(asked)
                 began = time.perf_counter()
                 self.step_asked = (response, usage, model_seconds, began)
-                if output is not None and output.tool is not None and _answers(calls):
+                if output is not None and output.tool is not None and answers(calls):
                     outcomes = await self._answer_calls(output, calls)
                 elif self.reuse is not None and self._reusable(calls):
                     outcomes = self.step_outcomes = [NOT_RUN] * len(calls)
@@ -478,6 +479,8 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
                     self._stop("completed", "the agent's stop condition was met")
                     break
                 context = context + (asked, *results)  # noqa: RUF005 (one copy, not two)
+                if clearing is not None and (done := clear_results(buffer, clearing, cleared)):
+                    context, cleared = context[: len(context) - len(buffer)] + tuple(buffer), done
         except (BudgetExceeded, Interrupted):
             pass  # the supervisor has stopped this subtree and says why (see run)
         except Exception as exc:
@@ -493,8 +496,3 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         one, corrections included, is checked and charged like any other."""
         adapter = cast("ModelAdapter", self.agent.model)  # it has request_via: see run
         return send(self, adapter.inner, request)
-
-
-def _answers(calls: tuple[ToolCall, ...]) -> bool:
-    """Whether a step's calls include the final-answer tool's (``output_mode="tool"``)."""
-    return any(call.name == FINAL_ANSWER for call in calls)

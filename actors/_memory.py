@@ -25,13 +25,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+import msgspec
+
 from runtime import BudgetExceeded, EventKind, Node, Supervisor, Usage
 
 from ._messages import (
+    AssistantMessage,
     Message,
     ModelRequest,
     SummaryRecord,
     SystemMessage,
+    ToolResultMessage,
     UserMessage,
     exception_text,
     safe_text,
@@ -49,6 +53,7 @@ __all__ = [
     "Fold",
     "Summarizing",
     "Tally",
+    "clear_results",
     "conversation_tokens",
     "summary_section",
 ]
@@ -99,9 +104,13 @@ class Compaction:
     model: Model | None = None
     instructions: str = DEFAULT_SUMMARY_INSTRUCTIONS
     max_tokens: int = 1_000
+    clear_results: int | None = None
 
     def __post_init__(self) -> None:
-        for name, minimum in (("threshold", 1), ("keep", 0), ("max_tokens", 1)):
+        checked = [("threshold", 1), ("keep", 0), ("max_tokens", 1)]
+        if self.clear_results is not None:
+            checked.append(("clear_results", 1))
+        for name, minimum in checked:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ValueError(
@@ -156,6 +165,28 @@ class Compaction:
             max_tokens=self.max_tokens,
             purpose="summary",
         )
+
+
+def clear_results(buffer: list[Message], keep: int, cleared: int) -> int:
+    """Clear the results of the tool steps of an execution ``buffer`` but the last
+    ``keep`` (``cleared`` of them are already): each result longer than its note is
+    replaced by a note of its size, call and error flag kept, so each call still has
+    its result (invariant 3). The number of tool steps cleared now; 0: none more."""
+    steps = [
+        (i, len(message.tool_calls))
+        for i, message in enumerate(buffer)
+        if isinstance(message, AssistantMessage) and message.tool_calls
+    ]
+    if len(steps) - keep <= cleared:
+        return 0
+    for start, calls in steps[cleared : len(steps) - keep]:
+        for index in range(start + 1, start + 1 + calls):
+            result = buffer[index]
+            if isinstance(result, ToolResultMessage):
+                note = f"[cleared: {len(result.content):,} characters of an earlier step's result]"
+                if len(result.content) > len(note):
+                    buffer[index] = msgspec.structs.replace(result, content=note)
+    return len(steps) - keep
 
 
 class Tally:

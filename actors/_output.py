@@ -40,10 +40,11 @@ from ._messages import (
     ModelRequest,
     OutputSchema,
     SystemMessage,
+    ToolCall,
     ToolSpec,
 )
 
-__all__ = ["FINAL_ANSWER", "OutputMode", "OutputSpec", "output_spec"]
+__all__ = ["FINAL_ANSWER", "OutputMode", "OutputSpec", "answers", "output_spec"]
 
 OutputMode: TypeAlias = Literal["auto", "native", "tool", "text"]
 """How a model is asked for a typed answer (see ``Agent``)."""
@@ -313,3 +314,8 @@ def _candidates(text: str) -> list[str]:
         if 0 <= start < end:
             found.append(text[start : end + 1])
     return found
+
+
+def answers(calls: tuple[ToolCall, ...]) -> bool:
+    """Whether a step's calls include the final-answer tool's (``output_mode="tool"``)."""
+    return any(call.name == FINAL_ANSWER for call in calls)

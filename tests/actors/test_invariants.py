@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from actors import (
     Agent,
     AssistantMessage,
+    Compaction,
     Conversation,
     DigestMessage,
     ExecutionTrace,
@@ -132,13 +133,19 @@ def check_clean_history(messages: tuple[Message, ...], executions_before: int) -
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(scripts=st.lists(execution_script, min_size=1, max_size=3))
+@given(
+    scripts=st.lists(execution_script, min_size=1, max_size=3),
+    clearing=st.sampled_from([None, 1, 2]),
+)
 async def test_invariants_hold_over_random_scripts(
-    scripts: list[tuple[list[Any], str]],
+    scripts: list[tuple[list[Any], str]], clearing: int | None
 ) -> None:
+    """Invariants 2, 3 and 6; with old tool results cleared too (``clear_results``:
+    each call keeps a result, only its text changes)."""
     turns, endings = build(scripts)
     model = ScriptedModel(turns)
-    agent = Agent("prop", model, tools=TOOLS, instructions="You are tested.")
+    memory = None if clearing is None else Compaction(clear_results=clearing, threshold=10**9)
+    agent = Agent("prop", model, tools=TOOLS, instructions="You are tested.", memory=memory)
     results: list[Result] = []
     async with Runtime() as rt:
         ref = await rt.spawn(agent)

@@ -32,10 +32,13 @@ from actors import (
     ScriptedModel,
     SystemMessage,
     TextDelta,
+    ToolResultMessage,
     UserMessage,
+    call,
     fail,
     reply,
     streamed,
+    tool,
 )
 from actors._memory import conversation_tokens
 from runtime import Budget, Event, Price, Runtime, SQLiteStore
@@ -515,3 +518,43 @@ async def test_a_cost_limit_needs_the_summarizers_price_too() -> None:
         ref = await rt.spawn(agent)
         with pytest.raises(ValueError, match="no price is known for model 'small'"):
             await ref.ask("go", budget=Budget(cost=1.0))
+
+
+# -- clearing old tool results within one execution -------------------------------------------
+
+
+async def test_old_tool_results_are_cleared_from_what_the_model_sees() -> None:
+    @tool
+    async def read(page: int) -> str:
+        """Read one page."""
+        return f"page {page}: " + "text " * 100
+
+    turns = [call("read", page=page) for page in range(1, 6)]
+    model = ScriptedModel([*turns, reply("read five pages")])
+    agent = Agent("a", model, tools=[read], memory=Compaction(clear_results=2))
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        result = await ref.ask("read")
+        (trace,) = await ref.trace()
+        conversation = await ref.conversation()
+    assert result.ok
+    last = model.requests[-1].messages
+    results = [m for m in last if isinstance(m, ToolResultMessage)]
+    # Every call still has its result (invariant 3); only the last two are whole.
+    assert [m.call_id for m in results] == [
+        m.tool_calls[0].id for m in last if isinstance(m, AssistantMessage) and m.tool_calls
+    ]
+    assert [m.content.startswith("page ") for m in results] == [False, False, False, True, True]
+    assert results[0].content == "[cleared: 508 characters of an earlier step's result]"
+    # Each request saw the results of its last two steps whole, no more.
+    for index, request in enumerate(model.requests):
+        shown = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+        assert sum(m.content.startswith("page ") for m in shown) == min(index, 2)
+    # The trace keeps every result whole; the conversation holds none of them.
+    assert all(o.content.startswith("page ") for s in trace.steps for o in s.outcomes)
+    assert conversation.execution == ()
+
+
+def test_clear_results_is_checked() -> None:
+    with pytest.raises(ValueError, match="clear_results must be a whole number >= 1, got 0"):
+        Compaction(clear_results=0)
