@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections import Counter
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 
-from actors import ExecutionTrace, ModelRequest
+from actors import AssistantMessage, ExecutionTrace, ModelRequest, ToolResultMessage
 from actors._memory import DEFAULT_SUMMARY_INSTRUCTIONS as INSTRUCTIONS
 from runtime import Node, Runtime, RuntimeStatistics, TreeSnapshot
 
@@ -38,7 +39,6 @@ from .fuzz_memory import (
     check_reuse,
     check_reuse_charges,
     check_summary_request,
-    count_memory,
 )
 
 if TYPE_CHECKING:
@@ -154,6 +154,9 @@ def _check_requests(run: TreeRun) -> None:
                     fresh=spec.depth > 0,
                     summary=memory is not None,
                 )
+                clear = memory.clear if memory is not None else None
+                found += check_cleared(name, request, clear)
+                run.faults["results_cleared"] += _cleared(request)
             run.violate(found)
             run.violate(round_trip(request, ModelRequest, f"a request of {name}"))
     for name, summarizer in run.summarizers.items():
@@ -261,3 +264,53 @@ def decode_struct(data: bytes, kind: type[msgspec.Struct], what: str) -> list[st
     except Exception as exc:
         return [f"6: {what} does not decode as {kind.__name__}: {exc!r:.300}"]
     return round_trip(value, kind, what)
+
+
+#: How a tool result cleared from a step request begins (``Compaction.clear_results``).
+CLEARED = "[cleared: "
+
+
+def _cleared(request: ModelRequest) -> int:
+    return sum(
+        isinstance(m, ToolResultMessage) and m.content.startswith(CLEARED) for m in request.messages
+    )
+
+
+def check_cleared(name: str, request: ModelRequest, keep: int | None) -> list[str]:
+    """3 (in its cleared form): with ``clear_results=keep``, the results of every tool
+    step of the execution but the last ``keep`` are notes (or no longer than one),
+    the last ``keep`` steps' are whole; without it, none is a note."""
+    where = f"a request of {name}"
+    steps = [
+        (i, len(m.tool_calls))
+        for i, m in enumerate(request.messages)
+        if isinstance(m, AssistantMessage) and m.tool_calls
+    ]
+    found: list[str] = []
+    for number, (start, calls) in enumerate(steps):
+        old = keep is not None and number < len(steps) - keep
+        for result in request.messages[start + 1 : start + 1 + calls]:
+            if not isinstance(result, ToolResultMessage):
+                continue  # invariant 3 is check_request's
+            note = result.content.startswith(CLEARED)
+            if note != old and (note or len(result.content) > 80):
+                state = "cleared" if note else "whole"
+                found.append(f"3: {where} shows step {number + 1}'s result {state}")
+    return found
+
+
+def count_memory(traces: Iterable[ExecutionTrace], faults: Counter[str]) -> None:
+    """Count what the memory features did, as the traces say."""
+    for trace in traces:
+        record = trace.summarization
+        if record is not None:
+            faults["compaction_ok" if record.ok else "compaction_failed"] += 1
+            if "no text" in record.error:
+                faults["compaction_empty"] += 1
+            elif "cut off" in record.error:
+                faults["compaction_cut_off"] += 1
+        if trace.resumed:
+            faults["resume"] += 1
+        if trace.attempt > 1 and trace.digest:
+            faults["restart_digest"] += 1
+        faults["reused_call"] += sum(o.reused for step in trace.steps for o in step.outcomes)

@@ -52,6 +52,7 @@ from actors import (
     UserMessage,
     reply,
 )
+from actors._digest import RESUMED_CHAIN
 from runtime import TreeSnapshot
 
 from .fuzz_checks import markers_in
@@ -68,7 +69,6 @@ __all__ = [
     "check_sections",
     "check_summary_request",
     "continues",
-    "count_memory",
     "digest_calls",
     "summarize",
 ]
@@ -432,18 +432,15 @@ def check_reuse(traces: Mapping[str, ExecutionTrace], digests: Mapping[str, bool
         earlier = [attempt for attempt in own if attempt.attempt < trace.attempt]
         if not _whole(own, trace.attempt - 1):
             continue
-        if trace.resumed:
-            resumed = tasks.get(trace.resumed, [])
-            if not resumed or resumed[-1].execution_id != trace.resumed:
-                continue  # its traces are not known here
-            if not _whole(resumed, resumed[-1].attempt):
-                continue
-            earlier += resumed
+        chain = _resumed_chain(tasks, trace.resumed)
+        if chain is None:
+            continue  # its traces are not known here
+        earlier += chain
         left: Counter[tuple[str, str]] = Counter()
         results: dict[tuple[str, str], set[str]] = {}
         for attempt in earlier:
-            for outcome in _outcomes(attempt):
-                if not outcome.is_error and not outcome.interrupted:
+            for outcome in _outcomes(attempt):  # a run that completed; a reuse is not one
+                if not (outcome.is_error or outcome.interrupted or outcome.reused):
                     left[_key(outcome.call)] += 1
                     results.setdefault(_key(outcome.call), set()).add(outcome.content)
         for outcome in reused:
@@ -455,6 +452,26 @@ def check_reuse(traces: Mapping[str, ExecutionTrace], digests: Mapping[str, bool
                 )
             left[key] -= 1
     return found
+
+
+def _resumed_chain(
+    tasks: Mapping[str, list[ExecutionTrace]], resumed: str
+) -> list[ExecutionTrace] | None:
+    """The attempts of the executions a resumed one picks up from, following the
+    chain of resumes back (as ``actors._digest.resumable`` does, 8 at most); None
+    when one of them is not whole here."""
+    chain: list[ExecutionTrace] = []
+    for _ in range(RESUMED_CHAIN):
+        if not resumed:
+            break
+        attempts = tasks.get(resumed, [])
+        if not attempts or attempts[-1].execution_id != resumed:
+            return None
+        if not _whole(attempts, attempts[-1].attempt):
+            return None
+        chain = attempts + chain
+        resumed = attempts[-1].resumed
+    return chain
 
 
 def check_reuse_charges(
@@ -479,20 +496,3 @@ def check_reuse_charges(
                 f"attempts ran {ran} and reused {reused}"
             )
     return found
-
-
-def count_memory(traces: Iterable[ExecutionTrace], faults: Counter[str]) -> None:
-    """Count what the memory features did, as the traces say."""
-    for trace in traces:
-        record = trace.summarization
-        if record is not None:
-            faults["compaction_ok" if record.ok else "compaction_failed"] += 1
-            if "no text" in record.error:
-                faults["compaction_empty"] += 1
-            elif "cut off" in record.error:
-                faults["compaction_cut_off"] += 1
-        if trace.resumed:
-            faults["resume"] += 1
-        if trace.attempt > 1 and trace.digest:
-            faults["restart_digest"] += 1
-        faults["reused_call"] += sum(outcome.reused for outcome in _outcomes(trace))

@@ -106,6 +106,7 @@ FAULT_KINDS = (
     "resume",
     "restart_digest",
     "reused_call",
+    "results_cleared",
 )
 GARBAGE = tuple(kind.removeprefix("garbage_") for kind in FAULT_KINDS if "garbage_" in kind)
 #: What only a tree across hosts hits: a subtree placed on a host, a kill, a subtree
@@ -138,6 +139,8 @@ class Memory:
     #: Its summarizer: the agent's own model, or one of its own (which may fail,
     #: stall where a deadline applies, or answer no text).
     separate: bool
+    #: Tool results of all but this many last steps cleared within an execution.
+    clear: int | None = None
 
 
 @dataclass(frozen=True)
@@ -363,7 +366,9 @@ def _memory(
         if rng.random() < 0.5:
             threshold = rng.choice([1, 8, 20, 40, 80, 160])
             keep = rng.randint(0, 3)
-            memory = Memory(threshold=threshold, keep=keep, separate=rng.random() < 0.4)
+            separate = rng.random() < 0.4
+            clear = rng.choice([None, None, 1, 2])
+            memory = Memory(threshold=threshold, keep=keep, separate=separate, clear=clear)
         drawn.append(replace_spec(digest(top), memory=memory))
     resumed = tuple(
         tuple(

@@ -204,7 +204,10 @@ class TreeRun:
                 summarizer = FunctionModel(function, name=SUMMARIZER)
                 self.summarizers[spec.name] = summarizer
             memory = Compaction(
-                threshold=spec.memory.threshold, keep=spec.memory.keep, model=summarizer
+                threshold=spec.memory.threshold,
+                keep=spec.memory.keep,
+                model=summarizer,
+                clear_results=spec.memory.clear,
             )
         return Agent(
             spec.name,
