@@ -14,6 +14,8 @@ module of its own:
   the runtime (``_tool_bench.py``).
 
 ``_live.py`` is the live view the commands share; ``actors`` re-exports its ``watch``.
+``_imports.py`` imports what the user names as ``MODULE:NAME`` (``run --tool``,
+``bench --tool``, ``mcp-serve``), the current directory included, one way for all.
 Nothing below this package (the core, the providers, the kernel) imports it.
 """
 

@@ -21,14 +21,13 @@ a bad address, the ``mcp`` extra missing.
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
 from typing import Any
 
 from runtime import Budget
 
 from .._agent import Agent
+from ._imports import import_spec
 from ._run import _positive_float, _positive_int
 
 __all__ = ["add_mcp_serve_parser", "load_agent", "mcp_serve_command"]
@@ -72,21 +71,15 @@ def add_mcp_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def load_agent(spec: str) -> Agent:
-    """The ``actors.Agent`` named ``module:attribute``; a ``ValueError`` (or ``TypeError``:
-    not an Agent) saying what is wrong."""
-    module_name, _, name = spec.partition(":")
-    if not module_name or not name:
-        raise ValueError(f"{spec!r}: expected MODULE:NAME, e.g. myagents:researcher")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` does: the current directory imports
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{spec!r}: cannot import module {module_name!r}: {exc}") from None
-    try:
-        found = getattr(module, name)
-    except AttributeError:
-        raise ValueError(f"{spec!r}: module {module_name!r} has no attribute {name!r}") from None
+    """The ``actors.Agent`` named ``module:attribute``, imported as
+    ``_imports.import_spec`` does (the current directory too); a ``ValueError`` (or a
+    ``TypeError``: not an Agent) saying what is wrong."""
+    found = import_spec(
+        spec,
+        example="myagents:researcher",
+        fits=lambda value, _module: isinstance(value, Agent),
+        kind="agents",
+    )
     if not isinstance(found, Agent):
         raise TypeError(f"{spec!r} is a {type(found).__qualname__}, not an actors.Agent")
     return found

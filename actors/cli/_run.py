@@ -13,7 +13,8 @@ live view of ``_live.py``: a live tree on a terminal; elsewhere one plain line
 per execution start and end, retry and model step (its tool calls, tokens and time).
 With ``--stream`` the answer is printed as it arrives instead (``AgentRef.stream``),
 with a line for each tool call and retry. ``--tool MODULE:NAME`` gives the agent a
-tool (a ``@tool`` function of an importable module); a tool marked
+tool (a ``@tool`` function, or a plain one, of a module in the current directory
+or installed: ``_imports.py``); a tool marked
 ``@tool(approval=True)``, or named by ``--approve``, waits for a person: the command
 asks on the terminal (``y`` runs it; anything else denies it, the text as the
 reason the model reads), with progress lines instead of the live tree.
@@ -29,9 +30,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import sys
+import typing
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -49,8 +50,9 @@ from .._messages import Result
 from .._persistence import is_automatic_id
 from .._policy import RetryPolicy
 from .._streaming import Retrying, Stopped, TextDelta, ToolCallFinished, ToolCallStarted
-from .._tools import Tool, tool
+from .._tools import Tool, ToolDefinitionError, tool
 from ..providers import ProviderError, model_from_string, redact
+from ._imports import import_spec, is_function_of
 from ._live import watch
 from ._trace import default_db
 
@@ -199,7 +201,8 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--tool",
         action="append",
         metavar="MODULE:NAME",
-        help="give the agent this tool (a @tool function of an importable module); repeatable",
+        help="give the agent this tool: a function or @tool of a module in the current "
+        "directory or installed, e.g. mytools:search; repeatable",
     )
     run.add_argument(
         "--approve",
@@ -388,17 +391,22 @@ async def run_command(args: argparse.Namespace) -> int:
 
 
 def _load_tools(specs: list[str]) -> list[Tool[..., Any]]:
-    """The tools named ``module:name`` (a ``@tool`` function, or a plain one)."""
+    """The tools named ``module:name`` (a ``@tool`` function, or a plain one), imported
+    as ``_imports.import_spec`` does (the current directory too); a ``ValueError``
+    saying which spec is wrong and how."""
     tools: list[Tool[..., Any]] = []
     for spec in specs:
-        module_name, _, name = spec.partition(":")
-        if not module_name or not name:
-            raise ValueError(f"--tool {spec!r}: expected MODULE:NAME, e.g. mytools:search")
+        found = import_spec(
+            spec,
+            option="--tool",
+            example="mytools:search",
+            fits=is_function_of,
+            kind="functions",
+        )
         try:
-            found = getattr(importlib.import_module(module_name), name)
-        except (ImportError, AttributeError) as exc:
+            tools.append(found if isinstance(found, Tool) else tool(typing.cast(Any, found)))
+        except ToolDefinitionError as exc:
             raise ValueError(f"--tool {spec!r}: {exc}") from None
-        tools.append(found if isinstance(found, Tool) else tool(found))
     return tools
 
 

@@ -19,11 +19,8 @@ with a message naming what was wrong and what was expected.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
-import os
-import sys
 import threading
 import time
 import typing
@@ -40,6 +37,7 @@ from .._messages import ModelResponse, ToolCall, Usage
 from .._models import CycleModel
 from .._schema import describe, introspect
 from .._tools import Tool, ToolDefinitionError, tool
+from ._imports import SpecError, import_spec, is_function_of
 
 __all__ = ["BenchInputError", "Gauge", "ToolReport", "load_target", "measure", "prepare"]
 
@@ -106,55 +104,25 @@ class Gauge:
 
 
 def load_target(target: str) -> object:
-    """The object named by ``MODULE:FUNCTION`` (the current directory is searched too)."""
-    module_name, colon, attribute = target.partition(":")
-    if not colon or not module_name.strip() or not attribute.strip():
-        raise BenchInputError(
-            f"--tool expects MODULE:FUNCTION, e.g. mypackage.tools:search, got {target!r}"
-        )
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: the user's modules are here
+    """The callable named by ``MODULE:FUNCTION`` (``_imports.import_spec``: the current
+    directory is searched too)."""
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if missing and (module_name == missing or module_name.startswith(f"{missing}.")):
-            raise BenchInputError(
-                f"cannot import module {module_name!r}: no module named {missing!r} "
-                "(run from the directory that holds it, or install it)"
-            ) from None
-        raise BenchInputError(f"importing module {module_name!r} failed: {exc}") from None
-    except Exception as exc:
-        raise BenchInputError(
-            f"importing module {module_name!r} raised {type(exc).__name__}: {exc}"
-        ) from None
-    found: object = module
-    for part in attribute.split("."):
-        if not hasattr(found, part):
-            raise BenchInputError(_missing(module_name, module, attribute))
-        found = getattr(found, part)
+        found = import_spec(
+            target,
+            option="--tool",
+            form="MODULE:FUNCTION",
+            example="mypackage.tools:search",
+            fits=is_function_of,
+            kind="functions",
+        )
+    except SpecError as exc:
+        raise BenchInputError(str(exc)) from None
     if not callable(found):
         raise BenchInputError(
-            f"{target!r} is not callable: it is {describe(found)}; --tool names a function, "
+            f"--tool {target!r} is not callable: it is {describe(found)}; give a function, "
             "async or sync, or a @tool"
         )
     return found
-
-
-def _missing(module_name: str, module: object, attribute: str) -> str:
-    names = sorted(
-        name
-        for name, value in vars(module).items()
-        if not name.startswith("_") and _defined_in(value, module_name)
-    )
-    listed = f"; its functions: {', '.join(names)}" if names else ""
-    return f"module {module_name!r} has no attribute {attribute!r}{listed}"
-
-
-def _defined_in(value: object, module_name: str) -> bool:
-    """Whether ``value`` is a function (or a tool of one) defined in ``module_name``."""
-    fn = value.fn if isinstance(value, Tool) else value
-    return inspect.isfunction(fn) and fn.__module__ == module_name
 
 
 def prepare(target: object, arguments: str) -> tuple[Tool[..., Any], Gauge]:

@@ -141,8 +141,8 @@ async def test_an_existing_tool_keeps_its_name(anyio_backend: str, tmp_path: pat
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--tool", "no_colon"], "--tool expects MODULE:FUNCTION"),
-        (["--tool", f"{TOOLS}:"], "--tool expects MODULE:FUNCTION"),
+        (["--tool", "no_colon"], "--tool 'no_colon': expected MODULE:FUNCTION"),
+        (["--tool", f"{TOOLS}:"], "expected MODULE:FUNCTION, e.g. mypackage.tools:search"),
         (["--tool", "tests.actors.cli.no_such_module:f"], "cannot import module"),
         (["--tool", f"{TOOLS}:missing"], "has no attribute 'missing'; its functions: echo_tool"),
         (["--tool", f"{TOOLS}:NOT_CALLABLE"], "is not callable: it is 3 (int)"),
