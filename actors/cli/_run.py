@@ -19,7 +19,8 @@ or installed: ``_imports.py``); a tool marked
 asks on the terminal (``y`` runs it; anything else denies it, the text as the
 reason the model reads), with progress lines instead of the live tree.
 ``--session NAME`` keeps the agent's conversation in the database (``--db``, as
-``fractor trace``): the next run with the same name goes on from it;
+``fractor trace``): the next run with the same name goes on from it, and each
+run ends with the ``fractor trace ID --db PATH`` command that draws its trace;
 ``--compact-at TOKENS`` (and ``--keep N``) folds its old turns into a summary
 (``Compaction``), and ``--resume`` picks up a run that stopped before its answer
 (``ask(..., resume=True)``). Exit status: 0 when the task completed, 1 when it ended
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import sys
 import typing
 from collections.abc import AsyncIterator, Callable
@@ -380,10 +382,12 @@ async def run_command(args: argparse.Namespace) -> int:
             if args.session:
                 turns = len(kept.messages) // 2
                 folded = f", {kept.summarized} more in its summary" if kept.summarized else ""
+                db = args.db or default_db()
+                # A command to paste into a shell: quoted for it, with the database named.
+                shown = shlex.join(["fractor", "trace", result.execution_id, "--db", db])
                 print(
                     f"session {args.session!r}: {turns} turn{'' if turns == 1 else 's'}{folded}, "
-                    f"kept in {args.db or default_db()}; its trace: fractor trace "
-                    f"{result.execution_id!r}"
+                    f"kept in {db}; its trace: {shown}"
                 )
     finally:
         await model.aclose()

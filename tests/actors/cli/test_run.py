@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -327,6 +330,45 @@ def test_fractor_run_keeps_a_session_compacts_it_and_resumes_it(
     assert resumed[-2]["content"] == "Go on."
     assert "Earlier attempts stopped before an answer" in resumed[-1]["content"]
     assert 'word_count({"text": "a b c"}) returned: 3' in resumed[-1]["content"]
+
+
+@pytest.mark.parametrize(
+    ("session", "db"), [("notes", "sessions.db"), ("Ann's $5 notes", "my data/s.db")]
+)
+def test_the_trace_command_a_session_run_prints_works_when_copied(
+    session: str,
+    db: str,
+    server: LoopbackServer,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FRACTOR_DB", raising=False)
+    (tmp_path / db).parent.mkdir(exist_ok=True)
+    server.queue(json_reply(completion("Noted: tea.")))
+    url = f"{server.url}/v1"
+    argv = ["--session", session, "--db", db, "I drink tea."]
+    assert main(["run", "--model", "openai:test", "--base-url", url, *argv]) == 0
+    out = capsys.readouterr().out
+    hint = out.rsplit("its trace: ", 1)[1].strip()
+    assert hint.startswith("fractor trace "), out
+    # Pasted into a shell, in the same directory, with the `fractor` of this environment.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    shown = subprocess.run(
+        hint,
+        shell=True,
+        cwd=tmp_path,
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "assistant [assistant#" in shown.stdout
+    assert 'task: "I drink tea."' in shown.stdout
+    assert 'answer: "Noted: tea."' in shown.stdout
 
 
 @pytest.mark.parametrize(
