@@ -21,7 +21,7 @@ from ._agent_ref import AgentRef, GetConversation, GetProgress, GetTrace
 from ._approval import ApprovalPolicy, approver
 from ._execution import StopCondition
 from ._memory import Compaction
-from ._messages import Task, ToolCall, ToolSpec
+from ._messages import Task, ToolCall, ToolSpec, safe_text
 from ._models import Model
 from ._output import FINAL_ANSWER, OutputMode, OutputSpec, output_spec
 from ._policy import RestartPolicy, RetryPolicy
@@ -133,6 +133,8 @@ class Agent:
                 f"Agent {self.name!r}: max_tokens must be >= 1, got {self.max_tokens!r}"
             )
         self._check_types()
+        for option in ("instructions", "description"):  # text from outside: made safe
+            object.__setattr__(self, option, safe_text(getattr(self, option)))
         entries = tuple(
             t if isinstance(t, Tool) or is_toolset(t) else tool(cast("Callable[..., Any]", t))
             for t in self.tools

@@ -138,10 +138,12 @@ class AgentRef:
 
     def deny(self, request_id: str | ApprovalRequest, reason: str = "") -> None:
         """Answer a held tool call without running it: its result, which the model
-        reads, says a person denied it, and ``reason``."""
+        reads, says a person denied it, and ``reason`` (text from outside: made safe
+        here, as a task's is)."""
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {type(reason).__qualname__}")
-        self._ref.inspect(Decide(id=_request_id(request_id), approved=False, reason=reason))
+        decision = Decide(id=_request_id(request_id), approved=False, reason=safe_text(reason))
+        self._ref.inspect(decision)
 
     async def conversation(self) -> Conversation:
         """A snapshot of the agent's context sections, asked through its mailbox."""

@@ -118,6 +118,7 @@ class Compaction:
                 )
         if not isinstance(self.instructions, str) or not self.instructions.strip():
             raise ValueError("Compaction.instructions must be a non-empty str")
+        object.__setattr__(self, "instructions", safe_text(self.instructions))  # from outside
         if self.model is not None and not callable(getattr(self.model, "request", None)):
             raise TypeError(
                 "Compaction.model must implement the Model protocol (an async "

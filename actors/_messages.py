@@ -281,7 +281,9 @@ def safe_text(text: str) -> str:
     """``text`` as every store and provider can take it: a lone surrogate (half of a
     UTF-16 pair, which no UTF-8 encoder accepts) becomes U+FFFD; a pair written as
     two halves becomes its character. Made safe once, where text comes in (a task,
-    a tool's result, a model's reply), so nothing raises later inside an actor."""
+    a deny's reason, the text of a definition: an agent's instructions and
+    description, a tool's description, a summarizer's instructions; a tool's
+    result, a model's reply), so nothing raises later inside an actor."""
     if text.isascii():
         return text
     try:

@@ -156,7 +156,7 @@ class Tool(Generic[P, R]):
 
         self.fn = fn
         self.name = name
-        self.description = summary if description is None else description
+        self.description = safe_text(summary if description is None else description)
         self.timeout = None if timeout is None else float(timeout)
         self.retries = retries
         self.retry_delay = float(retry_delay)

@@ -4,6 +4,8 @@ force while a call waits."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import msgspec
 import pytest
@@ -25,7 +27,7 @@ from actors import (
     tool,
 )
 from actors._turns import Turn
-from runtime import Budget, Runtime
+from runtime import Budget, Runtime, SQLiteStore
 
 RAN: list[str] = []
 
@@ -56,7 +58,7 @@ async def pending(ref: AgentRef, count: int = 1) -> tuple[ApprovalRequest, ...]:
     return requests
 
 
-def results(model: ScriptedModel) -> list[ToolResultMessage]:
+def results(model: ScriptedModel | FunctionModel) -> list[ToolResultMessage]:
     return [m for m in model.requests[-1].messages if isinstance(m, ToolResultMessage)]
 
 
@@ -270,3 +272,40 @@ async def test_a_subtree_on_another_host_asks_through_the_driver() -> None:
     (outcome,) = trace.steps[0].outcomes
     assert outcome.content == "sent to x"  # the mailer's answer: its call ran
     assert RAN == ["x"]
+
+
+def on_the_wire(turns: list[Turn]) -> FunctionModel:
+    """A model that encodes every request to JSON first, as a provider's client does
+    (a lone surrogate raises there), then answers the next of ``turns``."""
+    queue = list(turns)
+
+    def answer(request: ModelRequest) -> Turn:
+        msgspec.json.encode(request)
+        return queue.pop(0)
+
+    return FunctionModel(answer)
+
+
+async def test_a_deny_reason_with_half_a_character_is_made_safe_at_the_door(
+    tmp_path: Path,
+) -> None:
+    """The reason is text from outside: made safe where it comes in, so the model's
+    next request is sent and the trace and the conversation are stored."""
+    model = on_the_wire([call("send_email", to="boss"), reply("I won't.")])
+    async with SQLiteStore(tmp_path / "agents.db") as store:
+        async with Runtime(store=store) as rt:
+            ref = await rt.spawn(Agent("mailer", model, tools=[send_email]), id="mailer")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ref.ask, "mail the boss")
+                (request,) = await pending(ref)
+                ref.deny(request.id, "half \ud800 a reason")
+            (trace,) = await ref.trace()
+        records = await store.records()
+        stored = await store.load("mailer")
+    assert trace.final_text == "I won't."
+    assert trace.steps[0].outcomes[0].approval == "denied: half \ufffd a reason"
+    (result,) = results(model)
+    assert result.content == "[denied] a person denied this call: half \ufffd a reason"
+    assert [r.id for r in records] == [trace.execution_id]
+    assert stored is not None
+    assert b"I won't." in stored
