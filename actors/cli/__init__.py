@@ -1,7 +1,7 @@
 """The ``fractor`` command line: the edge of ``actors``, above the core and the providers.
 
-``main`` is the console entry (``fractor = "actors.cli:main"``); each command is a
-module of its own:
+``main`` is the console entry (``fractor = "actors.cli:main"``); ``fractor --version``
+prints the installed distribution's version. Each command is a module of its own:
 
 - ``_run.py``: ``fractor run``, one task on a real model (``actors.providers``).
 - ``_demo.py``: ``fractor demo``, the scripted research team of ``_scenario.py`` in
@@ -21,6 +21,7 @@ Nothing below this package (the core, the providers, the kernel) imports it.
 
 import argparse
 import collections.abc
+import importlib.metadata
 import os
 import sys
 
@@ -37,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fractor", description="An actor runtime for nested LLM agents."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _demo.add_demo_parser(commands)
     _trace.add_trace_parser(commands)
@@ -44,6 +46,14 @@ def _parser() -> argparse.ArgumentParser:
     _bench.add_bench_parser(commands)
     _mcp_serve.add_mcp_serve_parser(commands)
     return parser
+
+
+def _version() -> str:
+    """The installed ``fractor`` distribution's version (``fractor --version``)."""
+    try:
+        return importlib.metadata.version("fractor")
+    except importlib.metadata.PackageNotFoundError:  # a source tree, not installed
+        return "(version unknown: the fractor distribution is not installed)"
 
 
 def main(argv: collections.abc.Sequence[str] | None = None) -> int:
