@@ -31,7 +31,9 @@ the events of this tree, and only these, reach the stream, whether or not anyone
 subscribes to the runtime's events. They wait in a bounded buffer: a slow consumer
 never stalls the agents. While the consumer is behind, consecutive text pieces of one
 execution merge into one event (no text is lost); once the buffer is full, other
-events are dropped and counted in ``run.missed``. Leaving the block before the
+events are dropped and counted in ``run.missed``, except those that ask something
+of the consumer (``runtime.Event.asks``: an ``ApprovalRequested``), which are
+always shown. Leaving the block before the
 answer stops the execution (and its subtree); ``run.result`` then says so.
 """
 
@@ -349,8 +351,10 @@ class AgentStream:
             ):
                 events[-1] = msgspec.structs.replace(last, text=last.text + converted.text)
                 return
-        if len(events) >= self._buffer and (
-            type(converted) is not TextDelta or len(events) >= 2 * self._buffer
+        if (
+            len(events) >= self._buffer
+            and (type(converted) is not TextDelta or len(events) >= 2 * self._buffer)
+            and not event.asks  # someone must answer it: never dropped
         ):
             self.missed += 1
             return

@@ -8,7 +8,9 @@ that an unobserved runtime pays one attribute check per event site:
   Each subscriber has its own bounded buffer: a slow observer never stalls the
   agents. When its buffer is full, new events are **dropped for that subscriber
   only** and counted in ``Subscription.missed``; the next event it does receive
-  carries the running count in ``Event.missed`` so a gap is never silent.
+  carries the running count in ``Event.missed`` so a gap is never silent. An event
+  that asks something of its observer (``ASKING``: a tool call waiting for a
+  person's decision) is never dropped: it waits past the buffer, in order.
 - ``Runtime(log_events=True)`` also writes every event through structlog (logger
   ``fractor.events``) at info level, with ``agent_id``, ``parent_id``, ``depth`` and
   ``execution_id`` as keys.
@@ -26,6 +28,7 @@ delivers it to its subscribers as well when it is active (``deliver``).
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -37,7 +40,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ._waiter import clock
 
-__all__ = ["Event", "EventBus", "EventKind", "Subscription"]
+__all__ = ["ASKING", "Event", "EventBus", "EventKind", "Subscription"]
 
 EventKind = Literal[
     "spawn",
@@ -63,6 +66,12 @@ EventKind = Literal[
     "stop",
 ]
 
+#: The kinds of events that ask something of whoever watches the tree: someone must
+#: answer them (a tool call waits for a person's decision) or the tree waits
+#: forever. Every overflow policy reads this: such an event is never dropped,
+#: however far behind its observer is (``Event.asks``).
+ASKING: frozenset[EventKind] = frozenset({"approval_request"})
+
 log = structlog.get_logger("fractor.events")
 
 
@@ -81,6 +90,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     #: Events this subscriber had dropped so far (its buffer was full), in all.
     missed: int = 0
 
+    @property
+    def asks(self) -> bool:
+        """Whether it asks something of its observer (``ASKING``): never dropped."""
+        return self.kind in ASKING
+
 
 class Subscription:
     """One observer's bounded view of the event stream."""
@@ -89,11 +103,19 @@ class Subscription:
         self._receive = receive
         #: Events dropped for this subscriber because its buffer was full.
         self.missed = 0
+        #: Events that ask something (``Event.asks``) that came while the buffer was
+        #: full: received after the buffer, in order. While any waits here, the
+        #: events that ask nothing are dropped (they would overtake it).
+        self._held: deque[Event] = deque()
 
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> Event:
+        if self._held:
+            event = self.receive_nowait()
+            assert event is not None
+            return event
         try:
             return await self._receive.receive()
         except anyio.EndOfStream:
@@ -104,7 +126,7 @@ class Subscription:
         try:
             return self._receive.receive_nowait()
         except (anyio.WouldBlock, anyio.EndOfStream):
-            return None
+            return self._held.popleft() if self._held else None
 
 
 class EventBus:
@@ -212,13 +234,19 @@ class EventBus:
                 **detail,
             )
         for subscription, send in self._subscribers.items():
+            held = subscription._held
             try:
+                if held:
+                    raise anyio.WouldBlock  # behind what waits past the buffer
                 if subscription.missed:
                     send.send_nowait(msgspec.structs.replace(event, missed=subscription.missed))
                 else:
                     send.send_nowait(event)
             except anyio.WouldBlock:
-                subscription.missed += 1
+                if event.asks:
+                    held.append(msgspec.structs.replace(event, missed=subscription.missed))
+                else:
+                    subscription.missed += 1
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the subscriber is leaving; unsubscribe removes it
 

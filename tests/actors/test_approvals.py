@@ -309,3 +309,43 @@ async def test_a_deny_reason_with_half_a_character_is_made_safe_at_the_door(
     assert [r.id for r in records] == [trace.execution_id]
     assert stored is not None
     assert b"I won't." in stored
+
+
+def busy() -> ScriptedModel:
+    """A step of three lookups and a call held for approval: more events than a
+    buffer of one holds before the request."""
+    lookups = [call("lookup", topic=t) for t in "abc"]
+    return ScriptedModel([calls(*lookups, call("send_email", to="x")), reply("done")])
+
+
+async def test_a_full_stream_still_shows_an_approval_request() -> None:
+    """Events that ask something of the consumer are never dropped with the overflow:
+    the agent would wait for a decision its consumer was never shown."""
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("mailer", busy(), tools=[send_email, lookup]))
+        with anyio.fail_after(5):
+            async with ref.stream("go", buffer=1) as run:
+                (request,) = await pending(ref)  # the consumer is behind: the buffer is full
+                ref.approve(request.id)
+                events = [event async for event in run]
+    assert run.missed > 0  # other events were dropped...
+    (asked,) = [e for e in events if isinstance(e, ApprovalRequested)]  # ...not this one
+    assert (asked.id, asked.tool) == (request.id, "send_email")
+    assert run.result.text == "done"
+
+
+async def test_a_full_subscription_still_gets_an_approval_request() -> None:
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("mailer", busy(), tools=[send_email, lookup]))
+        async with rt.events(buffer=1) as subscription, anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "go")
+            (request,) = await pending(ref)
+            ref.approve(request.id)
+            await anyio.wait_all_tasks_blocked()
+            events = []
+            while (event := subscription.receive_nowait()) is not None:
+                events.append(event)
+    assert subscription.missed > 0
+    (asked,) = [e for e in events if e.kind == "approval_request"]
+    assert asked.detail["id"] == request.id
+    assert asked.missed > 0  # it says how many were dropped before it
