@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+import pathlib
 
 import pytest
 
-from runtime import Budget, Price, Usage
+from runtime import Budget, Caps, Price, Usage
+
+README = pathlib.Path(__file__).parent.parent.parent / "README.md"
 
 WHOLE = r"must be a whole number >= 0 and at most 2\*\*63 - 1, or None for no limit; got"
 FINITE = r"must be a finite number > 0 and at most 2\*\*63 - 1, or None for no limit; got"
@@ -44,6 +47,28 @@ def test_budget_accepts_zero_counts_and_fractional_seconds() -> None:
     assert (budget.tool_calls, budget.seconds, budget.cost) == (0, 0.25, 1)
     # No cost at all: only free models may run (a lease with nothing left is one).
     assert Budget(cost=0).cost == 0
+
+
+def test_the_readme_states_the_rule_the_code_applies_at_the_door() -> None:
+    """The README's row for budgets ("What is checked at the door") and the checks
+    agree: counts and ``cost`` may be 0 (none at all: a cost of 0 lets only free
+    models run, as a host's lease with nothing granted does), ``seconds`` may not,
+    and neither may a ``Caps`` field."""
+    row = next(
+        line
+        for line in README.read_text().splitlines()
+        if line.startswith("| `Budget`, `Caps`, `Price` |")
+    )
+    for rule in ("counts whole >= 0", "`seconds` finite > 0", "`cost` finite >= 0"):
+        assert rule in row, (rule, row)
+    assert "`Caps` fields > 0" in row
+    assert Budget(tokens=0, requests=0, cost=0).cost == 0
+    assert Budget(cost=0.0).cost == 0.0
+    with pytest.raises(ValueError, match=rf"Budget\.seconds {FINITE} 0$"):
+        Budget(seconds=0)
+    with pytest.raises(ValueError, match=r"Caps\.steps must be a whole number > 0"):
+        Caps(steps=0)
+    assert Price(input_per_million=0, output_per_million=0).cost(10, 10) == 0
 
 
 def test_merge_takes_the_tighter_limit_field_by_field() -> None:
