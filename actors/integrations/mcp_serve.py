@@ -9,7 +9,11 @@ The server offers **one tool**, named after the agent, described by the agent's
 ``description`` (or its instructions), with one ``task`` string argument. A call
 runs the task and returns ``Result.text``; an execution that ends otherwise
 (``budget_exceeded``, ``timed_out``, ``failed``, ``cancelled``) comes back as a tool
-result marked as an error, whose text names the status and the stop reason.
+result marked as an error, whose text names the status and the stop reason. A call
+whose arguments are not one ``task`` string runs nothing: its error names the
+argument, the type expected and what was given (``echo: argument 'task' must be a
+string, got 5 (a number)``). The server introduces itself (``serverInfo``) with the
+agent's name and fractor's version.
 
 One ``Runtime`` lives as long as the server. **Each call spawns the agent afresh**
 and stops it after the answer: calls are independent (no conversation carried from
@@ -25,12 +29,14 @@ asyncio only; ``fractor mcp-serve`` runs both transports on asyncio.
 
 from __future__ import annotations
 
+import importlib.metadata
 import socket
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import mcp.types as types
+import msgspec
 from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
@@ -82,6 +88,56 @@ def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 
+def _version() -> str:
+    """The installed ``fractor`` distribution's version: the server's ``serverInfo``."""
+    try:
+        return importlib.metadata.version("fractor")
+    except importlib.metadata.PackageNotFoundError:  # a source tree, not installed
+        return "unknown"
+
+
+#: How JSON names the type of a value a client sent, most specific first.
+_JSON_TYPES: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (bool, "a boolean"),
+    ((int, float), "a number"),
+    (str, "a string"),
+    ((list, tuple), "an array"),
+    (dict, "an object"),
+)
+#: Characters of a wrong argument's JSON shown in the error, at most.
+_SHOWN = 50
+
+
+def _bad_arguments(arguments: dict[str, Any]) -> str:
+    """What is wrong with the arguments of a call, when they are not one ``task`` string:
+    the argument, the type it must have, and what was given."""
+    expected = "'task' (a string)"
+    if "task" not in arguments:
+        given = ", ".join(repr(name) for name in sorted(arguments))
+        said = f"got {given} instead" if given else "no arguments were given"
+        return f"argument {expected} is missing; {said}"
+    task = arguments["task"]
+    if not isinstance(task, str):
+        return f"argument 'task' must be a string, got {_given(task)}"
+    extra = sorted(name for name in arguments if name != "task")
+    names = ", ".join(repr(name) for name in extra)
+    return f"unexpected argument{'s' if len(extra) > 1 else ''} {names}; it takes one, {expected}"
+
+
+def _given(value: object) -> str:
+    """A value a client sent, as JSON (cut short), with its JSON type."""
+    if value is None:
+        return "null"
+    try:
+        shown = msgspec.json.encode(value).decode()
+    except (TypeError, msgspec.EncodeError):  # pragma: no cover - arguments are JSON
+        shown = repr(value)
+    if len(shown) > _SHOWN:
+        shown = shown[:_SHOWN] + "..."
+    kind = next((name for types_, name in _JSON_TYPES if isinstance(value, types_)), None)
+    return f"{shown} ({kind})" if kind else shown
+
+
 def agent_server(agent: Agent, runtime: Runtime, *, budget: Budget | None = None) -> Server[Any]:
     """An MCP server offering ``agent`` as one tool, each call run in ``runtime``
     (which must be running while the server serves) under ``budget``."""
@@ -107,13 +163,12 @@ def agent_server(agent: Agent, runtime: Runtime, *, budget: Budget | None = None
         arguments = params.arguments or {}
         task = arguments.get("task")
         if not isinstance(task, str) or set(arguments) != {"task"}:
-            return _error(
-                f"{agent.name}: expected one argument, 'task' (a string), got {sorted(arguments)}"
-            )
+            return _error(f"{agent.name}: {_bad_arguments(arguments)}")
         return await _run(agent, runtime, task, budget)
 
     return Server(
         agent.name,
+        version=_version(),
         description=tool.description,
         on_list_tools=list_tools,
         on_call_tool=call_tool,

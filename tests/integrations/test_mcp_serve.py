@@ -8,6 +8,7 @@ No network, no real model: the agents' models are ``FunctionModel``\\ s.
 
 from __future__ import annotations
 
+import importlib.metadata
 import pathlib
 import signal
 import subprocess
@@ -82,6 +83,23 @@ async def test_stdio_lists_the_agent_as_one_tool_and_answers_a_call(
     assert "serving agent 'echo' over stdio" in (tmp_path / "server.err").read_text()
 
 
+async def test_stdio_the_server_names_fractors_version_and_a_bad_argument(
+    tmp_path: pathlib.Path,
+) -> None:
+    with anyio.fail_after(LIMIT):
+        async with _stdio_session(f"{AGENTS}:echo", tmp_path) as session:
+            assert session.initialize_result is not None
+            info = session.initialize_result.server_info
+            assert (info.name, info.version) == ("echo", importlib.metadata.version("fractor"))
+            result = await session.call_tool("echo", {"task": 5})
+            assert result.is_error
+            assert _text(result) == "echo: argument 'task' must be a string, got 5 (a number)"
+            missing = await session.call_tool("echo", {})
+            assert _text(missing) == (
+                "echo: argument 'task' (a string) is missing; no arguments were given"
+            )
+
+
 async def test_stdio_the_agents_budget_stops_its_tree(tmp_path: pathlib.Path) -> None:
     with anyio.fail_after(LIMIT):
         async with _stdio_session(f"{AGENTS}:greedy", tmp_path) as session:
@@ -146,13 +164,43 @@ async def _client(agent: Any, budget: Budget | None = None) -> AsyncIterator[Cli
         yield client
 
 
-async def test_a_call_needs_one_task_string() -> None:
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        ({}, "echo: argument 'task' (a string) is missing; no arguments were given"),
+        ({"text": "hi"}, "echo: argument 'task' (a string) is missing; got 'text' instead"),
+        ({"task": 5}, "echo: argument 'task' must be a string, got 5 (a number)"),
+        ({"task": None}, "echo: argument 'task' must be a string, got null"),
+        ({"task": True}, "echo: argument 'task' must be a string, got true (a boolean)"),
+        (
+            {"task": ["a", "b"]},
+            'echo: argument \'task\' must be a string, got ["a","b"] (an array)',
+        ),
+        (
+            {"task": {"text": "x" * 100}},
+            'echo: argument \'task\' must be a string, got {"text":"'
+            + "x" * 41
+            + "... (an object)",
+        ),
+        (
+            {"task": "x", "more": 1, "also": 2},
+            "echo: unexpected arguments 'also', 'more'; it takes one, 'task' (a string)",
+        ),
+    ],
+)
+async def test_a_call_with_bad_arguments_is_told_which_and_why(
+    arguments: dict[str, Any], said: str
+) -> None:
     with anyio.fail_after(LIMIT):
         async with _client(echo) as client:
-            for arguments in ({}, {"task": 3}, {"task": "x", "more": 1}):
-                result = await client.call_tool("echo", arguments)
-                assert result.is_error
-                assert "expected one argument, 'task' (a string)" in _text(result)
+            result = await client.call_tool("echo", arguments)
+            assert result.is_error
+            assert _text(result) == said
+
+
+async def test_a_call_of_another_tool_is_a_protocol_error() -> None:
+    with anyio.fail_after(LIMIT):
+        async with _client(echo) as client:
             with pytest.raises(MCPError, match="unknown tool 'other'"):
                 await client.call_tool("other", {"task": "x"})
 
