@@ -2,7 +2,8 @@
 what it charges for output a server did not report.
 
 Both are linear in the size of the text: ``ceil(chars / chars_per_token)`` plus
-fixed costs per message and per tool, with each provider's own constants.
+fixed costs per message and per tool, with each provider's own constants. An output
+estimate is clamped to the request's ``max_tokens``: it is never "impossible".
 """
 
 from __future__ import annotations
@@ -52,7 +53,29 @@ def estimate_request_tokens(
     return tokens
 
 
-def estimate_output_tokens(text: str, arguments: int = 0, chars_per_token: float = 4.0) -> int:
-    """Output tokens of a response whose server reported no usage: an estimate."""
+def estimate_output_tokens(
+    text: str,
+    arguments: int = 0,
+    chars_per_token: float = 4.0,
+    cap: int | None = None,
+    *,
+    pieces: int = 0,
+) -> int:
+    """Output tokens of a response whose server reported no usage: an estimate.
+
+    ``pieces`` is how many pieces of output a stream brought (its deltas of text,
+    arguments, reasoning): each is at least one token, however few characters it
+    holds (a server that streams a token a chunk, digits and line breaks, sends
+    fewer characters than ``chars_per_token`` a token), so the estimate is at least
+    that many.
+
+    ``cap`` is the request's ``max_tokens``: the output the request was granted (and
+    its budget reserved). An estimate past it (text of more characters a token than
+    ``chars_per_token``, a server that ignores the cap) is the cap: an estimate is
+    never taken for usage that cannot be true; only a server's own figures are
+    checked that way (``runtime._admission.impossible``).
+    """
     chars = len(text) + arguments
-    return max(1, -int(-chars // chars_per_token)) if chars else 0
+    tokens = max(1, -int(-chars // chars_per_token)) if chars else 0
+    tokens = max(tokens, pieces)
+    return tokens if cap is None or tokens <= cap else cap

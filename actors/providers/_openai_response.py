@@ -145,8 +145,10 @@ def answer(
     wire: WireUsage | None,
     reasoning: int,
     model_name: str | None,
+    pieces: int = 0,
 ) -> ModelResponse:
-    """The ``ModelResponse`` of a completion, read in one piece or streamed."""
+    """The ``ModelResponse`` of a completion, read in one piece or streamed (in
+    ``pieces`` chunks of output: without usage, at least a token each)."""
     finish = _FINISH.get(finish_reason or "")
     if finish is None or (finish == "stop" and calls):
         finish = "tool_calls" if calls else "stop"
@@ -154,7 +156,9 @@ def answer(
         arguments = sum(len(c.name) + len(c.arguments) for c in calls) + reasoning
         usage = Usage(
             input_tokens=model.estimate_tokens(request),
-            output_tokens=estimate_output_tokens(text, arguments, CHARS_PER_TOKEN),
+            output_tokens=estimate_output_tokens(
+                text, arguments, CHARS_PER_TOKEN, request.max_tokens, pieces=pieces
+            ),
             requests=1,
         )
     else:

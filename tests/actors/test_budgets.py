@@ -19,6 +19,7 @@ from actors import (
     FunctionModel,
     ModelRequest,
     ModelResponse,
+    OpenAIModel,
     ReActModel,
     Result,
     ScriptedModel,
@@ -31,6 +32,8 @@ from actors import (
 )
 from actors._models import Turn
 from runtime import Budget, Caps, Event, Price, Runtime
+
+from .loopback import LoopbackServer, Reply, json_reply, sse_reply
 
 PRICES = {"worker-model": Price(input_per_million=1.0, output_per_million=4.0)}
 
@@ -486,3 +489,43 @@ async def test_the_agents_cap_counts_the_executions_under_one_top_level_executio
         "top-level execution; raise it or remove it with Runtime(caps=Caps(agents=...))" in text
         for text in refused
     )
+
+
+# -- an estimate is never impossible usage ---------------------------------------------
+
+
+def _no_usage(text: str, streamed: bool) -> Reply:
+    """A chat completion with ``text`` cut at its cap and no usage at all (a local
+    server), streamed (a server that ignores ``stream_options``) or in one piece (one
+    that ignores ``"stream": true`` too)."""
+    if not streamed:
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "finish_reason": "length"}
+        return json_reply({"object": "chat.completion", "model": "local", "choices": [choice]})
+    chunk = {"object": "chat.completion.chunk", "model": "local"}
+    pieces = [text[i : i + 100] for i in range(0, len(text), 100)]
+    events = [{**chunk, "choices": [{"index": 0, "delta": {"content": p}}]} for p in pieces]
+    events.append({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+    return sse_reply(events, done=True)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["one-piece", "streamed"])
+async def test_a_dense_reply_without_usage_is_estimated_within_its_cap(
+    server: LoopbackServer, streamed: bool
+) -> None:
+    """A server that sends no usage: the output is estimated (a token per four
+    characters), and for text of more characters a token that estimate may pass the
+    request's cap. It is an estimate, not a report: clamped to the cap, never
+    "impossible usage"."""
+    dense = " ".join(str(i % 10) for i in range(400))  # 799 characters: "200 tokens"
+    server.queue(_no_usage(dense, streamed))
+    model = OpenAIModel("local", base_url=f"{server.url}/v1", api_key="sk-test", timeout=5.0)
+    agent = Agent("counter", model, max_tokens=50)
+    async with model, Runtime() as rt:
+        with anyio.fail_after(10):
+            result = await (await rt.spawn(agent)).ask("Count.", budget=Budget(tokens=10_000))
+    assert result.status == "completed", result.stop_reason
+    assert result.text == dense
+    assert result.usage.requests == 1
+    assert result.usage.output_tokens == 50  # the cap, not 200
+    assert server.requests[0].json()["max_tokens"] == 50
