@@ -49,9 +49,6 @@ __all__ = ["AnthropicStreamReader"]
 _RETRYABLE_ERRORS = frozenset(
     {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
 )
-#: How much of a server's error message a ``ProviderError`` quotes.
-_MAX_SAID = 300
-
 _json_encoder = msgspec.json.Encoder()
 
 
@@ -291,13 +288,12 @@ class AnthropicStreamReader:
 
     def _server_error(self, error: _ErrorDetail) -> ProviderError:
         kind = error.type or "error"
-        said = " ".join(f"{kind}: {error.message}".split()) if error.message else kind
-        if len(said) > _MAX_SAID:
-            said = said[: _MAX_SAID - 3] + "..."
+        said = f"{kind}: {error.message}" if error.message else kind
         retryable = kind in _RETRYABLE_ERRORS
         return ProviderError(
             self._model.provider,
-            f"the server reported an error part-way through the stream ({said})",
+            "the server reported an error part-way through the stream",
+            detail=said,  # cut short after its secrets are redacted: see ProviderError
             advice=(
                 "retryable (the agent's RetryPolicy decides how often, with backoff)"
                 if retryable

@@ -35,7 +35,7 @@ import anyio
 
 from .._messages import ModelRequest, ModelResponse
 from .._models import Sink
-from ._errors import ProviderError, clipped, malformed, redact, translate_sdk_error
+from ._errors import ProviderError, malformed, redact, translate_sdk_error
 from ._sse import SinkFailed, StreamReader, finish_stream, sse_events
 
 __all__ = [
@@ -316,7 +316,8 @@ class ProviderModel:
         if error is None:  # not the SDK's: a library below it, or a bug
             error = ProviderError(
                 self.provider,
-                f"the request failed: {type(exc).__name__}: {exc}",
+                "the request failed",
+                detail=f"{type(exc).__name__}: {exc}",
                 model=self._model,
             )
         return error.redacted(self._secrets())
@@ -428,7 +429,8 @@ class ProviderModel:
         """A stream that ended or broke before its last event."""
         return ProviderError(
             self.provider,
-            f"the stream broke off before the response was complete ({clipped(detail)})",
+            "the stream broke off before the response was complete",
+            detail=detail,
             advice="retryable (the agent's RetryPolicy decides how often)",
             model=self._model,
             status=status,

@@ -9,6 +9,12 @@
   error status or an exception of either SDK (both name their classes alike).
 - ``redact``: a text with the secrets (an API key, a URL's credentials) taken out,
   as every error, stop reason, trace and log keeps it.
+
+What a server or an exception said (an error body, an error event in a stream, a
+transport exception's text) enters a ``ProviderError`` by one door, its ``detail``,
+and nowhere else: the error shows it cut short, and ``redacted`` takes the secrets
+out of the whole text *before* cutting it again. Cut first, a key that straddles the
+cut would leave its head behind, which no redaction of the whole key then finds.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from .._messages import Usage
 __all__ = [
     "REDACTED",
     "ProviderError",
-    "clipped",
     "malformed",
     "redact",
     "status_error",
@@ -40,6 +45,12 @@ class ProviderError(FractorError):
     ``status`` the HTTP status (``None`` when no response came back), ``retryable``
     whether the same request may succeed later (read by ``RetryPolicy``), and
     ``retry_after`` the seconds the provider asked to wait, when it said so.
+
+    ``detail`` is what the server or an exception said, as it came (it may be long,
+    and it may echo the key): the message shows it in parentheses after ``what``, cut
+    at 300 characters. ``what`` (the attribute) is the two together, as shown. Build
+    the error with the server's text there, never cut into ``what`` by hand:
+    ``redacted`` redacts the whole text and only then cuts it.
     """
 
     def __init__(
@@ -47,6 +58,7 @@ class ProviderError(FractorError):
         provider: str,
         what: str,
         *,
+        detail: str = "",
         advice: str = "",
         model: str = "",
         status: int | None = None,
@@ -57,7 +69,8 @@ class ProviderError(FractorError):
         where = f"{provider} model {model!r}" if model else provider
         if status is not None:
             where += f", HTTP {status}"
-        message = f"{where}: {what}"
+        shown = f"{what} ({_clipped(detail)})" if detail else what
+        message = f"{where}: {shown}"
         if advice:
             message += f"; {advice}"
         super().__init__(message)
@@ -66,18 +79,25 @@ class ProviderError(FractorError):
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
-        self.what = what
+        self.what = shown
         self.advice = advice
         #: What the failed request spent, when it is known: the usage a stream that
         #: broke part-way reported, or its input estimate plus what was received.
         self.usage = usage
+        # Whole, for ``redacted`` alone: it may hold a secret that the cut text
+        # shows only the head of.
+        self._what = what
+        self._detail = detail
 
     def redacted(self, secrets: Iterable[str]) -> ProviderError:
         """The same error with ``secrets`` and URL credentials taken out of its text
-        (a server may echo the key in its error body)."""
+        (a server may echo the key in its error body): out of the whole ``detail``
+        first, which is then cut short, so no piece of a secret is left at the cut."""
+        secrets = tuple(secrets)
         return ProviderError(
             self.provider,
-            redact(self.what, secrets),
+            redact(self._what, secrets),
+            detail=redact(self._detail, secrets),
             advice=redact(self.advice, secrets),
             model=self.model,
             status=self.status,
@@ -116,11 +136,13 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 _MAX_DETAIL = 300
 
 
-def clipped(text: str) -> str:
-    text = " ".join(text.split())
-    if len(text) > _MAX_DETAIL:
-        text = text[: _MAX_DETAIL - 3] + "..."
-    return text
+def _clipped(text: str) -> str:
+    """``text`` on one line, cut at ``_MAX_DETAIL`` characters: what an error shows
+    of its ``detail``. Reads no more of a long text than it shows."""
+    head = " ".join(text[: 4 * _MAX_DETAIL].split())
+    if len(head) > _MAX_DETAIL or len(text) > 4 * _MAX_DETAIL:
+        head = head[: _MAX_DETAIL - 3] + "..."
+    return head
 
 
 def _error_fields(body: object) -> tuple[str, str]:
@@ -166,49 +188,47 @@ def status_error(
 ) -> ProviderError:
     """The ``ProviderError`` for an HTTP error status, classified for ``RetryPolicy``."""
     message, code = _error_fields(body)
-    summary = f"{code}: {message}" if code and message else message or code
-    said = f" ({clipped(summary)})" if summary else ""
+    said = f"{code}: {message}" if code and message else message or code
     retryable: bool
     if status in (401, 403):
         retryable = False
         what = "the API key was rejected" if status == 401 else "access was refused"
-        what += said
         advice = (
             f"check the key ({key_hint}), that it is valid for {base_url} and that it may "
             "use this model; not retried"
         )
     elif status == 404:
         retryable = False
-        what = f"the model or the endpoint was not found{said}"
+        what = "the model or the endpoint was not found"
         advice = (
             f"check the model name {model!r} and the base URL {base_url} (a local "
             "OpenAI-compatible server's usually ends in /v1); not retried"
         )
     elif status == 429 and code in ("insufficient_quota", "billing_hard_limit_reached"):
         retryable = False
-        what = f"the account's quota is used up{said}"
+        what = "the account's quota is used up"
         advice = "check the plan and billing of this account; not retried"
     elif status in (408, 409, 429):
         retryable = True
-        what = f"rate limited or busy{said}"
+        what = "rate limited or busy"
         advice = (
             "retryable (the agent's RetryPolicy decides how often, with backoff); if it "
             "persists, lower the concurrency or raise the account's rate limit"
         )
     elif status >= 500:
         retryable = True
-        what = f"the provider's server failed or is overloaded{said}"
+        what = "the provider's server failed or is overloaded"
         advice = (
             "retryable (the agent's RetryPolicy decides how often, with backoff); if it "
             "persists, check the provider's status or try again later"
         )
     elif status == 413:
         retryable = False
-        what = f"the request is too large{said}"
+        what = "the request is too large"
         advice = "shorten the context or lower the input token budget; not retried"
     else:
         retryable = False
-        what = f"the request was rejected{said}"
+        what = "the request was rejected"
         advice = "fix the request or the model options; not retried"
     should_retry = (headers or {}).get("x-should-retry")
     if should_retry in ("true", "false"):
@@ -216,6 +236,7 @@ def status_error(
     return ProviderError(
         provider,
         what,
+        detail=said,
         advice=advice,
         model=model,
         status=status,
@@ -267,7 +288,8 @@ def translate_sdk_error(
         cause = exc.__cause__ or exc
         return ProviderError(
             provider,
-            f"could not reach {base_url} ({clipped(f'{type(cause).__name__}: {cause}')})",
+            f"could not reach {base_url}",
+            detail=f"{type(cause).__name__}: {cause}",
             advice=(
                 "retryable (the agent's RetryPolicy decides how often); check the base "
                 "URL, the network and that the server is running"
@@ -284,7 +306,8 @@ def malformed(provider: str, model: str, status: int | None, detail: str) -> Pro
     """A response that is not what the provider's wire format promises."""
     return ProviderError(
         provider,
-        f"the response is malformed ({clipped(detail)})",
+        "the response is malformed",
+        detail=detail,
         advice=(
             "retryable (the agent's RetryPolicy decides how often); if it persists, check "
             f"that the server at the base URL speaks the {provider} API"

@@ -56,7 +56,7 @@ import msgspec
 from .._messages import ModelRequest, ModelResponse, Usage
 from .._models import Sink
 from ._base import Asker
-from ._errors import ProviderError, clipped, malformed
+from ._errors import ProviderError, malformed
 from ._estimates import estimate_output_tokens
 from ._openai_response import (
     CHARS_PER_TOKEN,
@@ -281,7 +281,8 @@ class OpenAIStreamReader:
         said = ": ".join(part for part in (" ".join(labels), message) if part) or data
         return ProviderError(
             "openai",
-            f"the server sent an error in the middle of the stream ({clipped(said)})",
+            "the server sent an error in the middle of the stream",
+            detail=said,  # cut short after its secrets are redacted: see ProviderError
             advice=(
                 "the server refused the request itself; not retried"
                 if refused
