@@ -145,6 +145,7 @@ def test_a_spec_that_names_nothing_exits_2_saying_what_is_wrong(
     out, err = capsys.readouterr()
     said = problem.format(cwd=workdir, listing=listing)
     assert err == f"fractor {command}: {label}{spec!r}: {said}\n"
+    assert out == ""  # nothing started
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
