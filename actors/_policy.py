@@ -3,7 +3,10 @@
 - ``RetryPolicy``: retries of a failed model request, with exponential backoff and
   jitter. Only errors that may pass are retried: connection and timeout errors, and
   any exception with a true ``retryable`` attribute (providers set it on rate
-  limits and server errors). Budget refusals and programming errors never are.
+  limits and server errors). Budget refusals and programming errors never are. A
+  retry waits at least what the server asked (a ``retry_after`` attribute: a
+  provider's ``Retry-After``); one that the execution's deadline leaves no time
+  for is not waited for (``actors._requests.send``: the execution ends timed out).
 - ``RestartPolicy``: a failed execution is run again (fresh execution buffer, same
   conversation) up to ``max_restarts`` times within ``window`` seconds; then the
   execution ends ``failed``. With ``digest=True`` each attempt reads a digest of
@@ -21,7 +24,7 @@ import msgspec
 
 from runtime import BudgetExceeded
 
-__all__ = ["RestartPolicy", "RetryPolicy", "is_retryable"]
+__all__ = ["RestartPolicy", "RetryPolicy", "is_retryable", "retry_after"]
 
 
 def _check(owner: str, name: str, value: float, *, minimum: float, whole: bool = False) -> None:
@@ -54,11 +57,13 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
         _check("RetryPolicy", "multiplier", self.multiplier, minimum=1)
         _check("RetryPolicy", "jitter", self.jitter, minimum=0)
 
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait before retry number ``attempt`` (1 for the first retry)."""
+    def delay(self, attempt: int, *, at_least: float = 0.0) -> float:
+        """Seconds to wait before retry number ``attempt`` (1 for the first retry):
+        the backoff, and never less than ``at_least``: what the server asked
+        (``retry_after``), which ``max_delay`` does not cut."""
         base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
         spread = base * self.jitter
-        return max(0.0, base + random.uniform(-spread, spread))
+        return max(0.0, at_least, base + random.uniform(-spread, spread))
 
 
 class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,6 +83,15 @@ class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True):
         _check("RestartPolicy", "window", self.window, minimum=0)
         if not isinstance(self.digest, bool):
             raise TypeError(f"RestartPolicy.digest must be a bool, got {self.digest!r}")
+
+
+def retry_after(error: BaseException) -> float:
+    """The seconds the server asked to wait before the request is sent again (a
+    provider error's ``retry_after``, from ``Retry-After``); 0.0 when it asked none."""
+    asked = getattr(error, "retry_after", None)
+    if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
+        return float(asked) if math.isfinite(asked) else 0.0
+    return 0.0
 
 
 def is_retryable(error: BaseException) -> bool:

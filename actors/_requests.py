@@ -15,7 +15,7 @@ import msgspec
 from runtime import InvalidUsage, Reservation, Usage
 
 from ._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
-from ._policy import is_retryable
+from ._policy import is_retryable, retry_after
 
 if TYPE_CHECKING:
     from ._execution import Execution
@@ -122,7 +122,12 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
         attempt += 1
         if attempt > agent.retry.retries or not is_retryable(error):
             raise error
-        delay = agent.retry.delay(attempt)
+        asked = retry_after(error)
+        delay = agent.retry.delay(attempt, at_least=asked)
+        if supervisor.now() + delay >= node.deadline:
+            # No sleep that the deadline would cut: the execution times out now.
+            _no_time_to_retry(execution, delay, asked)
+            raise error
         if execution.observed:
             execution.emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
         await anyio.sleep(delay)
@@ -175,6 +180,22 @@ def _charge(
     except InvalidUsage as exc:  # the request failed already: that error stands
         charged = exc.charged
     execution.charged = execution.charged + charged
+
+
+def _no_time_to_retry(execution: Execution, delay: float, asked: float) -> None:
+    """The retry of a failed request would come after the execution's deadline:
+    stop its node ``timed_out`` now, saying why (the request's error ends the step,
+    and the execution reads its status from the node)."""
+    node = execution.node
+    owner = node.deadline_owner or node
+    seconds = owner.limits.seconds if owner.limits is not None else None
+    shown = f"{seconds:g} s " if seconds is not None else ""
+    why = f"the server's Retry-After of {asked:g} s" if asked >= delay else "its backoff"
+    reason = (
+        f"deadline of {shown}would pass before the retry of a failed model request "
+        f"({delay:.3g} s away: {why}; budget of {owner.name} {owner.id!r})"
+    )
+    execution.supervisor.stop_subtree(node, "timed_out", reason, cancel=False)
 
 
 async def _wait_for_budget(
