@@ -3,13 +3,17 @@
 concurrently on a bounded number of workers, subagent calls as child
 actors in the step's task group (``Delegation``), each call charged with the
 supervisor first; with events when someone observes the tree, and without a frame
-of its own when nobody does.
+of its own when nobody does. A tool that learns how far along it is (an MCP server's
+progress notifications) reports it through ``progress_reporter``: a ``tool_progress``
+event of its call, between its ``tool_start`` and its ``tool_end``.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import anyio
@@ -29,7 +33,24 @@ if TYPE_CHECKING:
     from ._execution import Execution
     from ._tools import Tool
 
-__all__ = ["Calling", "Interrupted"]
+__all__ = ["Calling", "Interrupted", "ProgressReporter", "progress_reporter"]
+
+#: Reports a tool call's progress: ``(progress, total or None, message)``.
+ProgressReporter = Callable[[float, float | None, str], None]
+
+#: The reporter of the tool call running in this task, while someone observes it.
+_reporter: contextvars.ContextVar[ProgressReporter | None] = contextvars.ContextVar(
+    "fractor_tool_progress", default=None
+)
+
+
+def progress_reporter() -> ProgressReporter | None:
+    """How the tool call running in this task reports its progress: a function of
+    ``(progress, total, message)`` making a ``tool_progress`` event of the call, or
+    None when nobody observes its execution (there is no one to tell). A tool takes
+    it when it starts and may call it from any task of the event loop until it
+    returns (not from a worker thread: events are not thread-safe)."""
+    return _reporter.get()
 
 
 class Interrupted(Exception):
@@ -286,7 +307,11 @@ class Calling:
 
     async def _run_call_observed(self: _Calling, call: ToolCall) -> ToolOutcome:
         self.emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])
-        outcome = await self.agent.toolbox.run(call)
+        reporting = _reporter.set(functools.partial(_report_progress, self, call))
+        try:
+            outcome = await self.agent.toolbox.run(call)
+        finally:
+            _reporter.reset(reporting)
         self.emit(
             "tool_end",
             tool=call.name,
@@ -300,3 +325,16 @@ class Calling:
 
 async def _ready(outcome: ToolOutcome) -> ToolOutcome:
     return outcome
+
+
+def _report_progress(
+    execution: _Calling, call: ToolCall, progress: float, total: float | None, message: str
+) -> None:
+    execution.emit(
+        "tool_progress",
+        tool=call.name,
+        call_id=call.id,
+        progress=progress,
+        total=total,
+        message=message[:200],
+    )

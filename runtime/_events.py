@@ -49,6 +49,7 @@ EventKind = Literal[
     "step_end",
     "text",
     "tool_start",
+    "tool_progress",
     "tool_end",
     "retry",
     "restart",

@@ -14,13 +14,22 @@ connects this runtime to it (once: ``Runtime.enter`` keys the session by the ser
 so every agent of the runtime shares it, and calls are multiplexed on it), lists its
 tools and makes each one a ``Tool`` whose name, description and JSON schema are the
 server's (``include`` keeps some, by the server's names; ``prefix`` goes before each
-name). The session, and the server process of a stdio server, end when the runtime
-block exits, after its actors stopped, on every path.
+name). fractor introduces itself as ``fractor`` and its version (``clientInfo``). The
+session, and the server process of a stdio server, end when the runtime block exits,
+after its actors stopped, on every path, the transport's own way: an HTTP session
+is terminated (``DELETE``), a stdio server sent EOF (then killed if it lingers).
 
 A call is a tool call like any other: counted by the budget, bounded by ``timeout``
 and the execution's deadline, cancelled with its execution. A server error, a crash of
-the server process, a malformed reply all become error results the model reads. A
-server that goes away (its process died, its connection closed) is connected again
+the server process, a malformed reply all become error results the model reads. Each
+call sends a progress token: what the server reports on it becomes a
+``tool_progress`` event of the call (when someone observes the execution). A
+result's text is what the model reads; an image, a sound or a binary resource is
+named with its type and size instead (never pasted as base64), a text resource's text
+is included, a link to a resource is named. A tool the server offers only as a task
+(``execution.taskSupport`` "required") is not offered to the model: each call of it
+would fail (a warning names it; ``include`` naming it is an error). A server that
+goes away (its process died, its connection closed) is connected again
 (a stdio server started again) for the calls after it: at most ``RECONNECTS`` times
 within ``RECONNECT_WINDOW`` seconds, each attempt after a short backoff; past that,
 every later call says the server is gone, and why. The call that saw it go is not
@@ -33,6 +42,7 @@ runtime block. They cannot be shipped to another host.
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -43,6 +53,7 @@ from typing import Any, Literal
 import anyio
 import msgspec
 import pydantic
+import structlog
 from anyio.abc import TaskStatus
 from mcp import types
 from mcp.client.session import ClientSession
@@ -53,6 +64,7 @@ from mcp_types import CONNECTION_CLOSED
 
 from runtime import Runtime
 
+from .._calling import ProgressReporter, progress_reporter
 from .._messages import ToolCall, ToolOutcome, ToolSpec, exception_text
 from .._tools import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError
 
@@ -67,6 +79,27 @@ RECONNECT_WINDOW = 60.0
 RECONNECT_DELAY = 0.2
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _object_decoder = msgspec.json.Decoder(dict[str, Any])
+#: Why a tool the server offers only as a task (``execution.taskSupport`` "required",
+#: MCP 2025-11-25) is not offered to the model: fractor calls tools directly.
+_TASK_ONLY = (
+    "the server offers it only as a task (execution.taskSupport 'required'), and "
+    "fractor calls MCP tools directly: every call would fail"
+)
+
+log = structlog.get_logger("fractor.mcp")
+
+
+def _client_info() -> types.Implementation:
+    """Who connects: fractor, in its installed version."""
+    try:
+        version = importlib.metadata.version("fractor")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        version = "0+unknown"
+    return types.Implementation(name="fractor", version=version)
+
+
+#: How fractor introduces itself to every server (``clientInfo``).
+CLIENT_INFO = _client_info()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +182,9 @@ class MCPServer:
                 read, write = await stack.enter_async_context(stdio_client(parameters))
             else:
                 read, write = await stack.enter_async_context(streamable_http_client(self.url))
-            session = await stack.enter_async_context(ClientSession(read, write))
+            session = await stack.enter_async_context(
+                ClientSession(read, write, client_info=CLIENT_INFO)
+            )
             with anyio.fail_after(CONNECT_TIMEOUT):
                 await session.initialize()
             yield session
@@ -158,13 +193,22 @@ class MCPServer:
 class _Link:
     """A runtime's connection to one MCP server: the session of now, and a new one
     after the server went away (see the module). Held open by the runtime
-    (``Runtime.enter``): ``_keep`` runs in a task group of its own there."""
+    (``Runtime.enter``, which exits it shielded and bounded): ``_keep`` runs in a task
+    group of its own there.
+
+    Closing lets the session end the transport's own way, not cancelled: an HTTP
+    session is terminated (a ``DELETE`` the server answers), a stdio server is sent
+    EOF and waited for (then killed). Only between sessions (a backoff, a connection
+    under way) is ``_keep`` cancelled: there is nothing to end then.
+    """
 
     def __init__(self, server: MCPServer) -> None:
         self.server = server
         self.session: ClientSession | None = None
         #: Why no session can be had any more ("" while one can).
         self.gone = ""
+        #: Set when the runtime closes the link: ``_keep`` ends its session, and stops.
+        self.closing = False
         self._lost = anyio.Event()
         self._changed = anyio.Event()
         self._reconnects: list[float] = []
@@ -178,7 +222,11 @@ class _Link:
             try:
                 yield link
             finally:
-                tg.cancel_scope.cancel()
+                link.closing = True
+                if link.session is None:
+                    tg.cancel_scope.cancel()
+                else:
+                    link._lost.set()  # _keep leaves the session, which ends its own way
 
     async def _keep(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Hold a session until a call sees it closed, then connect again (bounded)."""
@@ -200,6 +248,8 @@ class _Link:
                     raise
                 why = why or exception_text(exc)
             self._down()
+            if self.closing:
+                return
             now = anyio.current_time()
             self._reconnects = [t for t in self._reconnects if now - t <= RECONNECT_WINDOW]
             if len(self._reconnects) >= RECONNECTS:
@@ -339,13 +389,16 @@ class MCPTool(Tool[..., Any]):
             )
         link = self.link
         session = None
+        progress = _Progress(progress_reporter())
         try:
             with anyio.move_on_after(self.timeout) as scope:
                 session = await link.current()
                 if session is None:
                     text = f"tool {self.name!r} failed: the MCP server {self.server} is gone: "
                     return self._finish(call, text + link.gone, 0, start)
-                result = await session.call_tool(self.remote_name, arguments)
+                result = await session.call_tool(
+                    self.remote_name, arguments, progress_callback=progress
+                )
         except MCPError as exc:
             if exc.error.code == CONNECTION_CLOSED and session is not None:
                 link.lost(session)
@@ -367,6 +420,8 @@ class MCPTool(Tool[..., Any]):
         except Exception as exc:
             text = f"tool {self.name!r} (MCP server {self.server}) failed: {exception_text(exc)}"
             return self._finish(call, text, 1, start)
+        finally:
+            progress.report = None  # a notification later than the answer is not news
         if scope.cancelled_caught:
             if session is None:  # still waiting for the server to be connected again
                 text = f"{self._timed_out} waiting for the MCP server {self.server} to be "
@@ -378,19 +433,73 @@ class MCPTool(Tool[..., Any]):
         return self._outcome(call, text, False, 1, start)
 
 
+class _Progress:
+    """The progress callback of one call: its progress token makes the server report
+    how far along it is; each report becomes a ``tool_progress`` event of the call
+    (when someone observes it), until the call returns."""
+
+    __slots__ = ("report",)
+
+    def __init__(self, report: ProgressReporter | None) -> None:
+        self.report = report
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        report = self.report
+        if report is not None:
+            report(progress, total, message or "")
+
+
 def _text(result: types.CallToolResult) -> str:
-    """A tool result's content as the text the model reads."""
+    """A tool result's content as the text the model reads.
+
+    Text is the text, and so is a text resource's (after a line naming it). What the
+    model cannot be shown as text yet (an image, a sound, a binary resource) is named
+    with its type and size, never pasted as base64; a link to a resource is named.
+    """
     parts: list[str] = []
     for block in result.content:
-        if isinstance(block, types.TextContent):
-            parts.append(block.text)
-        elif isinstance(block, types.ImageContent | types.AudioContent):
-            parts.append(f"[{block.type}: {block.mime_type}]")
-        else:
-            parts.append(block.model_dump_json(by_alias=True, exclude_none=True))
+        match block:
+            case types.TextContent(text=text):
+                parts.append(text)
+            case (
+                types.ImageContent(data=data, mime_type=mime)
+                | types.AudioContent(data=data, mime_type=mime)
+            ):
+                parts.append(f"[{mime} {block.type}, {_size(_decoded_size(data))}, {_NOT_SHOWN}]")
+            case types.EmbeddedResource(resource=types.TextResourceContents() as resource):
+                parts.append(f"[{resource.mime_type or 'text'} resource {resource.uri}]")
+                parts.append(resource.text)
+            case types.EmbeddedResource(resource=types.BlobResourceContents() as resource):
+                size = _size(_decoded_size(resource.blob))
+                mime = resource.mime_type or "binary"
+                parts.append(f"[{mime} resource {resource.uri}, {size}, {_NOT_SHOWN}]")
+            case types.ResourceLink():
+                about = [block.mime_type or ""]
+                if block.size is not None:
+                    about.append(_size(block.size))
+                said = ", ".join([block.uri, *filter(None, about)])
+                parts.append(f"[a link to the resource {block.name!r}: {said}]")
+            case _:  # a kind of content newer than this code
+                parts.append(f"[{getattr(block, 'type', 'unknown')} content, {_NOT_SHOWN}]")
     if not parts and result.structured_content is not None:
         return msgspec.json.encode(result.structured_content).decode()
     return "\n".join(parts)
+
+
+_NOT_SHOWN = "not shown to the model"
+
+
+def _decoded_size(data: str) -> int:
+    """The bytes base64 ``data`` holds (without decoding it)."""
+    return len(data.rstrip("=")) * 3 // 4
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} bytes"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.1f} KB"
+    return f"{size / (1024 * 1024):.1f} MB"
 
 
 async def mcp_tools(
@@ -426,6 +535,7 @@ async def mcp_tools(
         cursor = page.next_cursor
         if not cursor:
             break
+    task_only = [t.name for t in listed if t.execution and t.execution.task_support == "required"]
     if include is not None:
         wanted = [include] if isinstance(include, str) else list(include)
         names = {t.name for t in listed}
@@ -435,8 +545,17 @@ async def mcp_tools(
                 f"the MCP server {server} has no tool {', '.join(map(repr, missing))}; "
                 f"it has {', '.join(sorted(names)) or 'none'}"
             )
+        unusable = [name for name in wanted if name in task_only]
+        if unusable:
+            raise ValueError(
+                f"cannot use the tool {', '.join(map(repr, unusable))} of the MCP server "
+                f"{server}: {_TASK_ONLY}"
+            )
         chosen = set(wanted)
         listed = [t for t in listed if t.name in chosen]
+    elif task_only:
+        log.warning("mcp_tools_left_out", server=str(server), tools=task_only, reason=_TASK_ONLY)
+        listed = [t for t in listed if t.name not in task_only]
     return tuple(
         MCPTool(
             link,

@@ -2,19 +2,55 @@
 
 ``python -m tests.integrations.mcp_servers`` serves over stdio; with ``http PORT`` it
 serves streamable HTTP on 127.0.0.1:PORT (path ``/mcp``). Each process writes its pid
-to the file named by ``$MCP_PID_FILE``, when set, so a test can check it is gone.
+to the file named by ``$MCP_PID_FILE``, when set, so a test can check it is gone; an
+HTTP server notes each ``DELETE`` it answers (the end of a session) in
+``$MCP_MARK_FILE``, with its status.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
+from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import (
+    AudioContent,
+    BlobResourceContents,
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    TextResourceContents,
+    Tool,
+    ToolExecution,
+)
 
-server = MCPServer("fractor-tests", log_level="CRITICAL")
+#: The tools listed as needing task augmentation (``execution.taskSupport``).
+TASK_ONLY = frozenset({"queued_job"})
+
+
+class _Server(MCPServer):
+    """The SDK's server; the tools in ``TASK_ONLY`` are listed as callable only as
+    tasks (the SDK's decorator has no option for it)."""
+
+    async def list_tools(self) -> list[Tool]:
+        listed = await super().list_tools()
+        required = ToolExecution(task_support="required")
+        return [
+            tool.model_copy(update={"execution": required}) if tool.name in TASK_ONLY else tool
+            for tool in listed
+        ]
+
+
+server = _Server("fractor-tests", log_level="CRITICAL")
+
+#: 12,600 bytes of "image": 12.3 KB.
+IMAGE = bytes(range(256)) * 49 + bytes(56)
 
 
 @server.tool()
@@ -56,13 +92,89 @@ def crash() -> str:
     os._exit(3)
 
 
+@server.tool()
+def media() -> CallToolResult:
+    """Text, an image, a sound, a text resource, a binary resource and a link."""
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    text = TextResourceContents(uri="file:///notes.txt", mime_type="text/plain", text="the notes")
+    blob = BlobResourceContents(
+        uri="file:///data.bin", mime_type="application/octet-stream", blob=b64(bytes(1500))
+    )
+    return CallToolResult(
+        content=[
+            TextContent(type="text", text="here they are"),
+            ImageContent(type="image", data=b64(IMAGE), mime_type="image/png"),
+            AudioContent(type="audio", data=b64(bytes(2048)), mime_type="audio/wav"),
+            EmbeddedResource(type="resource", resource=text),
+            EmbeddedResource(type="resource", resource=blob),
+            ResourceLink(
+                type="resource_link",
+                name="report",
+                uri="file:///report.pdf",
+                mime_type="application/pdf",
+                size=5_000,
+            ),
+        ]
+    )
+
+
+@server.tool()
+async def slow(steps: int, ctx: Context) -> str:
+    """Reports its progress at each of its steps."""
+    for step in range(1, steps + 1):
+        await ctx.report_progress(step, steps, f"step {step} of {steps}")
+    return f"{steps} steps done"
+
+
+@server.tool()
+def whoami(ctx: Context) -> str:
+    """The name and version the client gave when it connected."""
+    params = ctx.session.client_params
+    info = params.client_info if params is not None else None
+    return f"{info.name} {info.version}" if info is not None else "anonymous"
+
+
+@server.tool()
+def queued_job() -> str:
+    """Listed as callable only as a task (see ``TASK_ONLY``)."""
+    return "ran without a task"
+
+
+def _http_app() -> Any:
+    """The SDK's streamable-HTTP app, noting each DELETE it answers in $MCP_MARK_FILE."""
+    app = server.streamable_http_app()
+    mark = os.environ.get("MCP_MARK_FILE")
+    if not mark:
+        return app
+
+    async def noted(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "DELETE":
+            await app(scope, receive, send)
+            return
+
+        async def send_noted(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                with open(mark, "a") as file:  # noqa: ASYNC230
+                    file.write(f"DELETE {message['status']}\n")
+            await send(message)
+
+        await app(scope, receive, send_noted)
+
+    return noted
+
+
 def main(argv: list[str]) -> None:
     pid_file = os.environ.get("MCP_PID_FILE")
     if pid_file:
         with open(pid_file, "a") as file:
             file.write(f"{os.getpid()}\n")
     if argv[:1] == ["http"]:
-        server.run("streamable-http", host="127.0.0.1", port=int(argv[1]))
+        import uvicorn
+
+        uvicorn.run(_http_app(), host="127.0.0.1", port=int(argv[1]), log_level="critical")
     else:
         server.run("stdio")
 

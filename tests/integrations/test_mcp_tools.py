@@ -3,6 +3,7 @@ with the ``mcp`` SDK's server API), over stdio and over streamable HTTP on 127.0
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import pathlib
 import socket
@@ -15,6 +16,7 @@ import anyio
 import anyio.abc
 import pytest
 from anyio import wait_all_tasks_blocked
+from structlog.testing import capture_logs
 
 from actors import Agent, ScriptedModel, ToolCall, call, calls, reply
 from actors.integrations import mcp
@@ -106,7 +108,9 @@ async def test_stdio_tools_through_one_shared_session(
     with anyio.fail_after(20):
         async with Runtime() as rt:
             tools = await mcp_tools(rt, stdio, timeout=0.3)
-            assert {t.name for t in tools} == {"add", "shout", "fail", "hang", "crash"}
+            assert {t.name for t in tools} == {
+                *("add", "shout", "fail", "hang", "crash", "media", "slow", "whoami")
+            }
             add = next(t for t in tools if t.name == "add")
             assert add.spec.description == "Add two integers."
             assert add.spec.parameters["properties"].keys() == {"a", "b"}
@@ -357,10 +361,11 @@ async def test_an_agent_defined_anywhere_takes_a_servers_tools_next_to_its_own(
     assert not any(_alive(pid) for pid in _pids(pids))
 
 
-async def _serve_http(port: int) -> anyio.abc.Process:
+async def _serve_http(port: int, env: dict[str, str] | None = None) -> anyio.abc.Process:
     process = await anyio.open_process(
         [sys.executable, "-m", MODULE, "http", str(port)],
         cwd=ROOT,
+        env={**os.environ, **env} if env else None,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -373,7 +378,12 @@ async def _serve_http(port: int) -> anyio.abc.Process:
 
 
 @SDK_HTTP_TRIO_LEAK
-async def test_an_http_server_that_restarts_is_connected_again() -> None:
+async def test_an_http_server_that_restarts_is_connected_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Attempts 1, 3 and 7 s after it went away: a busy machine takes seconds to start
+    # a Python server again, longer than the default backoff's three attempts.
+    monkeypatch.setattr(mcp, "RECONNECT_DELAY", 1.0)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -396,3 +406,109 @@ async def test_an_http_server_that_restarts_is_connected_again() -> None:
     assert down.is_error
     assert "is being connected again" in down.content
     assert (again.content, again.is_error) == ("4", False)
+
+
+async def test_media_in_a_result_are_described_never_pasted(stdio: MCPServer) -> None:
+    """An image, a sound and a binary resource reach the model as what they are and how
+    big (never as base64); a text resource's text is included; a link is named."""
+    with anyio.fail_after(20):
+        async with Runtime() as rt:
+            (media,) = await mcp_tools(rt, stdio, include=["media"])
+            outcome = await media.invoke(ToolCall(id="1", name="media", arguments="{}"))
+    assert not outcome.is_error
+    assert outcome.content.splitlines() == [
+        "here they are",
+        "[image/png image, 12.3 KB, not shown to the model]",
+        "[audio/wav audio, 2.0 KB, not shown to the model]",
+        "[text/plain resource file:///notes.txt]",
+        "the notes",
+        "[application/octet-stream resource file:///data.bin, 1.5 KB, not shown to the model]",
+        "[a link to the resource 'report': file:///report.pdf, application/pdf, 4.9 KB]",
+    ]
+    assert "AAAA" not in outcome.content
+
+
+async def test_tools_that_need_a_task_are_not_offered(stdio: MCPServer) -> None:
+    """A tool the server says can be called only as a task (``execution.taskSupport``
+    "required") would fail on every call: it is left out, and the log says so."""
+    with anyio.fail_after(20), capture_logs() as logs:
+        async with Runtime() as rt:
+            tools = await mcp_tools(rt, stdio)
+            with pytest.raises(ValueError, match=r"'queued_job'.* only as a task"):
+                await mcp_tools(rt, stdio, include=["add", "queued_job"])
+    assert "queued_job" not in {t.name for t in tools}
+    assert "add" in {t.name for t in tools}
+    (left_out,) = [log for log in logs if log["event"] == "mcp_tools_left_out"]
+    assert left_out["tools"] == ["queued_job"]
+    assert left_out["server"] == str(stdio)
+    assert "only as a task" in left_out["reason"]
+
+
+async def test_the_client_introduces_itself_as_fractor(stdio: MCPServer) -> None:
+    with anyio.fail_after(20):
+        async with Runtime() as rt:
+            (whoami,) = await mcp_tools(rt, stdio, include=["whoami"])
+            outcome = await whoami.invoke(ToolCall(id="1", name="whoami", arguments="{}"))
+    assert outcome.content == f"fractor {importlib.metadata.version('fractor')}"
+
+
+async def test_a_tools_progress_is_an_event_of_its_call(stdio: MCPServer) -> None:
+    """Each call sends a progress token; what the server reports on it becomes a
+    ``tool_progress`` event of that call, between its start and its end."""
+    with anyio.fail_after(20):
+        async with Runtime() as rt, rt.events() as events:
+            tools = await mcp_tools(rt, stdio, include=["slow"])
+            agent = _agent(tools, call("slow", steps=3, id="s1"), reply("done"))
+            assert (await (await rt.spawn(agent)).ask("go")).ok
+            seen = []
+            while (event := events.receive_nowait()) is not None:
+                if event.kind in ("tool_start", "tool_progress", "tool_end"):
+                    seen.append(event)
+    assert [e.kind for e in seen] == ["tool_start", *["tool_progress"] * 3, "tool_end"]
+    progress = [e.detail for e in seen[1:-1]]
+    assert progress == [
+        {
+            "tool": "slow",
+            "call_id": "s1",
+            "progress": float(step),
+            "total": 3.0,
+            "message": f"step {step} of 3",
+        }
+        for step in (1, 2, 3)
+    ]
+    assert {e.execution_id for e in seen} == {seen[0].execution_id}
+
+
+@SDK_HTTP_TRIO_LEAK
+async def test_closing_the_runtime_ends_the_http_session(tmp_path: pathlib.Path) -> None:
+    """The HTTP session is terminated (a DELETE the server answers) when the runtime
+    closes, on every path: its body ends, or fails."""
+    marks = tmp_path / "marks"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = MCPServer.http(f"http://127.0.0.1:{port}/mcp")
+    with anyio.fail_after(30):
+        process = await _serve_http(port, env={"MCP_MARK_FILE": str(marks)})
+        try:
+            async with Runtime() as rt:
+                (add,) = await mcp_tools(rt, server, include=["add"])
+                first = await add.invoke(ToolCall(id="1", name="add", arguments='{"a": 1, "b": 2}'))
+            assert (first.content, first.is_error) == ("3", False)
+            assert _lines(marks) == ["DELETE 200"]
+
+            async def failing_body() -> None:
+                async with Runtime() as rt:
+                    await mcp_tools(rt, server, include=["add"])
+                    raise ZeroDivisionError
+
+            with pytest.raises(ZeroDivisionError):
+                await failing_body()
+            assert _lines(marks) == ["DELETE 200", "DELETE 200"]
+        finally:
+            process.kill()
+            await process.wait()
+
+
+def _lines(path: pathlib.Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
