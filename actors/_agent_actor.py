@@ -51,6 +51,7 @@ from ._messages import (
     exception_text,
 )
 from ._persistence import AgentState, decode_state, encode_state, is_automatic_id
+from ._streaming import withdrawn
 from ._toolbox import with_toolsets
 from ._traces import TRACE_KIND, trace_from_record, trace_record
 
@@ -212,6 +213,11 @@ class AgentActor(Actor):
         agent = self.agent
         context = self.context
         supervisor = context.runtime.supervisor
+        watch = None
+        if task.watch:  # a streamed ask: take its watcher, which says it is taken
+            watch = context.runtime.event_bus.watchers.pop(task.watch, None)
+            if watch is None:  # its consumer left before: it never starts
+                return withdrawn(context.id)
         if task.budget is not None and task.budget.cost is not None:
             _check_prices(agent, supervisor.prices, task.budget)
         # An earlier execution may have died mid-way: never carry its buffer over.
@@ -248,8 +254,8 @@ class AgentActor(Actor):
             fold = memory.plan(self.messages, self.tally, task.text, self.summary, self.summarized)
         history = self._history(task)
         node.actor_id = context.id
-        if task.watch:
-            node.watch = context.runtime.event_bus.watchers.get(task.watch)
+        if watch is not None:
+            node.watch = watch
         store = context.runtime.store
         if store is not None and not task.node:
             node.traces = []  # the subtree's executions leave themselves here

@@ -33,8 +33,16 @@ never stalls the agents. While the consumer is behind, consecutive text pieces o
 execution merge into one event (no text is lost); once the buffer is full, other
 events are dropped and counted in ``run.missed``, except those that ask something
 of the consumer (``runtime.Event.asks``: an ``ApprovalRequested``), which are
-always shown. Leaving the block before the
-answer stops the execution (and its subtree); ``run.result`` then says so.
+always shown.
+
+Leaving the block before the answer stops the execution (and its subtree), and
+waits briefly for its answer: ``run.result`` then says so (``cancelled``). A task
+its agent has not taken yet (it waits in the mailbox behind others, or the agent
+has not run since) never starts: the agent takes the stream's watcher out of the
+runtime's ``watchers`` with the task, so whichever of the two comes first decides;
+``run.result`` is then at once the answer ``withdrawn`` makes (``cancelled``: "The
+task was not started"), and nothing of the task joins the conversation, the traces
+or the store.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 import anyio
 import msgspec
 
-from runtime import Event
+from runtime import Event, Usage
 
 from ._messages import Result, Status, Task
 
@@ -71,6 +79,7 @@ __all__ = [
     "TextDelta",
     "ToolCallFinished",
     "ToolCallStarted",
+    "withdrawn",
 ]
 
 #: How long leaving a stream early waits for the stopped execution's answer.
@@ -250,14 +259,15 @@ class AgentStream:
 
     @property
     def result(self) -> Result:
-        """The execution's ``Result``, once the iteration has ended."""
+        """The execution's ``Result``, once the iteration has ended (or the block was
+        left: then it says how the task was stopped, or that it never started)."""
         if self._error is not None:
             raise self._error
         if self._result is None:
             if self._closed:
                 raise RuntimeError(
-                    "the stream was left before its task started: there is no result "
-                    "(the task is stopped as soon as the agent takes it)"
+                    f"the stream was left and its task's answer did not come within "
+                    f"{_STOP_WAIT:g} s of the stop: there is no result"
                 )
             raise RuntimeError(
                 "the stream has not ended yet: iterate it to the end (async for) first"
@@ -288,14 +298,18 @@ class AgentStream:
                 self._take(reply)
             self._close()
             return
-        # Left before the answer: stop the execution, and wait (a little) for it.
+        # Left before the answer.
         self._closed = True
-        if not self._root:
-            # Still queued behind other tasks: it is stopped as soon as it starts (see
-            # ``_watch``); nothing to wait for here, and no result to give.
+        if self._ref.runtime.event_bus.watchers.pop(self._key, None) is not None:
+            # Its agent has not taken the task (it waits in the mailbox): it never
+            # starts, and leaves nothing (the agent takes the watcher with the task).
+            self._result = withdrawn(self._ref.id)
             self._events.clear()
             return
-        self._stop(self._root)
+        # Taken: stop the execution (at once if it began, else as it begins: see
+        # ``_watch``), and wait (a little) for its answer.
+        if self._root:
+            self._stop(self._root)
         with (
             anyio.CancelScope(shield=True),
             anyio.move_on_after(_STOP_WAIT),
@@ -332,8 +346,7 @@ class AgentStream:
             if kind != "execution_start":
                 return
             self._root, self._root_depth = event.execution_id, event.depth
-            self._ref.runtime.event_bus.watchers.pop(self._key, None)
-            if self._closed:  # left before it began: stop it now
+            if self._closed:  # left once its agent took it, before it began: stop it now
                 self._stop(event.execution_id)
                 return
         if self._closed:
@@ -418,6 +431,21 @@ class AgentStream:
         self._closed = True
         self._events.clear()
         self._ref.runtime.event_bus.watchers.pop(self._key, None)
+
+
+def withdrawn(agent_id: str) -> Result:
+    """The answer of a streamed task whose consumer left before its agent took it (see
+    ``AgentStream.__aexit__``): it never starts, and nothing of it joins the
+    conversation, the traces or the store. The stream gives it at once; the agent,
+    taking the task later, answers the same without running it."""
+    reason = "the stream's consumer left before the task started"
+    return Result(
+        text=f"[cancelled] The task was not started: {reason}.",
+        status="cancelled",
+        stop_reason=f"cancelled: {reason}",
+        usage=Usage(),
+        agent_id=agent_id,
+    )
 
 
 #: The events of a subagent that a stream shows without ``subagents=True``: its start

@@ -151,8 +151,9 @@ class EventBus:
         #: and finds it again by the key, which the task's events carry ("caller").
         self.on_task: Callable[[str, str], None] | None = None
         #: Watchers of one subtree each, by the key a message names them with: the
-        #: actor that opens the subtree's node takes its watcher from here (see
-        #: ``Node.watch``).
+        #: actor that takes the message takes its watcher out of here, and gives it
+        #: to the subtree's node (see ``Node.watch``); whoever finds it gone knows
+        #: the message was taken (one still here was not).
         self.watchers: dict[str, Callable[[Event], None]] = {}
 
     def start(self) -> None:

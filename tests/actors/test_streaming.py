@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import anyio.lowlevel
 import msgspec
@@ -32,7 +34,7 @@ from actors import (
     tool,
 )
 from actors._models import Turn
-from runtime import Budget, Runtime
+from runtime import Budget, MemoryStore, Record, Runtime
 
 from .tools import hanging
 
@@ -394,11 +396,75 @@ async def test_leaving_a_stream_whose_task_waits_in_the_mailbox_returns_at_once(
                     pass
             assert ref.progress().queued == 1
             release.set()
-        # Taken after the first, the second task was stopped as it started.
         conversation = await ref.conversation()
-    with pytest.raises(RuntimeError, match="left before its task started"):
-        run.result  # noqa: B018
-    turns = [m.content for m in conversation.messages]
-    assert turns[:3] == ["first", "first done", "second"]
-    assert turns[3].startswith("[cancelled]")
-    assert model.remaining == 1  # the stopped task sent no request
+    # Its consumer left before the agent took it: it never started, and says so.
+    assert run.result.status == "cancelled"
+    assert run.result.stop_reason == (
+        "cancelled: the stream's consumer left before the task started"
+    )
+    assert [m.content for m in conversation.messages] == ["first", "first done"]
+    assert model.remaining == 1  # the withdrawn task sent no request
+
+
+async def test_a_stream_left_at_once_on_an_idle_agent_never_starts_its_task() -> None:
+    """Either the task runs and the result says how it ended, or it never starts:
+    here the consumer leaves before the agent takes it, so nothing of it stays."""
+    model = ScriptedModel([reply("next done")])
+    store = MemoryStore()
+    async with Runtime(store=store) as rt:
+        ref = await rt.spawn(Agent("idle", model), id="idle")
+        async with ref.stream("go") as run:
+            pass
+        result = run.result  # at once, without iterating
+        conversation = await ref.conversation()
+        traces = await ref.trace()
+        after = await ref.ask("next")  # the agent goes on as if it had never been asked
+        records = await store.records()
+    assert (result.status, result.steps, result.usage.requests) == ("cancelled", 0, 0)
+    assert result.text.startswith("[cancelled] The task was not started")
+    assert result.agent_id == ref.id
+    assert conversation.messages == ()  # the result and the conversation agree
+    assert traces == ()
+    assert after.text == "next done"  # the first request is the next task's
+    assert [b'"task":"next"' in r.data for r in records] == [True]  # "go" never ran
+    assert rt.event_bus.watchers == {}
+
+
+class GatedStore(MemoryStore):
+    """A store whose ``records`` waits until ``gate`` is set (``entered`` then)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = anyio.Event()
+        self.gate = anyio.Event()
+
+    async def records(self, **options: Any) -> list[Record]:
+        self.entered.set()
+        await self.gate.wait()
+        return await super().records(**options)
+
+
+async def test_a_stream_left_once_its_agent_took_the_task_answers_cancelled() -> None:
+    """The agent took the task (it reads the store to resume) when the consumer left:
+    the task is stopped as it starts, and the result waited for says so, as the
+    conversation does."""
+    store = GatedStore()
+    model = ScriptedModel([reply("never")])
+    async with Runtime(store=store) as rt:
+        ref = await rt.spawn(Agent("reader", model), id="reader")
+
+        async def open_the_gate() -> None:
+            await store.entered.wait()
+            await anyio.wait_all_tasks_blocked()  # the stream waits for its answer
+            store.gate.set()
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(open_the_gate)
+                async with ref.stream("go", resume=True) as run:
+                    await store.entered.wait()  # the agent took the task: leave
+        conversation = await ref.conversation()
+    assert run.result.status == "cancelled"
+    assert "consumer left" in run.result.stop_reason
+    assert [m.content for m in conversation.messages] == ["go", run.result.text]
+    assert model.remaining == 1  # stopped before its first request
