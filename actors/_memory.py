@@ -11,10 +11,13 @@ the summary section (one ``SystemMessage``, right after the agent's instructions
 
 The request belongs to the execution (``Execution._summarize``): checked and charged
 by the supervisor like any other, under its deadline, traced as its
-``SummaryRecord``, announced as a ``compaction`` event. Refused by the budget, failed,
-or answered with no text, it changes nothing: the execution goes on with the whole
-conversation and the event (and the record) says why. Nothing is ever lost: the
-turns are dropped only once their summary is in place.
+``SummaryRecord``, announced as a ``compaction`` event. It is optional work: sent
+only with room for itself and the step it is done for, and sent once (never retried:
+a retry would spend the step's room, and a summarizer that keeps failing would pay
+the agent's whole retry policy at every ask; the next ask tries again). Refused by
+the budget, failed, or answered with no text, it changes nothing: the execution goes
+on with the whole conversation and the event (and the record) says why. Nothing is
+ever lost: the turns are dropped only once their summary is in place.
 """
 
 from __future__ import annotations
@@ -304,7 +307,9 @@ class Summarizing:
             if refused is not None:
                 error = f"refused: {refused}"
             else:
-                response = await send(cast("Execution", self), model, request)
+                # Once: a retry would spend the room checked for the step, and a
+                # summarizer that keeps failing would pay the retry policy every ask.
+                response = await send(cast("Execution", self), model, request, once=True)
                 text = safe_text(response.text).strip()
                 if not text:
                     error = f"the summarizer answered no text ({response.finish_reason})"

@@ -29,7 +29,9 @@ EMPTY_USAGE = Usage()
 _CHARS_PER_TOKEN = 4
 
 
-async def send(execution: Execution, model: Model, request: ModelRequest) -> ModelResponse:
+async def send(
+    execution: Execution, model: Model, request: ModelRequest, *, once: bool = False
+) -> ModelResponse:
     """One model request under the budget: reserve (waiting for headroom if others
     hold it), send, settle; with the agent's retries.
 
@@ -38,6 +40,10 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
     A reply cut at a cap that the budget's sharing set (not the request's own) is
     asked again with room for at least twice as much, waiting for it if needed;
     if the settled usage has no room for that, the budget is spent and says so.
+
+    ``once``: one attempt and no more, for optional work (a summarization, sent only
+    with room for itself and the step it is done for): no retry and no second ask;
+    its error, or its reply as it came, is the caller's to take.
     """
     agent = execution.agent
     supervisor = execution.supervisor
@@ -105,7 +111,7 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
             else:
                 spent = execution.charged
                 execution.charged = charged if spent is EMPTY_USAGE else spent + charged
-                if response.finish_reason != "length" or reservation.limited_by is None:
+                if once or response.finish_reason != "length" or reservation.limited_by is None:
                     return response
                 # Cut by the budget's sharing, not by its own cap: ask again.
                 at_least = min(reservation.wanted, 2 * reservation.output)
@@ -120,7 +126,7 @@ async def send(execution: Execution, model: Model, request: ModelRequest) -> Mod
                     )
                 continue
         attempt += 1
-        if attempt > agent.retry.retries or not is_retryable(error):
+        if once or attempt > agent.retry.retries or not is_retryable(error):
             raise error
         asked = retry_after(error)
         delay = agent.retry.delay(attempt, at_least=asked)

@@ -29,6 +29,7 @@ from actors import (
     ModelRequest,
     ModelResponse,
     ReActModel,
+    RetryPolicy,
     ScriptedModel,
     SystemMessage,
     TextDelta,
@@ -400,7 +401,7 @@ async def test_a_streamed_ask_never_shows_the_summary_as_the_agents_text() -> No
         conversation = await ref.conversation()
     texts = [event.text for event in events if isinstance(event, TextDelta)]
     (compacted,) = [event for event in events if isinstance(event, Compacted)]
-    assert (compacted.ok, compacted.turns, compacted.covered, compacted.depth) == (True, 1, 2, 0)
+    assert (compacted.ok, compacted.turns, compacted.covered, compacted.depth) == (True, 1, 2, 1)
     first_text = next(i for i, e in enumerate(events) if isinstance(e, TextDelta))
     assert events.index(compacted) < first_text  # folded before the step began
     assert run.result is not None
@@ -558,3 +559,58 @@ async def test_old_tool_results_are_cleared_from_what_the_model_sees() -> None:
 def test_clear_results_is_checked() -> None:
     with pytest.raises(ValueError, match="clear_results must be a whole number >= 1, got 0"):
         Compaction(clear_results=0)
+
+
+# -- a failing summarizer spends no more than one request an ask ---------------------------
+
+
+class DownSummarizer:
+    """A summarizer whose every request fails with an error a retry may mend."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.model = FunctionModel(self.answer, name="down")
+
+    def answer(self, request: ModelRequest) -> ModelResponse:
+        self.asked += 1
+        raise ConnectionError("summarizer down")
+
+
+async def test_a_failed_summarization_is_not_retried_into_the_steps_budget() -> None:
+    """The summarization is sent only with room for itself and the step; it is sent
+    once: the agent's retries are for its steps, and a retried summary would spend
+    the request the answer needs."""
+    chat = Chat()
+    down = DownSummarizer()
+    memory = Compaction(threshold=200, keep=1, model=down.model)
+    agent = Agent("a", chat.model, memory=memory, retry=RetryPolicy(retries=3, initial_delay=0))
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        await converse(ref, 0, 3)
+        result = await ref.ask(task(3), budget=Budget(requests=2))
+        trace = (await ref.trace())[-1]
+        conversation = await ref.conversation()
+    assert result.status == "completed", result.stop_reason
+    assert result.text.startswith("answer to question 003")
+    assert result.usage.requests == 2  # the failed summary and the answer
+    assert down.asked == 1
+    record = trace.summarization
+    assert record is not None
+    assert record.error.startswith("the summarization request failed: ")
+    assert "summarizer down" in record.error
+    assert record.usage.requests == 1  # it was sent: charged, and not "refused"
+    assert conversation.summarized == 0
+
+
+async def test_a_summarizer_that_keeps_failing_costs_one_request_an_ask() -> None:
+    chat = Chat()
+    down = DownSummarizer()
+    memory = Compaction(threshold=200, keep=1, model=down.model)
+    agent = Agent("a", chat.model, memory=memory, retry=RetryPolicy(retries=3, initial_delay=0))
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        await converse(ref, 0, 3)
+        results = await converse(ref, 3, 6)
+    assert [r.status for r in results] == ["completed"] * 3
+    assert [r.usage.requests for r in results] == [2, 2, 2]
+    assert down.asked == 3  # one attempt an ask, not the retry policy's four
