@@ -88,7 +88,15 @@ class ApprovalError(LookupError):
 
 
 class Forwarder(Protocol):
-    """How a subtree on a host asks the driver (see the module)."""
+    """How a subtree on a host asks the driver (see the module), and where the
+    subtree's top sits in the whole tree: the agents above it (``above``, from the
+    top-level agent down) and its ``depth`` there."""
+
+    @property
+    def above(self) -> tuple[str, ...]: ...
+
+    @property
+    def depth(self) -> int: ...
 
     def ask(self, request: ApprovalRequest) -> None: ...
 
@@ -160,16 +168,23 @@ class Approvals:
     def open(
         self, node: Node, agent: str, agent_id: str, call: ToolCall, at: float
     ) -> tuple[ApprovalRequest, _Pending]:
-        """Register a request for ``call`` of the execution at ``node``."""
+        """Register a request for ``call`` of the execution at ``node``, named by its
+        place in the whole tree (on a host, below the agents above its subtree)."""
         chain = list(node.chain())[:-1]  # without the supervisor's root
         top = chain[-1]
+        path = tuple(n.name for n in reversed(chain))
+        depth = node.depth
+        forwarder = self.forwarders.get(top.id)
+        if forwarder is not None:  # a subtree run for another host's tree
+            path = (*forwarder.above, *path)
+            depth += forwarder.depth - 1
         request = ApprovalRequest(
             id=f"{self.prefix}approval-{next(self._ids)}",
             agent=agent,
             agent_id=agent_id,
             execution_id=node.id,
-            depth=node.depth,
-            path=tuple(n.name for n in reversed(chain)),
+            depth=depth,
+            path=path,
             call=call,
             at=at,
         )

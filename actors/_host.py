@@ -66,13 +66,14 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Run:
-    __slots__ = ("asking", "depth", "node", "parent_id", "run_id", "sent")
+    __slots__ = ("above", "asking", "depth", "node", "parent_id", "run_id", "sent")
 
-    def __init__(self, run_id: int, node: Node, depth: int) -> None:
+    def __init__(self, run_id: int, node: Node, depth: int, above: tuple[str, ...] = ()) -> None:
         self.run_id = run_id
         self.node = node
-        #: The top node's depth in the whole tree.
+        #: The top node's depth in the whole tree, and the agents above it there.
         self.depth = depth
+        self.above = above
         self.asking = False
         #: The last tally sent up in a snapshot.
         self.sent: Any = None
@@ -99,13 +100,22 @@ class _Lender:
 
 
 class _Forwarder:
-    """How a subtree's tool calls ask the driver for a person's approval."""
+    """How a subtree's tool calls ask the driver for a person's approval, and where
+    the subtree sits in the whole tree (``Forwarder``)."""
 
     __slots__ = ("host", "run")
 
     def __init__(self, host: AgentHost, run: _Run) -> None:
         self.host = host
         self.run = run
+
+    @property
+    def above(self) -> tuple[str, ...]:
+        return self.run.above
+
+    @property
+    def depth(self) -> int:
+        return self.run.depth
 
     def ask(self, request: ApprovalRequest) -> None:
         self.host.post(Asking(run=self.run.run_id, request=request))
@@ -237,7 +247,7 @@ class AgentHost:
             failed = _failed(reason, start.node_id, Usage())
             self.post(Done(run=start.run, result=failed, tally=Tally()))
             return
-        run = self._runs[start.run] = _Run(start.run, node, start.depth)
+        run = self._runs[start.run] = _Run(start.run, node, start.depth, start.above)
         node.lender = _Lender(self, run)
         forwarders = approvals_of(runtime).forwarders
         forwarders[node.id] = _Forwarder(self, run)

@@ -227,6 +227,7 @@ class RemoteHosts:
             traces=node.traces is not None,
             events=node.watch is not None
             or (self.runtime is not None and self.runtime.event_bus.active),
+            above=tuple(above.name for above in reversed(list(node.chain())[1:-1])),
         )
         if node.watch is not None:
             self._watched[node.id] = node.watch

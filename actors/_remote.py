@@ -89,6 +89,9 @@ class Start(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     traces: bool = False
     #: Send the subtree's events up as they happen (the driver's are observed).
     events: bool = False
+    #: The names of the agents above the top in the whole tree, from the top-level
+    #: agent down: an approval request of the subtree names its whole path.
+    above: tuple[str, ...] = ()
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -438,17 +441,12 @@ class RemoteChild:
 
     def _adopt(self, request: ApprovalRequest) -> None:
         """List an approval the subtree asked for under the top-level agent above it
-        (path and depth in the whole tree); its decision goes down to the host."""
+        (the host named its place in the whole tree: ``Start.above``); its decision
+        goes down to the host."""
         runtime = self.hosts.runtime
         if runtime is None:
             return
         chain = list(self.node.chain())[:-1]  # up to the top-level agent's node
-        above = tuple(node.name for node in reversed(chain[1:]))
-        request = msgspec.structs.replace(
-            request,
-            path=(*above, *request.path),
-            depth=request.depth + self.node.depth - 1,
-        )
         run_id, link = self.run_id, self.link
 
         def answer(approved: bool, reason: str) -> None:

@@ -6,7 +6,7 @@
     async with ref.stream("What's the weather in Paris?") as run:
         async for event in run:
             match event:
-                case TextDelta(text=text, depth=0):
+                case TextDelta(text=text, depth=1):
                     print(text, end="", flush=True)
                 case ToolCallStarted(tool=name):
                     print(f"\\n[{name}...]")
@@ -19,11 +19,13 @@ and ``BudgetResumed``, ``Retrying`` (text after it starts over), ``Restarted`` (
 failed execution runs again), ``Compacted`` (old turns folded into the summary
 first), ``Stopped`` (a budget limit or the deadline), and ``ApprovalRequested`` /
 ``ApprovalDecided`` (a tool call held for a person's decision: see ``_approval``).
-Each names its agent, its execution and its ``depth`` below the agent asked (0: the
-agent itself). By default the events of subagents are their start and finish and
-their approvals only; ``subagents=True`` adds their text, tool calls, waits and
-stops. The iteration ends once the execution has answered; ``run.result`` is the
-same ``Result`` that ``ask`` returns.
+Each names its agent, its execution and its ``depth`` in the tree, counted from the
+top as the tree counts it everywhere (``rt.tree()``, the runtime's events, an
+``ApprovalRequest``): 1 for the agent asked (a top-level agent), 2 for its
+subagents, and so on, wherever they run. By default the events of subagents are
+their start and finish and their approvals only; ``subagents=True`` adds their
+text, tool calls, waits and stops. The iteration ends once the execution has
+answered; ``run.result`` is the same ``Result`` that ``ask`` returns.
 
 How it works: the ask carries the name of a watcher (``Task.watch``); the execution's
 node takes it, and every node opened below inherits it (``runtime.Node.watch``), so
@@ -91,7 +93,8 @@ class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     #: The agent whose execution this is about.
     agent: str
     execution_id: str
-    #: How far below the agent asked: 0 for its own execution, 1 for its subagents...
+    #: Its depth in the tree, from the top as the tree counts it: 1 for the agent
+    #: asked (a top-level agent), 2 for its subagents...
     depth: int
     #: Seconds since the runtime started.
     at: float
@@ -154,7 +157,8 @@ class Retrying(_Base, frozen=True, kw_only=True, tag="retry"):
 class ApprovalRequested(_Base, frozen=True, kw_only=True, tag="approval_request"):
     """A tool call waits for a person's decision: answer it with the ref of the agent
     asked, ``ref.approve(id)`` or ``ref.deny(id, reason)``. Shown at every depth.
-    ``path`` names the agents from the top down to the one that asked."""
+    ``path`` names the agents from the top-level agent down to the one that asked,
+    as its ``ApprovalRequest`` does (and ``depth`` is its ``depth``)."""
 
     id: str
     tool: str
@@ -380,20 +384,22 @@ class AgentStream:
     def _convert(self, event: Event) -> StreamEvent | None:
         """The stream's event for ``event`` (None: not one the stream shows)."""
         kind = event.kind
-        depth = event.depth - self._root_depth
-        if depth and not self._subagents and kind not in _SUBAGENT_EDGES:
+        below = event.depth - self._root_depth  # 0: the execution asked
+        if below and not self._subagents and kind not in _SUBAGENT_EDGES:
             return None
         shown = _SHOWN.get(kind)
         if shown is None:
             return None
         kind_of, names = shown
         if kind_of is None:  # the start or end of an execution: a subagent's only
-            if not depth:
+            if not below:
                 return None
             kind_of = SubagentStarted if kind == "execution_start" else SubagentFinished
         detail = event.detail
         fields = {name: detail[name] for name in names if name in detail}
-        fields.update(agent=event.agent, execution_id=event.execution_id, depth=depth, at=event.at)
+        fields.update(
+            agent=event.agent, execution_id=event.execution_id, depth=event.depth, at=event.at
+        )
         if kind_of is SubagentStarted:
             fields["parent_id"] = event.parent_id
         elif kind_of is Stopped:

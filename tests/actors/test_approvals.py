@@ -203,7 +203,7 @@ async def test_a_subagents_call_is_answered_through_the_top_agent() -> None:
                     ref.approve(event.id)
                 if isinstance(event, ApprovalDecided):
                     decided = event
-    assert (requested.agent, requested.depth) == ("mailer", 1)
+    assert (requested.agent, requested.depth) == ("mailer", 2)
     assert requested.path == ("lead", "mailer")
     assert (request.agent, request.depth, request.path) == ("mailer", 2, ("lead", "mailer"))
     assert decided.approved
@@ -267,7 +267,8 @@ async def test_a_subtree_on_another_host_asks_through_the_driver() -> None:
     assert run.result is not None
     assert run.result.status == "completed"
     (event,) = asked
-    assert (event.tool, event.depth, event.agent) == ("send_email", 1, "mailer")
+    assert (event.tool, event.depth, event.agent) == ("send_email", 2, "mailer")
+    assert event.path == ("lead", "mailer")
     assert event.id.startswith("default-0/")
     (outcome,) = trace.steps[0].outcomes
     assert outcome.content == "sent to x"  # the mailer's answer: its call ran
@@ -349,3 +350,52 @@ async def test_a_full_subscription_still_gets_an_approval_request() -> None:
     (asked,) = [e for e in events if e.kind == "approval_request"]
     assert asked.detail["id"] == request.id
     assert asked.missed > 0  # it says how many were dropped before it
+
+
+@pytest.mark.parametrize("hosts", [0, 1], ids=["here", "on_a_host"])
+async def test_a_request_names_its_place_in_the_whole_tree_wherever_it_runs(hosts: int) -> None:
+    """One meaning per name, local or on another host: ``path`` runs from the
+    top-level agent down to the one that asked, ``depth`` counts from the top as the
+    tree does (1: the top-level agent), in the request, its stream event and the
+    runtime's event alike."""
+    from actors import LocalHosts
+
+    def mailer_turns(request: ModelRequest) -> Turn:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return reply(request.messages[-1].content)
+        return call("send_email", to="x")
+
+    def team_turns(request: ModelRequest) -> Turn:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return reply(f"team: {request.messages[-1].content}")
+        return call("mailer", task="mail")
+
+    mailer = Agent("mailer", FunctionModel(mailer_turns), tools=[send_email])
+    team = Agent("team", FunctionModel(team_turns), subagents=[mailer])
+    lead = Agent("lead", ScriptedModel([call("team", task="go"), reply("ok")]), subagents=[team])
+    streamed: list[ApprovalRequested] = []
+    listed: list[ApprovalRequest] = []
+    async with Runtime(hosts=LocalHosts(hosts) if hosts else None) as rt:
+        ref = await rt.spawn(lead)
+        async with rt.events() as subscription:
+            with anyio.fail_after(10):
+                async with ref.stream("go") as run:
+                    async for event in run:
+                        if isinstance(event, ApprovalRequested):
+                            streamed.append(event)
+                            listed.extend(ref.approvals())
+                            ref.approve(event.id)
+            published = []
+            while (seen := subscription.receive_nowait()) is not None:
+                if seen.kind == "approval_request":
+                    published.append(seen)
+        placed = {n.name: n.host for n in rt.tree().nodes}
+    assert run.result.text == "ok"
+    assert placed["team"] == ("default-0" if hosts else "")
+    (request,) = listed
+    (event,) = streamed
+    (runtime_event,) = published
+    assert request.path == event.path == ("lead", "team", "mailer")
+    assert tuple(runtime_event.detail["path"]) == request.path
+    assert request.depth == event.depth == runtime_event.depth == 3
+    assert (request.agent, event.agent) == ("mailer", "mailer")

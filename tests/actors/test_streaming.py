@@ -59,7 +59,7 @@ async def collect(run: AgentStream) -> list[StreamEvent]:
     return events
 
 
-def text_of(events: list[StreamEvent], depth: int = 0) -> str:
+def text_of(events: list[StreamEvent], depth: int = 1) -> str:
     return "".join(e.text for e in events if isinstance(e, TextDelta) and e.depth == depth)
 
 
@@ -94,7 +94,7 @@ async def test_a_stream_yields_text_and_tool_calls_as_they_happen_then_the_resul
     answer = [e for e in events[3:] if isinstance(e, TextDelta)]
     assert [e.step for e in answer] == [1, 1, 1, 1]
     assert "".join(e.text for e in answer) == "Tides follow the moon."
-    assert all(e.depth == 0 and e.agent == "guide" for e in answer)
+    assert all(e.depth == 1 and e.agent == "guide" for e in answer)  # the agent asked
     assert result.status == "completed"
     assert result.text == "Tides follow the moon."
     assert result.execution_id == events[0].execution_id
@@ -130,12 +130,12 @@ async def test_subagents_show_their_start_and_finish_and_their_text_only_when_as
     started, finished = default[0], default[1]
     assert isinstance(started, SubagentStarted)
     assert isinstance(finished, SubagentFinished)
-    assert (started.agent, started.depth, started.task) == ("child", 1, "dig")
+    assert (started.agent, started.depth, started.task) == ("child", 2, "dig")  # as the tree
     assert started.parent_id == default[2].execution_id
     assert finished.status == "completed"
-    assert text_of(everything, depth=1) == "child notes"
-    assert text_of(everything, depth=0) == "lead done"
-    assert text_of(default, depth=1) == ""
+    assert text_of(everything, depth=2) == "child notes"
+    assert text_of(everything, depth=1) == "lead done"
+    assert text_of(default, depth=2) == ""
 
 
 async def test_a_slow_consumer_never_stalls_the_agents_and_loses_no_text() -> None:
@@ -235,7 +235,7 @@ async def test_a_budget_stop_of_an_ancestor_cuts_a_childs_stream() -> None:
     assert "tool_calls" in result.stop_reason
     talker_end = [e for e in events if isinstance(e, SubagentFinished) and e.agent == "talker"]
     assert [e.status for e in talker_end] == ["budget_exceeded"]
-    streamed_text = text_of(events, depth=1)
+    streamed_text = text_of(events, depth=2)
     assert len(streamed_text) < 300
 
 
@@ -338,8 +338,8 @@ async def test_the_result_is_only_there_once_the_stream_has_ended() -> None:
 
 async def test_stream_events_round_trip_as_a_tagged_union() -> None:
     events: list[StreamEvent] = [
-        TextDelta(agent="a", execution_id="e", depth=0, at=0.5, text="hi", step=2),
-        Stopped(agent="a", execution_id="e", depth=1, at=1.0, status="timed_out", reason="r"),
+        TextDelta(agent="a", execution_id="e", depth=1, at=0.5, text="hi", step=2),
+        Stopped(agent="a", execution_id="e", depth=2, at=1.0, status="timed_out", reason="r"),
     ]
     decoded = msgspec.json.decode(msgspec.json.encode(events), type=list[StreamEvent])
     assert decoded == events

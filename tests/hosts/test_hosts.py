@@ -304,18 +304,18 @@ async def test_a_streamed_ask_sees_its_remote_subtrees_without_a_subscriber(
     assert run.result.status == "completed", run.result.stop_reason
     started = [e for e in events if isinstance(e, SubagentStarted)]
     finished = [e for e in events if isinstance(e, SubagentFinished)]
-    # Both workers and their helpers, at their depth below the lead, each ended.
+    # Both workers and their helpers, at their depth in the whole tree, each ended.
     assert sorted((e.agent, e.depth) for e in started) == [
-        ("helper", 2),
-        ("helper", 2),
-        ("worker", 1),
-        ("worker", 1),
+        ("helper", 3),
+        ("helper", 3),
+        ("worker", 2),
+        ("worker", 2),
     ]
     assert sorted(e.execution_id for e in finished) == sorted(e.execution_id for e in started)
     assert all(e.status == "completed" for e in finished)
     tools = [e for e in events if isinstance(e, ToolCallStarted)]
-    assert [(e.agent, e.depth) for e in tools] == [("helper", 2), ("helper", 2)]
-    texts = {e.execution_id: e for e in events if isinstance(e, TextDelta) and e.depth == 1}
+    assert [(e.agent, e.depth) for e in tools] == [("helper", 3), ("helper", 3)]
+    texts = {e.execution_id: e for e in events if isinstance(e, TextDelta) and e.depth == 2}
     assert len(texts) == 2  # each worker's answer streamed from its host
 
 

@@ -314,6 +314,6 @@ async def test_a_subagent_on_a_provider_streams_only_when_asked(
         async with ref.stream("go", subagents=subagents) as run:
             events = [event async for event in run]
     assert run.result.text == "done"
-    child = "".join(e.text for e in events if isinstance(e, TextDelta) and e.depth == 1)
+    child = "".join(e.text for e in events if isinstance(e, TextDelta) and e.depth == 2)
     assert child == ("child says hi" if subagents else "")
     assert [e.agent for e in events if isinstance(e, SubagentStarted)] == ["talker"]
