@@ -253,6 +253,7 @@ class Recording:
             reason=self.reason,
             steps=len(self.steps),
             tokens=node.input_tokens + node.output_tokens,
+            answer=self.answer()[:200],  # the task's answer, as execution_start its task
         )
 
     def _stop(self: _Running, status: Status, reason: str) -> None:

@@ -74,12 +74,15 @@ async def send(
         sink = execution.sink
         observed = execution.observed
         if observed:
+            # An observer recording contents gets the messages (a reference: no copy).
+            contents = {"messages": request.messages} if execution.bus.contents else {}
             execution.emit(
                 "request_start",
                 step=len(execution.steps),
                 attempt=attempt + 1,
                 model=name,
                 purpose=request.purpose,
+                **contents,
             )
         try:
             if sink is None:
@@ -148,7 +151,8 @@ def _request_end(
     error: str = "",
 ) -> None:
     """The event of one model request's end: its model, usage and finish reason (the
-    tool calls it asked for, by id and name), or its error."""
+    tool calls it asked for, by id and name), or its error; the response itself for
+    an observer that records contents."""
     if response is None:
         execution.emit(
             "request_end",
@@ -167,6 +171,7 @@ def _request_end(
         output_tokens=response.usage.output_tokens,
         finish_reason=response.finish_reason,
         tool_calls=[[call.id, call.name] for call in response.tool_calls],
+        **({"response": response} if execution.bus.contents else {}),
     )
 
 

@@ -144,6 +144,10 @@ class EventBus:
         #: tree it works for); makes the bus active.
         self.tap: Callable[[Event], None] | None = None
         self._listeners: list[Callable[[Event], None]] = []
+        #: How many observers record contents (``otel.instrument(capture_content=True)``):
+        #: while any does, the events of model requests carry the request's messages
+        #: (``request_start``) and the response (``request_end``), as references.
+        self.contents = 0
         #: Called, when set, with an agent's id and a key of the task where a task
         #: from outside is handed to it (``AgentRef.ask``, ``tell``, ``stream``), in
         #: the caller's own task: an observer takes what it needs of the caller's

@@ -19,15 +19,29 @@ into spans as they happen, with the timestamps of the events themselves:
   ``execute_tool`` span per tool call, subagent calls included, under the execution's.
 
 Attributes follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``), plus
-fractor's own (``fractor.*``: node, depth, status, stop reason, budget limits).
-Tasks, tool arguments and results and the model's text are recorded only with
-``capture_content=True`` (each cut at 200 characters, as the events carry them);
-API keys never: the events carry none, and the providers redact their errors.
+fractor's own (``fractor.*``: node, depth, status, stop reason, budget limits), and
+OpenInference's span kind (``openinference.span.kind``: ``AGENT``, ``LLM``, ``TOOL``),
+which Arize Phoenix reads. A ``chat`` span names its provider
+(``gen_ai.provider.name``): the part of the model's name before its first ``:``
+(fractor's providers name their models ``openai:...``, ``anthropic:...``), or
+``fractor`` for a model whose name names none (the scripted and function models);
+``gen_ai.request.model`` is the rest of the name.
+
+Contents are recorded only with ``capture_content=True``, each text cut at 200
+characters: an execution's task in and answer out; each request's system
+instructions, messages and response; each tool call's arguments and result. They
+follow the GenAI conventions (``gen_ai.input.messages``, ``gen_ai.output.messages``,
+``gen_ai.system_instructions``, ``gen_ai.tool.call.arguments`` / ``.result``, the
+messages as JSON), and again as OpenInference's ``input.value`` / ``output.value``
+(the text of a task, an answer, a tool's arguments and result; a request's messages
+as JSON, ``application/json``), which is what Phoenix shows as a span's input and
+output. API keys never: the events carry none, and the providers redact their errors.
 
 Off unless instrumented: an uninstrumented runtime pays nothing (no listener, no
 events built); ``close()`` (or leaving the ``with`` block) stops the spans again.
-``opentelemetry-api`` is the only dependency (extra ``fractor[otel]``); spans go to
-the tracer provider given, else to the global one.
+The spans need ``opentelemetry-api``, and exporting them ``opentelemetry-sdk`` (the
+extra ``fractor[otel]`` installs both); spans go to the tracer provider given, else
+to the global one.
 """
 
 from __future__ import annotations
@@ -44,6 +58,17 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
 from runtime import Event, Runtime
+
+from .._messages import (
+    AssistantMessage,
+    DigestMessage,
+    Message,
+    ModelResponse,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
 
 __all__ = ["Instrumentation", "instrument"]
 
@@ -68,6 +93,12 @@ log = structlog.get_logger("fractor.otel")
 _ENDED_KEPT = 1_000
 #: How many callers' contexts of tasks not started yet are kept, at most.
 CALLERS_KEPT = 10_000
+#: Each text recorded is cut at this many characters (as the events cut theirs).
+CONTENT_CHARS = 200
+#: fractor's model adapters, whose names wrap another model's (``react:openai:gpt-4o``).
+_ADAPTERS = ("react:",)
+#: The GenAI conventions' finish reasons, by fractor's (``FinishReason``).
+_FINISH = {"tool_calls": "tool_call"}
 
 
 def instrument(
@@ -127,6 +158,8 @@ class Instrumentation:
         self._callers: dict[str, otel_context.Context] = {}
         self._previous = bus.on_task
         bus.on_task = self._handed
+        if capture_content:
+            bus.contents += 1  # the requests' events carry their messages and responses
         self._remove: Callable[[], None] | None = bus.listen(self._on_event)
 
     def close(self) -> None:
@@ -138,6 +171,8 @@ class Instrumentation:
         bus = self.runtime.event_bus
         if bus.on_task == self._handed:
             bus.on_task = self._previous
+        if self.capture_content:
+            bus.contents -= 1
 
     def __enter__(self) -> Instrumentation:
         return self
@@ -200,6 +235,7 @@ class Instrumentation:
         self._parents[node_id] = parent
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
+            "openinference.span.kind": "AGENT",
             "gen_ai.agent.name": event.agent,
             "gen_ai.agent.id": event.agent_id,
             "fractor.agent_id": event.agent_id,
@@ -216,7 +252,8 @@ class Instrumentation:
                     attributes[f"fractor.budget.{name}"] = value
         if self.capture_content:
             task = str(event.detail.get("task", ""))
-            attributes["gen_ai.input.messages"] = _messages("user", task)
+            attributes["gen_ai.input.messages"] = _json([_message("user", [_text_part(task)])])
+            attributes["input.value"] = task
         span = self._tracer.start_span(
             f"invoke_agent {event.agent}",
             context=parent,
@@ -248,6 +285,12 @@ class Instrumentation:
             span.set_attribute("fractor.status", status)
             span.set_attribute("fractor.stop_reason", reason)
             span.set_attribute("fractor.steps", int(detail.get("steps", 0)))
+            if self.capture_content:
+                answer = str(detail.get("answer", ""))
+                finish = "stop" if status == "completed" else status
+                output = [_message("assistant", [_text_part(answer)], finish)]
+                span.set_attribute("gen_ai.output.messages", _json(output))
+                span.set_attribute("output.value", answer)
             if status != "completed":
                 span.set_status(Status(StatusCode.ERROR, f"{status}: {reason}"))
             span.end(end_time=at)
@@ -261,6 +304,10 @@ class Instrumentation:
         if spawned is not None:  # this execution answers a subagent call
             call = spawned[0]
             call.set_attribute("fractor.status", status)
+            if self.capture_content:
+                answer = str(detail.get("answer", ""))
+                call.set_attribute("gen_ai.tool.call.result", answer)
+                call.set_attribute("output.value", answer)
             if status != "completed":
                 call.set_status(Status(StatusCode.ERROR, f"{status}: {reason}"))
             call.end(end_time=at)
@@ -269,19 +316,30 @@ class Instrumentation:
         execution = self._executions.get(event.execution_id)
         if execution is None:
             return
-        model = str(event.detail.get("model", ""))
+        detail = event.detail
+        provider, model = provider_of(str(detail.get("model", "")))
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "openinference.span.kind": "LLM",
+            "gen_ai.provider.name": provider,
+            "gen_ai.request.model": model,
+            "fractor.node_id": event.execution_id,
+            "fractor.step": int(detail.get("step", 0)),
+            "fractor.attempt": int(detail.get("attempt", 1)),
+            "fractor.purpose": str(detail.get("purpose", "step")),
+        }
+        messages = detail.get("messages")
+        if self.capture_content and isinstance(messages, tuple):
+            system, chat = _request_messages(messages)
+            if system:
+                attributes["gen_ai.system_instructions"] = _json(system)
+            attributes["gen_ai.input.messages"] = attributes["input.value"] = _json(chat)
+            attributes["input.mime_type"] = "application/json"
         execution.chat = self._tracer.start_span(
             f"chat {model}",
             context=execution.context,
             kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": model,
-                "fractor.node_id": event.execution_id,
-                "fractor.step": int(event.detail.get("step", 0)),
-                "fractor.attempt": int(event.detail.get("attempt", 1)),
-                "fractor.purpose": str(event.detail.get("purpose", "step")),
-            },
+            attributes=attributes,
             start_time=self._ns(event),
         )
 
@@ -307,6 +365,19 @@ class Instrumentation:
             span.set_attribute("error.type", str(error).partition(":")[0])
             span.set_status(Status(StatusCode.ERROR, str(error)))
         execution.calls = [(str(i), str(n)) for i, n in detail.get("tool_calls", ())]
+        response = detail.get("response")
+        if self.capture_content and isinstance(response, ModelResponse):
+            parts = [_text_part(response.text)] if response.text else []
+            parts.extend(_call_part(call) for call in response.tool_calls)
+            finish = _FINISH.get(response.finish_reason, response.finish_reason)
+            output = _json([_message("assistant", parts, finish)])
+            span.set_attributes(
+                {
+                    "gen_ai.output.messages": output,
+                    "output.value": output,
+                    "output.mime_type": "application/json",
+                }
+            )
         span.end(end_time=self._ns(event))
 
     def _tool_start(self, event: Event) -> None:
@@ -317,12 +388,14 @@ class Instrumentation:
         name, call_id = str(detail.get("tool", "")), str(detail.get("call_id", ""))
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
+            "openinference.span.kind": "TOOL",
             "gen_ai.tool.name": name,
             "gen_ai.tool.call.id": call_id,
             "fractor.node_id": event.execution_id,
         }
         if self.capture_content:
-            attributes["gen_ai.tool.call.arguments"] = str(detail.get("arguments", ""))
+            arguments = str(detail.get("arguments", ""))
+            attributes["gen_ai.tool.call.arguments"] = attributes["input.value"] = arguments
         execution.tools[call_id] = self._tracer.start_span(
             f"execute_tool {name}",
             context=execution.context,
@@ -338,10 +411,29 @@ class Instrumentation:
         if span is None:
             return
         if self.capture_content:
-            span.set_attribute("gen_ai.tool.call.result", str(event.detail.get("result", "")))
+            result = str(event.detail.get("result", ""))
+            span.set_attributes({"gen_ai.tool.call.result": result, "output.value": result})
         if event.detail.get("is_error"):
             span.set_status(Status(StatusCode.ERROR, "the tool call failed"))
         span.end(end_time=self._ns(event))
+
+    def _tool_progress(self, event: Event) -> None:
+        """What a tool reported of its progress: an event of its call's span."""
+        execution = self._executions.get(event.execution_id)
+        if execution is None:
+            return
+        detail = event.detail
+        span = execution.tools.get(str(detail.get("call_id", "")))
+        if span is None:
+            return
+        attributes: dict[str, Any] = {"fractor.progress": detail.get("progress", 0)}
+        total = detail.get("total")
+        if total is not None:
+            attributes["fractor.total"] = total
+        message = detail.get("message")
+        if self.capture_content and message:
+            attributes["fractor.message"] = str(message)
+        span.add_event("fractor.tool_progress", attributes, timestamp=self._ns(event))
 
     def _spawn(self, event: Event) -> None:
         execution = self._executions.get(event.execution_id)
@@ -357,6 +449,7 @@ class Instrumentation:
                 break
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
+            "openinference.span.kind": "TOOL",
             "gen_ai.tool.name": child,
             "gen_ai.tool.call.id": call_id,
             "gen_ai.tool.type": "agent",
@@ -365,7 +458,7 @@ class Instrumentation:
         }
         if self.capture_content:
             arguments = json.dumps({"task": str(detail.get("task", ""))})
-            attributes["gen_ai.tool.call.arguments"] = arguments
+            attributes["gen_ai.tool.call.arguments"] = attributes["input.value"] = arguments
         span = self._tracer.start_span(
             f"execute_tool {child}",
             context=execution.context,
@@ -399,9 +492,64 @@ class Instrumentation:
         execution.span.add_event(f"fractor.{event.kind}", attributes, timestamp=self._ns(event))
 
 
-def _messages(role: str, text: str) -> str:
-    """GenAI ``*.messages`` (a JSON array): one message of one text part."""
-    return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}]}])
+def provider_of(model: str) -> tuple[str, str]:
+    """The provider a model's name names, and the model's own name: ``openai:gpt-4o``
+    is ``("openai", "gpt-4o")`` (past fractor's adapters: ``react:openai:gpt-4o`` too);
+    a name without a provider (``scripted``) is fractor's own model."""
+    while model.startswith(_ADAPTERS):
+        model = model.partition(":")[2]
+    provider, colon, name = model.partition(":")
+    if not (colon and provider and name):
+        return "fractor", model
+    return provider, name
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "text", "content": text[:CONTENT_CHARS]}
+
+
+def _call_part(call: ToolCall) -> dict[str, Any]:
+    return {
+        "type": "tool_call",
+        "id": call.id,
+        "name": call.name,
+        "arguments": call.arguments[:CONTENT_CHARS],
+    }
+
+
+def _message(role: str, parts: list[dict[str, Any]], finish: str = "") -> dict[str, Any]:
+    """One GenAI message (an output message has its ``finish_reason``)."""
+    message: dict[str, Any] = {"role": role, "parts": parts}
+    if finish:
+        message["finish_reason"] = finish
+    return message
+
+
+def _request_messages(
+    messages: tuple[Message, ...],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A request's messages as the GenAI conventions record them: its system
+    instructions (parts), and the chat (messages)."""
+    system: list[dict[str, Any]] = []
+    chat: list[dict[str, Any]] = []
+    for message in messages:
+        match message:
+            case SystemMessage(content=text):
+                system.append(_text_part(text))
+            case UserMessage(content=text) | DigestMessage(content=text):
+                chat.append(_message("user", [_text_part(text)]))
+            case AssistantMessage(content=text, tool_calls=calls):
+                parts = [_text_part(text)] if text else []
+                parts.extend(_call_part(call) for call in calls)
+                chat.append(_message("assistant", parts))
+            case ToolResultMessage(call_id=call_id, content=text):
+                response = {"type": "tool_call_response", "id": call_id}
+                chat.append(_message("tool", [{**response, "response": text[:CONTENT_CHARS]}]))
+    return system, chat
 
 
 _HANDLERS: dict[str, Callable[[Instrumentation, Event], None]] = {
@@ -410,6 +558,7 @@ _HANDLERS: dict[str, Callable[[Instrumentation, Event], None]] = {
     "request_start": Instrumentation._request_start,
     "request_end": Instrumentation._request_end,
     "tool_start": Instrumentation._tool_start,
+    "tool_progress": Instrumentation._tool_progress,
     "tool_end": Instrumentation._tool_end,
     "spawn": Instrumentation._spawn,
     "refused": Instrumentation._refused,

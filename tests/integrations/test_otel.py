@@ -9,9 +9,16 @@ no listener, no spans).
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import importlib.util
 import json
+import pathlib
+import re
 import time
+import tomllib
 from collections.abc import Iterator
+from typing import Any, cast
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -32,14 +39,17 @@ from actors import (
     reply,
     tool,
 )
+from actors._calling import progress_reporter
 from actors.integrations import otel
 from actors.providers import OpenAIModel
 from runtime import Budget, Event, EventBus, Runtime, TreeSnapshot
 
 from ..actors.loopback import LoopbackServer, json_reply
+from ..actors.providers.wires import completion
 from ..actors.tools import stepped
 
 CANARY = "sk-canary-0tel-9d41c7e2a6b3"
+ROOT = pathlib.Path(__file__).parent.parent.parent
 
 
 @pytest.fixture
@@ -235,8 +245,12 @@ async def test_spans_carry_the_documented_attributes(
 
 CONTENT_KEYS = (
     "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.system_instructions",
     "gen_ai.tool.call.arguments",
     "gen_ai.tool.call.result",
+    "input.value",
+    "output.value",
 )
 
 
@@ -269,6 +283,9 @@ async def test_contents_only_when_asked_for(
     assert json.loads(str((delegated[0].attributes or {})["gen_ai.tool.call.arguments"])) == {
         "task": "edit the report"
     }
+    # A subagent call's result is the subagent's answer.
+    assert (delegated[0].attributes or {})["gen_ai.tool.call.result"] == "edited"
+    assert (delegated[0].attributes or {})["output.value"] == "edited"
 
 
 async def test_a_canary_key_reaches_no_span(
@@ -293,6 +310,8 @@ async def test_a_canary_key_reaches_no_span(
     (execution,) = by_operation(spans, "invoke_agent")
     assert [event.name for event in execution.events].count("fractor.retry") == 1
     assert execution.status.status_code is StatusCode.ERROR
+    # Its answer out is the one synthesized for its caller, redacted too.
+    assert str((execution.attributes or {})["output.value"]).startswith("[failed]")
     values = every_value(spans)
     assert any("401" in value for value in values)  # the error is there, redacted
     assert not any(CANARY in value for value in values)
@@ -491,3 +510,202 @@ async def test_a_task_that_fails_before_it_starts_leaves_no_parent_for_the_next(
     (span,) = by_operation(exporter.get_finished_spans(), "invoke_agent")
     assert span.parent is not None
     assert span.parent.span_id == second.get_span_context().span_id
+
+
+def test_the_readme_example_needs_only_what_the_otel_extra_installs() -> None:
+    """``pip install fractor[otel]`` gives every module the README's OpenTelemetry
+    example imports: each comes from fractor, a dependency of fractor, or a
+    distribution the extra names."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## OpenTelemetry traces\n", 1)[1].split("\n## ", 1)[0]
+    (example,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = {
+        canonical(re.split(r"[\s\[<>=!~;]", line, maxsplit=1)[0])
+        for line in (*project["dependencies"], *project["optional-dependencies"]["otel"])
+    }
+    modules = {
+        node.module
+        for node in ast.walk(ast.parse(example))
+        if isinstance(node, ast.ImportFrom) and node.module
+    } | {
+        alias.name
+        for node in ast.walk(ast.parse(example))
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    owners = importlib.metadata.packages_distributions()
+    needed: dict[str, set[str]] = {}
+    for module in sorted(modules):
+        top = module.partition(".")[0]
+        if top in ("actors", "runtime"):
+            continue  # fractor's own
+        spec = importlib.util.find_spec(module)
+        assert spec is not None, module
+        assert spec.origin is not None, module
+        origin = pathlib.Path(spec.origin).resolve()
+        needed[module] = {
+            canonical(name)
+            for name in owners.get(top, ())
+            if any(
+                pathlib.Path(str(importlib.metadata.distribution(name).locate_file(path))).resolve()
+                == origin
+                for path in importlib.metadata.distribution(name).files or ()
+            )
+        }
+    assert needed["opentelemetry.sdk.trace"] == {"opentelemetry-sdk"}
+    missing = {module: dists for module, dists in needed.items() if not dists & installed}
+    assert not missing, f"the otel extra does not install what these need: {missing}"
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as the packaging specs compare them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def attributes_of(span: ReadableSpan) -> dict[str, object]:
+    return dict(span.attributes or {})
+
+
+def decoded(span: ReadableSpan, key: str) -> object:
+    return json.loads(str(attributes_of(span)[key]))
+
+
+async def test_contents_follow_the_genai_conventions_and_show_in_phoenix(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """With contents captured: an execution's task in and answer out, each request's
+    system instructions, messages and response (GenAI ``gen_ai.*`` JSON), and the same
+    as OpenInference's ``input.value`` / ``output.value``, which Phoenix shows."""
+    model = ScriptedModel([call("lookup", topic="tides", id="c1"), reply("The moon.")])
+    agent = Agent("solver", model, tools=[lookup], instructions="Be brief.")
+    async with Runtime() as rt:
+        with otel.instrument(rt, tracer_provider=provider, capture_content=True):
+            result = await (await rt.spawn(agent)).ask("Why tides?")
+    assert result.text == "The moon."
+    spans = exporter.get_finished_spans()
+    (execution,) = by_operation(spans, "invoke_agent")
+    attributes = attributes_of(execution)
+    assert attributes["openinference.span.kind"] == "AGENT"
+    assert (attributes["input.value"], attributes["output.value"]) == ("Why tides?", "The moon.")
+    assert decoded(execution, "gen_ai.output.messages") == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": "The moon."}],
+            "finish_reason": "stop",
+        }
+    ]
+    first, second = sorted(by_operation(spans, "chat"), key=lambda s: s.start_time or 0)
+    system = model.requests[0].messages[0]
+    asked = {"role": "user", "parts": [{"type": "text", "content": "Why tides?"}]}
+    for chat in (first, second):
+        attributes = attributes_of(chat)
+        assert attributes["openinference.span.kind"] == "LLM"
+        assert attributes["gen_ai.provider.name"] == "fractor"
+        assert decoded(chat, "gen_ai.system_instructions") == [
+            {"type": "text", "content": system.content}
+        ]
+        assert "Be brief." in system.content
+        assert attributes["input.mime_type"] == "application/json"
+        assert decoded(chat, "input.value") == decoded(chat, "gen_ai.input.messages")
+        assert attributes["output.mime_type"] == "application/json"
+        assert decoded(chat, "output.value") == decoded(chat, "gen_ai.output.messages")
+    assert decoded(first, "gen_ai.input.messages") == [asked]
+    (asking,) = cast("list[dict[str, Any]]", decoded(first, "gen_ai.output.messages"))
+    assert asking["finish_reason"] == "tool_call"
+    (part,) = asking["parts"]
+    assert (part["type"], part["id"], part["name"]) == ("tool_call", "c1", "lookup")
+    assert json.loads(part["arguments"]) == {"topic": "tides"}
+    assert decoded(second, "gen_ai.input.messages") == [
+        asked,
+        {"role": "assistant", "parts": [part]},
+        {
+            "role": "tool",
+            "parts": [{"type": "tool_call_response", "id": "c1", "response": "notes on tides"}],
+        },
+    ]
+    assert decoded(second, "gen_ai.output.messages") == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": "The moon."}],
+            "finish_reason": "stop",
+        }
+    ]
+    (tool_span,) = by_operation(spans, "execute_tool")
+    attributes = attributes_of(tool_span)
+    assert attributes["openinference.span.kind"] == "TOOL"
+    assert json.loads(str(attributes["input.value"])) == {"topic": "tides"}
+    assert attributes["output.value"] == "notes on tides"
+
+
+async def test_the_provider_of_each_request(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """``gen_ai.provider.name`` on every chat span, contents or not: the provider of a
+    real model ("openai", with the model's own name as ``gen_ai.request.model``),
+    "fractor" for its scripted ones."""
+    with LoopbackServer() as server:
+        server.queue(json_reply(completion("hello")))
+        model = OpenAIModel("test-model", api_key=CANARY, base_url=f"{server.url}/v1", stream=False)
+        async with model, Runtime() as rt:
+            with otel.instrument(rt, tracer_provider=provider):
+                assert (await (await rt.spawn(Agent("real", model))).ask("hi")).ok
+                scripted = Agent("fake", ScriptedModel([reply("hi")]))
+                assert (await (await rt.spawn(scripted)).ask("hi")).ok
+    real, fake = by_operation(exporter.get_finished_spans(), "chat")
+    assert attributes_of(real)["gen_ai.provider.name"] == "openai"
+    assert attributes_of(real)["gen_ai.request.model"] == "test-model"
+    assert real.name == "chat test-model"
+    assert attributes_of(fake)["gen_ai.provider.name"] == "fractor"
+    assert attributes_of(fake)["gen_ai.request.model"] == "scripted"
+    assert not set(CONTENT_KEYS) & set(attributes_of(real))
+
+
+async def test_request_events_carry_contents_only_while_someone_records_them(
+    provider: TracerProvider,
+) -> None:
+    """Messages and responses ride on the request events (as references) only while an
+    instrumentation records contents; a log or a stream never gets them otherwise."""
+    agent = Agent("a", ScriptedModel([reply("one"), reply("two"), reply("three")]))
+    async with Runtime() as rt, rt.events() as events:
+        ref = await rt.spawn(agent)
+        with otel.instrument(rt, tracer_provider=provider):
+            await ref.ask("first")
+        with otel.instrument(rt, tracer_provider=provider, capture_content=True):
+            assert rt.event_bus.contents == 1
+            await ref.ask("second")
+        assert rt.event_bus.contents == 0
+        await ref.ask("third")
+        seen = []
+        while (event := events.receive_nowait()) is not None:
+            if event.kind in ("request_start", "request_end"):
+                seen.append(("messages" in event.detail, "response" in event.detail))
+    assert (
+        seen
+        == [(False, False), (False, False), (True, False), (False, True)] + [(False, False)] * 2
+    )
+
+
+@tool
+async def reporting() -> str:
+    """Reports its progress twice."""
+    report = progress_reporter()
+    assert report is not None
+    report(1, 2, "half")
+    report(2, 2, "all")
+    return "done"
+
+
+async def test_a_tools_progress_is_an_event_of_its_span(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    agent = Agent("a", ScriptedModel([call("reporting"), reply("ok")]), tools=[reporting])
+    async with Runtime() as rt:
+        with otel.instrument(rt, tracer_provider=provider):
+            assert (await (await rt.spawn(agent)).ask("go")).ok
+    (span,) = by_operation(exporter.get_finished_spans(), "execute_tool")
+    progress = [dict(e.attributes or {}) for e in span.events if e.name == "fractor.tool_progress"]
+    assert progress == [
+        {"fractor.progress": 1, "fractor.total": 2},
+        {"fractor.progress": 2, "fractor.total": 2},
+    ]
