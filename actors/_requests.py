@@ -257,7 +257,8 @@ def _cut(
         return None
     read = reservation.input or (estimate() if estimate is not None else 0)
     chars = sum(len(piece) for piece in streamed)
-    output = -(-chars // _CHARS_PER_TOKEN)
+    # Each piece streamed is at least a token, however few characters it holds.
+    output = max(-(-chars // _CHARS_PER_TOKEN), len(streamed))
     cap = reservation.max_tokens
     if cap is not None:
         output = min(output, cap)

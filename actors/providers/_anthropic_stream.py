@@ -25,9 +25,11 @@ server-sent events, each named by an ``event:`` line and typed by its data's ``t
   part-way; a ``ProviderError`` with its words, retryable for
   ``overloaded_error``, ``api_error``, ``rate_limit_error`` and ``timeout_error``.
 - Events of a type not listed here are skipped (the API may add some); data that is
-  not an event is a malformed response. A stream that ends before ``message_stop``
-  has broken off (retryable). A failed stream's error carries the usage reported so
-  far, or the input estimate and an estimate of the output received.
+  not an event is a malformed response. A stream that ends before ``message_stop``,
+  or with no ``stop_reason`` (``message_stop`` ends the stream; only a stop reason
+  says the message is complete), has broken off (retryable). A failed stream's error
+  carries the usage reported so far, or the input estimate and an estimate of the
+  output received (at least a token for each delta that brought output).
 """
 
 from __future__ import annotations
@@ -194,6 +196,9 @@ class AnthropicStreamReader:
         self._output_final = False  # message_delta's cumulative output_tokens came
         self._stop_reason: str | None = None
         self._complete = False
+        # The deltas that brought output (text, tool input, thinking): each is at
+        # least one token, however few characters it holds (a digit, a line break).
+        self._pieces = 0
 
     def feed(self, event: str, data: str) -> bool:
         try:
@@ -234,14 +239,17 @@ class AnthropicStreamReader:
             self.received += len(text)
             part.pieces.append(text)
             if text:
+                self._pieces += 1
                 self._sink(text)
         elif kind == "input_json_delta":
             self.received += len(delta.partial_json)
+            self._pieces += bool(delta.partial_json)
             if part.kind == "tool_use":
                 part.pieces.append(delta.partial_json)
         elif kind == "thinking_delta":
             self.received += len(delta.thinking)
-        elif kind == "signature_delta":
+            self._pieces += bool(delta.thinking)
+        elif kind == "signature_delta":  # no output token: the thinking's signature
             self.received += len(delta.signature)
         # citations_delta and any newer kind: not text, nothing to keep
 
@@ -256,6 +264,7 @@ class AnthropicStreamReader:
         part = self._parts[index] = _Part(block.type)
         if block.type == "text" and block.text:
             self.received += len(block.text)
+            self._pieces += 1
             part.pieces.append(block.text)
             self._sink(block.text)
 
@@ -306,8 +315,14 @@ class AnthropicStreamReader:
     def response(self, status: int) -> ModelResponse:
         model = self._model
         if not self._complete:
-            raise model.broken(
+            raise self.broken(
                 status, f"it ended without message_stop, after {self.received} characters"
+            )
+        if self._stop_reason is None:  # message_stop ends the stream, not the answer
+            raise self.broken(
+                status,
+                "it ended without a stop_reason (no message_delta said why the message "
+                f"ended), after {self.received} characters",
             )
         if not self._started:
             raise model.malformed(status, "the stream has no message_start event")
@@ -332,13 +347,21 @@ class AnthropicStreamReader:
             model=f"anthropic:{self._model_name}" if self._model_name else model.name,
         )
 
+    def broken(self, status: int, detail: str) -> ProviderError:
+        """The error of a stream that ended, or was dropped, before its message was
+        complete (``detail`` says how): a retryable cut stream."""
+        return self._model.broken(status, detail)
+
     def usage(self) -> Usage:
         """What the request spent so far: the server's figures where it sent them,
-        else the input estimate and the output received (3.5 characters a token)."""
+        else the input estimate and the output received (3.5 characters a token, at
+        least a token a delta)."""
         if self._output_final:
             output = self._output
         else:
-            received = estimate_output_tokens("", self.received, CHARS_PER_TOKEN)
+            received = estimate_output_tokens(
+                "", self.received, CHARS_PER_TOKEN, self._request.max_tokens, pieces=self._pieces
+            )
             output = max(self._output, received)
         if not self._started:
             return Usage(

@@ -412,8 +412,9 @@ class ProviderModel:
         except Exception as exc:
             if status is None:  # before any byte of the stream: as for a request
                 failure = self._failure(exc)
-            else:
-                failure = self.broken(status, self._cut(exc)).redacted(self._secrets())
+            else:  # a stall is silence; a body cut short is for its reader to judge
+                broken = self.broken if _stalled(exc) else reader.broken
+                failure = broken(status, self._cut(exc)).redacted(self._secrets())
         if failure.usage is None and status is not None:
             failure.spent(reader.usage())
         raise failure
@@ -421,7 +422,7 @@ class ProviderModel:
     def _cut(self, exc: Exception) -> str:
         """What broke a stream off, in words."""
         kind = type(exc).__name__
-        if isinstance(exc, TimeoutError) or kind.endswith("Timeout"):
+        if _stalled(exc):
             return f"no data came for {self._timeout:g} s, the timeout ({kind})"
         return f"{kind}: {exc}" if str(exc) else kind
 
@@ -468,6 +469,11 @@ class ProviderModel:
         self, request: ModelRequest, sink: Sink
     ) -> StreamReader:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def _stalled(exc: Exception) -> bool:
+    """Whether a stream broke off because no data came within the timeout."""
+    return isinstance(exc, TimeoutError) or type(exc).__name__.endswith("Timeout")
 
 
 async def read_raw(raw: Any) -> tuple[int, bytes]:

@@ -15,11 +15,14 @@ fragment, the arguments in pieces); the response is the one ``request`` returns 
 the same completion. What the servers people run send, and how it is read:
 
 - No usage at all (a server that ignores ``stream_options``: older vLLM, Ollama, LM
-  Studio): estimated, as for a completion without usage.
+  Studio, llama-cpp-python): estimated, as for a completion without usage, and at
+  least a token for each chunk that brought output (llama.cpp's servers stream a
+  token a chunk, one character each for digits and line breaks).
 - Usage on every chunk (vLLM's ``continuous_usage_stats``, llama.cpp's last chunk),
   or ``"usage": null`` on some: the last figures win, counted once.
 - No ``data: [DONE]`` (ik_llama.cpp, some proxies): a body that ends after a
-  ``finish_reason`` is complete; ``[DONE]`` without one is complete too.
+  ``finish_reason`` is complete. Only a ``finish_reason`` says so: ``[DONE]``
+  without one (llama-cpp-python's, when another request arrives) is a cut stream.
 - A first chunk with ``"choices": []`` (Azure's ``prompt_filter_results``), chunks
   whose choice has no delta, a role-only first delta, ``"content": null``: nothing.
 - Whole tool calls in one chunk (llama.cpp, LM Studio, Ollama); several in one chunk
@@ -42,6 +45,10 @@ the same completion. What the servers people run send, and how it is read:
   naming the chunk, retryable, with that usage; the text before it reached the sink.
 - A cut connection, a body that ends too early, a stream silent for ``timeout``
   seconds: a retryable ``ProviderError`` ("the stream broke off") with that usage.
+- A streamed request with tools answered with HTTP 200 and an empty body, ended or
+  dropped (llama-cpp-python's ``chatml-function-calling`` chat format cannot stream
+  tool calls): a ``ProviderError`` saying to build the model with ``stream=False``,
+  not retried (``OpenAIStreamReader.broken``).
 - A server that answers one JSON completion instead of a stream (it ignores
   ``"stream": true``): read as ``request`` reads it, its text to the sink at once.
 """
@@ -156,6 +163,9 @@ class OpenAIStreamReader:
         self._model_name: str | None = None
         self._done = False
         self._chunks = 0
+        # The chunks that brought output (text, reasoning, arguments): each is at
+        # least one token, however few characters it holds (a digit, a line break).
+        self._pieces = 0
 
     def feed(self, event: str, data: str) -> bool:
         if event == "error":  # older llama.cpp: an ``error: {...}`` line
@@ -185,7 +195,10 @@ class OpenAIStreamReader:
                 continue
             delta = choice.delta
             if delta is not None:
+                before = self.received
                 self._delta(delta)
+                if self.received > before:
+                    self._pieces += 1
             if choice.finish_reason:
                 self._finish = choice.finish_reason
         return False
@@ -293,13 +306,17 @@ class OpenAIStreamReader:
         )
 
     def response(self, status: int) -> ModelResponse:
-        if not self._done and self._finish is None:
-            what = (
-                "the body ended without a finish_reason or [DONE]"
-                if self._chunks
-                else "the body held no chat completion chunk"
-            )
-            raise self._model.broken(status, what)
+        # Only a finish_reason says the answer is complete: [DONE] or the body's end
+        # without one is a cut stream (llama-cpp-python sends [DONE] after a token
+        # when another request arrives), never an answer.
+        if self._finish is None:
+            if self._done:
+                what = "[DONE] came without a finish_reason: the answer was cut short"
+            elif self._chunks:
+                what = "the body ended without a finish_reason or [DONE]"
+            else:
+                what = "the body held no chat completion chunk"
+            raise self.broken(status, what)
         wires: list[WireToolCall] = []
         for pending in self._calls:
             if not pending.name:
@@ -322,13 +339,34 @@ class OpenAIStreamReader:
             wire=self._usage,
             reasoning=self._reasoning,
             model_name=self._model_name,
+            pieces=self._pieces,
         )
+
+    def broken(self, status: int, detail: str) -> ProviderError:
+        """The error of a stream that ended, or was dropped, before its answer was
+        complete (``detail`` says how): a retryable cut stream, but for a streamed
+        request with tools answered with nothing at all. llama-cpp-python's
+        ``chatml-function-calling`` chat format cannot stream tool calls: it fails
+        once the stream's HTTP 200 is out, and the body stays empty, every time."""
+        if self._request.tools and not self._chunks and not self._done:
+            return ProviderError(
+                "openai",
+                "the server answered a streamed request with tools with HTTP 200 and an "
+                "empty body, as llama-cpp-python's chatml-function-calling chat format "
+                "does (it cannot stream tool calls)",
+                advice="build the model with stream=False for this server; not retried",
+                model=self._model.model,
+                status=status,
+            )
+        return self._model.broken(status, detail)
 
     def usage(self) -> Usage:
         if self._usage is not None:
             return usage_of(self._usage)
         return Usage(
             input_tokens=self._model.estimate_tokens(self._request),
-            output_tokens=estimate_output_tokens("", self.received, CHARS_PER_TOKEN),
+            output_tokens=estimate_output_tokens(
+                "", self.received, CHARS_PER_TOKEN, self._request.max_tokens, pieces=self._pieces
+            ),
             requests=1,
         )

@@ -15,6 +15,7 @@ from typing import Protocol
 import anyio
 
 from .._messages import ModelResponse, Usage
+from ._errors import ProviderError
 
 __all__ = ["SinkFailed", "StreamReader", "finish_stream", "sse_events"]
 
@@ -53,9 +54,11 @@ class StreamReader(Protocol):
     counts the characters of output so far (text, tool arguments, reasoning: what
     ``max_tokens`` caps). ``response``
     is the ``ModelResponse`` read (a ``ProviderError`` from ``broken`` if the stream
-    ended before it was complete); ``usage`` what the request spent so far: the
-    server's figures if it sent them, else estimates of the input and of the output
-    received.
+    ended before it was complete); ``broken`` the error of a body that ended, or
+    that the server dropped, before the response was complete (``detail`` says how:
+    the one door for what such a stream means); ``usage`` what the request spent so
+    far: the server's figures if it sent them, else estimates of the input and of
+    the output received.
     """
 
     received: int
@@ -63,6 +66,8 @@ class StreamReader(Protocol):
     def feed(self, event: str, data: str) -> bool: ...
 
     def response(self, status: int) -> ModelResponse: ...
+
+    def broken(self, status: int, detail: str) -> ProviderError: ...
 
     def usage(self) -> Usage: ...
 

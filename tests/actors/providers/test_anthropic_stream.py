@@ -420,6 +420,49 @@ async def test_a_stream_that_ends_without_message_stop_broke_off(
 
 
 @pytest.mark.parametrize(
+    "ending",
+    [
+        [stop(0), MESSAGE_STOP],  # no message_delta at all
+        [stop(0), message_delta(None, output_tokens=3), MESSAGE_STOP],  # a null stop_reason
+    ],
+    ids=["no-message-delta", "null-stop-reason"],
+)
+async def test_a_stream_that_stops_without_a_stop_reason_broke_off(
+    server: LoopbackServer, ending: list[Event]
+) -> None:
+    # message_stop says the stream ended, not that the answer did: only a stop_reason
+    # says the message is complete.
+    server.queue(sse_reply([*started_text("Half an", " ans"), *ending]))
+    async with model_for(server) as model:
+        error, sink = await failure(model)
+    assert sink == ["Half an", " ans"]
+    assert error.retryable is True
+    assert "broke off" in str(error)
+    assert "without a stop_reason" in str(error)
+    assert error.usage is not None
+    assert error.usage.input_tokens == 20
+
+
+#: What a llama.cpp-family server streams for a list of numbers: a token a delta,
+#: one character each (digits and line breaks), 311 tokens in all.
+DIGITS = [*"\n".join(str(i % 10) for i in range(156))]
+
+
+@pytest.mark.parametrize("complete", [True, False], ids=["ended", "dropped"])
+async def test_a_cut_stream_is_charged_at_least_a_token_a_piece(
+    server: LoopbackServer, complete: bool
+) -> None:
+    assert len(DIGITS) == 311
+    server.queue(sse_reply(started_text(*DIGITS), complete=complete))
+    async with model_for(server) as model:
+        error, sink = await failure(model)
+    assert sink == DIGITS
+    assert -(-311 * 2 // 7) == 89  # what characters alone say (3.5 a token)
+    assert error.usage is not None
+    assert (error.usage.input_tokens, error.usage.output_tokens) == (20, 311)
+
+
+@pytest.mark.parametrize(
     ("garbage", "names"),
     [
         (b"event: content_block_delta\ndata: {not json\n\n", "content_block_delta"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -23,7 +24,9 @@ from actors import (
     ModelResponse,
     OpenAIModel,
     ProviderError,
+    RetryPolicy,
     ToolCall,
+    ToolSpec,
     Usage,
     UserMessage,
 )
@@ -88,6 +91,16 @@ def texts(*pieces: str, finish: str = "stop") -> list[dict[str, Any]]:
 def answer(*pieces: str, prompt: int = 11, output: int = 7, **options: Any) -> Reply:
     """A streamed answer as OpenAI sends it: text, finish, usage chunk, [DONE]."""
     return sse_reply([*texts(*pieces), chunk(usage=usage(prompt, output))], done=True, **options)
+
+
+def llama_cpp_python(*pieces: str, finish: str | None = None) -> list[dict[str, Any]]:
+    """The chunks of an answer as llama-cpp-python's server streams it: a role-only
+    first delta, one chunk per piece (a token), never any usage; ``finish`` on a
+    last empty delta (None: the stream was interrupted before it)."""
+    events = [chunk({"role": "assistant"}), *(chunk({"content": piece}) for piece in pieces)]
+    if finish is not None:
+        events.append(chunk({}, finish=finish))
+    return events
 
 
 def fragment(
@@ -430,6 +443,132 @@ async def test_an_agent_streams_a_tool_loop_past_a_server_that_refuses_null_cont
 # -- the quirks of the servers people run --------------------------------------------------
 
 
+WITH_TOOLS = ModelRequest(
+    messages=(UserMessage(content="Add 1 and 2"),),
+    tools=(ToolSpec(name="add", description="Add two numbers.", parameters={"type": "object"}),),
+)
+
+
+def chatml_function_calling(*, complete: bool = True) -> Callable[[Received], Reply | None]:
+    """llama-cpp-python's ``chatml-function-calling`` chat format: a streamed request
+    with tools fails inside the server once the stream's HTTP 200 went out (``assert
+    stream is False``), so the body is empty; it ends (``complete``), or the
+    connection drops."""
+
+    def check(request: Received) -> Reply | None:
+        body = request.json()
+        if body.get("stream") and body.get("tools"):
+            return sse_reply([], complete=complete)
+        return None
+
+    return check
+
+
+ENDS = pytest.mark.parametrize("complete", [True, False], ids=["ended", "dropped"])
+
+
+@ENDS
+async def test_an_empty_stream_for_a_request_with_tools_says_to_turn_streaming_off(
+    server: LoopbackServer, complete: bool
+) -> None:
+    server.queue(sse_reply([], complete=complete), sse_reply([], complete=complete))
+    async with model_for(server) as model:
+        error, sunk = await stream_error(model, WITH_TOOLS)
+        without_tools, _ = await stream_error(model)
+        expected = estimated(model, 0, WITH_TOOLS)
+    assert sunk == []
+    assert error.retryable is False
+    assert (error.status, error.usage) == (200, expected)
+    assert "empty body" in str(error)
+    assert "chatml-function-calling" in str(error)
+    assert "stream=False" in str(error)
+    # Without tools an empty body is no such quirk: a stream that broke off.
+    assert without_tools.retryable is True
+    assert "stream=False" not in str(without_tools)
+
+
+async def test_a_silent_stream_for_a_request_with_tools_is_a_stall_not_that_quirk(
+    server: LoopbackServer,
+) -> None:
+    # Nothing yet, the connection still open (a long prompt being read): the timeout
+    # ends it, retryable; the server has said nothing of what it cannot do.
+    server.queue(sse_reply([], hang=30))
+    async with model_for(server, timeout=0.2) as model:
+        error, _ = await stream_error(model, WITH_TOOLS)
+    assert error.retryable is True
+    assert "stream=False" not in str(error)
+
+
+@ENDS
+async def test_an_agent_does_not_resend_a_streamed_request_with_tools_to_chatml_function_calling(
+    server: LoopbackServer, complete: bool
+) -> None:
+    server.refuse(chatml_function_calling(complete=complete))
+    async with model_for(server) as model:
+        agent = Agent(
+            "assistant", model, tools=[add], retry=RetryPolicy(retries=3, initial_delay=0)
+        )
+        async with Runtime() as rt:
+            with anyio.fail_after(2):
+                result = await (await rt.spawn(agent)).ask("Add 1 and 2")
+    assert len(server.requests) == 1  # not resent
+    assert result.status == "failed"
+    assert "stream=False" in result.stop_reason
+    assert "chatml-function-calling" in result.stop_reason
+    assert result.usage.requests == 1
+
+
+async def test_the_same_server_with_stream_false_runs_the_tool_loop(server: LoopbackServer) -> None:
+    server.refuse(chatml_function_calling())
+    server.queue(
+        json_reply(completion(None, (wire_call("call_1", "add", '{"a": 1, "b": 2}'),))),
+        json_reply(completion("3.")),
+    )
+    async with model_for(server, stream=False) as model:
+        agent = Agent("assistant", model, tools=[add])
+        async with Runtime() as rt:
+            with anyio.fail_after(2):
+                result = await (await rt.spawn(agent)).ask("Add 1 and 2")
+    assert (result.status, result.text) == ("completed", "3."), result.stop_reason
+    assert [r.json().get("stream") for r in server.requests] == [None, None]
+
+
+#: What a llama.cpp-family server streams for a list of numbers: a token a chunk,
+#: one character each (digits and line breaks), 311 tokens in all.
+DIGITS = [*"\n".join(str(i % 10) for i in range(156))]
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        {"done": True},  # llama-cpp-python interrupted: [DONE], no finish_reason
+        {"complete": False},  # the connection dropped
+    ],
+    ids=["done-without-finish", "dropped"],
+)
+async def test_a_cut_stream_is_charged_at_least_a_token_a_piece(
+    server: LoopbackServer, end: dict[str, Any]
+) -> None:
+    assert len(DIGITS) == 311
+    server.queue(sse_reply(llama_cpp_python(*DIGITS), **end))
+    async with model_for(server) as model:
+        error, sunk = await stream_error(model)
+        input_estimate = model.estimate_tokens(HELLO)
+    assert sunk == DIGITS
+    assert estimate_output_tokens("", len(DIGITS)) == 78  # what characters alone say
+    assert error.usage == Usage(input_tokens=input_estimate, output_tokens=311, requests=1)
+
+
+async def test_a_complete_stream_without_usage_is_charged_at_least_a_token_a_piece(
+    server: LoopbackServer,
+) -> None:
+    server.queue(sse_reply(llama_cpp_python(*DIGITS, finish="stop"), done=True))
+    async with model_for(server) as model:
+        response, _ = await stream(model)
+    assert response.text == "".join(DIGITS)
+    assert response.usage.output_tokens == 311
+
+
 async def test_no_usage_in_the_stream_is_estimated(server: LoopbackServer) -> None:
     # A server that ignores stream_options (older vLLM, Ollama, LM Studio): no usage.
     # The estimate is the one ``request`` makes for a completion without usage.
@@ -495,11 +634,26 @@ async def test_no_done_after_the_finish_reason_is_complete(server: LoopbackServe
     assert response.usage == Usage(input_tokens=5, output_tokens=2, requests=1)
 
 
-async def test_done_without_a_finish_reason_is_complete(server: LoopbackServer) -> None:
-    server.queue(sse_reply(texts("ok")[:-1], done=True))
+async def test_done_without_a_finish_reason_is_a_cut_stream(server: LoopbackServer) -> None:
+    # llama-cpp-python (interrupt_requests, its default) ends a stream with [DONE] and
+    # no finish_reason when another request arrives: the answer was cut, not given.
+    server.queue(
+        sse_reply(llama_cpp_python("Half ", "an", " ans"), done=True),
+        sse_reply([chunk(usage=usage(9, 3))], done=True),  # usage, but no choice ever
+        sse_reply([], done=True),  # [DONE] alone
+    )
     async with model_for(server) as model:
-        response, _ = await stream(model)
-    assert (response.text, response.finish_reason) == ("ok", "stop")
+        error, sunk = await stream_error(model)
+        with_usage, _ = await stream_error(model)
+        alone, _ = await stream_error(model)
+        expected = estimated(model, len("Half an ans"))
+    assert sunk == ["Half ", "an", " ans"]
+    for cut in (error, with_usage, alone):
+        assert cut.retryable
+        assert "stream broke off" in str(cut)
+        assert "[DONE] came without a finish_reason" in str(cut)
+    assert error.usage == expected
+    assert with_usage.usage == Usage(input_tokens=9, output_tokens=3, requests=1)
 
 
 async def test_a_first_chunk_without_choices(server: LoopbackServer) -> None:
@@ -746,7 +900,9 @@ async def test_a_server_that_ignores_max_tokens_is_cut_off(server: LoopbackServe
     assert "ignores max_tokens" in str(error)
     assert 11 <= len(sunk) < 30
     assert error.usage is not None
-    assert error.usage.output_tokens == estimate_output_tokens("", 100 * len(sunk))
+    # Estimated at most at the cap the request was granted: never impossible usage.
+    assert estimate_output_tokens("", 100 * len(sunk)) > 10
+    assert error.usage.output_tokens == 10
 
 
 async def test_a_stream_that_stalls_times_out(server: LoopbackServer) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import msgspec
 import pytest
 
 from actors import (
@@ -17,8 +18,10 @@ from actors import (
     Retrying,
     RetryPolicy,
     ScriptedModel,
+    SubagentFinished,
     SubagentStarted,
     TextDelta,
+    Usage,
     call,
     calls,
     reply,
@@ -105,6 +108,20 @@ def answer(wire: Wire, pieces: list[str], *, output: int = 9, **options: Any) ->
 def partial(wire: Wire, pieces: list[str], *then: Any, **options: Any) -> Reply:
     """The head of an answer, then ``then`` (an error event, garbage), and no end."""
     return sse_reply([*opening(wire), *(piece(wire, p) for p in pieces), *then], **options)
+
+
+def unfinished(wire: Wire, pieces: list[str]) -> Reply:
+    """The head of an answer, then an end that never says the answer is complete:
+    llama-cpp-python's ``[DONE]`` without a finish_reason (another request arrived),
+    or a ``message_stop`` without a stop_reason."""
+    if wire is OPENAI:
+        return partial(wire, pieces, done=True)
+    return partial(
+        wire,
+        pieces,
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_stop", {"type": "message_stop"}),
+    )
 
 
 def agent(wire: Wire, server: LoopbackServer, name: str = "talker", **options: Any) -> Agent:
@@ -264,6 +281,93 @@ async def test_a_cut_stream_is_retried_and_the_retry_streams_from_the_start(
     assert after == "The second try."
     assert result.usage.requests == 2  # the cut one was charged too
     assert len(server.requests) == 2
+
+
+async def test_a_subagent_whose_stream_ends_unfinished_does_not_complete(
+    wire: Wire, server: LoopbackServer
+) -> None:
+    server.queue(unfinished(wire, ["The answer ", "is"]))
+    lead = Agent(
+        "lead",
+        ScriptedModel([call("talker", task="answer"), reply("done")]),
+        subagents=[agent(wire, server)],
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        with anyio.fail_after(5):
+            async with ref.stream("go") as run:
+                events = [event async for event in run]
+        (trace,) = await ref.trace()
+    (finished,) = [e for e in events if isinstance(e, SubagentFinished)]
+    assert finished.status == "failed"
+    assert "broke off" in finished.reason
+    (outcome,) = trace.steps[0].outcomes
+    assert outcome.call.name == "talker"
+    assert outcome.is_error  # the lead's model sees a failure, never "The answer is"
+    assert run.result.status == "completed"  # the lead carried on
+    assert len(server.requests) == 1
+
+
+async def test_an_unfinished_stream_is_retried_and_each_attempt_charged(
+    wire: Wire, server: LoopbackServer
+) -> None:
+    server.queue(
+        unfinished(wire, ["The first ", "try"]),
+        answer(wire, ["The second ", "try."], output=4),
+    )
+    free = Usage(requests=1)  # the lead's own requests spend no tokens
+    lead = Agent(
+        "lead",
+        ScriptedModel(
+            [
+                msgspec.structs.replace(call("talker", task="answer"), usage=free),
+                reply("done", usage=free),
+            ]
+        ),
+        subagents=[agent(wire, server, retry=RetryPolicy(retries=1, initial_delay=0))],
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        with anyio.fail_after(5):
+            async with ref.stream("go", subagents=True) as run:
+                events = [event async for event in run]
+        (trace,) = await ref.trace()
+    (finished,) = [e for e in events if isinstance(e, SubagentFinished)]
+    assert finished.status == "completed", finished.reason
+    assert [e.agent for e in events if isinstance(e, Retrying)] == ["talker"]
+    (outcome,) = trace.steps[0].outcomes
+    assert not outcome.is_error
+    assert "The second try." in outcome.content
+    assert len(server.requests) == 2
+    # Both attempts charged: the cut one its text received (13 characters: 4 tokens
+    # at 4 or at 3.5 a token), the second what its server reported.
+    usage = run.result.usage
+    assert (usage.requests, usage.output_tokens) == (2 + 2, 4 + 4)
+
+
+async def test_a_stream_cut_by_a_stop_is_charged_at_least_a_token_a_piece(
+    wire: Wire, server: LoopbackServer
+) -> None:
+    # A server that streams a token a chunk, one character each (digits, line
+    # breaks): 311 pieces are at least 311 tokens, however few characters they hold.
+    digits = [*"\n".join(str(i % 10) for i in range(156))]
+    server.queue(partial(wire, digits, hang=30))
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent(wire, server))
+        received = ""
+        with anyio.fail_after(5):
+            async with ref.stream("count") as run:
+                async for event in run:
+                    if isinstance(event, TextDelta):
+                        received += event.text
+                        if len(received) == len(digits):
+                            break  # leaving the stream stops the execution
+    assert received == "".join(digits)
+    assert len(digits) == 311
+    assert -(-311 // 4) == 78  # what characters alone say
+    result = run.result
+    assert result.status == "cancelled"
+    assert (result.usage.requests, result.usage.output_tokens) == (1, 311)
 
 
 async def test_a_slow_consumer_gets_every_piece_of_a_long_answer(
