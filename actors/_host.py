@@ -181,6 +181,20 @@ class AgentHost:
             self.started += 1
             self._task_group.start_soon(self._run, message, agent)
 
+    def refuse(self, data: bytes, why: str) -> None:
+        """Answer the subtree of each ``Start`` message (bytes) ``failed`` at once: its
+        agent's definition could not be rebuilt here (``why``)."""
+        for message in decode_down(data):
+            assert isinstance(message, Start)
+            reason = f"the host {self.name!r} could not rebuild agent {message.name!r}: {why}"
+            log.warning("agent not rebuilt", host=self.name, node_id=message.node_id, error=why)
+            self._refused(message, reason)
+
+    def _refused(self, start: Start, reason: str) -> None:
+        """The answer of a subtree that never started here: ``failed``, with why."""
+        failed = _failed(reason, start.node_id, Usage())
+        self.post(Done(run=start.run, result=failed, tally=Tally()))
+
     def down(self, data: bytes) -> None:
         """Apply grants, refusals and stops from the tree above."""
         runtime = self.runtime
@@ -243,9 +257,7 @@ class AgentHost:
                 supervisor.root, name=start.name, limits=start.limits, node_id=start.node_id
             )
         except Exception as exc:  # it answers all the same: nothing waits for it forever
-            reason = f"the host {self.name!r} could not run it: {exception_text(exc)}"
-            failed = _failed(reason, start.node_id, Usage())
-            self.post(Done(run=start.run, result=failed, tally=Tally()))
+            self._refused(start, f"the host {self.name!r} could not run it: {exception_text(exc)}")
             return
         run = self._runs[start.run] = _Run(start.run, node, start.depth, start.above)
         node.lender = _Lender(self, run)

@@ -205,8 +205,10 @@ class Tool(Generic[P, R]):
         """Pickled by reference when it is what its module names (``@tool`` on a
         module-level function: imported again there), else as its function and
         options (for an agent shipped to another host: its compiled decoders are
-        rebuilt there). A limiter bounds calls in this process only: a tool with one
-        stays here."""
+        rebuilt there). A tool of ``__main__`` (the script run as ``python app.py``)
+        goes as its function too, which cloudpickle sends by value: another process's
+        ``__main__`` is not that script. A limiter bounds calls in this process only:
+        a tool with one stays here."""
         if self.limiter is not None:
             raise TypeError(
                 f"tool {self.name!r} has a limiter, which bounds calls in one process: it "
@@ -214,7 +216,7 @@ class Tool(Generic[P, R]):
             )
         module_name = getattr(self.fn, "__module__", None)
         qualname = getattr(self.fn, "__qualname__", "")
-        module = sys.modules.get(module_name) if module_name else None
+        module = sys.modules.get(module_name) if module_name and module_name != "__main__" else None
         if module is not None and "." not in qualname and getattr(module, qualname, None) is self:
             return (_named, (module_name, qualname))
         options = {

@@ -1,32 +1,90 @@
-"""Every Python example in the README runs, and prints what it says it prints."""
+"""Every Python example in the README runs, and prints what it says it prints: in this
+process, and as the script a reader saves it as (``python app.py``, where what it
+defines lives in ``__main__``: what a Ray host must rebuild from it differs)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pathlib
 import re
+import subprocess
+import sys
+from collections.abc import Iterator
 
 import pytest
 
 README = pathlib.Path(__file__).parent.parent / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+#: How long one example may take as a script (a Ray one starts and stops Ray).
+SCRIPT_SECONDS = 120
+#: The examples also run in this process: all but those that start Ray, which run as
+#: scripts only (the way a reader runs them; a second Ray beside it would cost ~20 s).
+IN_PROCESS = [index for index, source in enumerate(BLOCKS) if "RayHosts" not in source]
+
+
+def check_promises(source: str, printed: list[str]) -> None:
+    """``print(...)  # text`` promises that text; each one in a later line than the
+    one before."""
+    promises = re.findall(r"print\(.*\)\s+# (.+)", source)
+    assert len(printed) >= len(promises), (promises, printed)
+    lines = iter(printed)
+    for promise in promises:
+        assert any(promise.strip() in line for line in lines), (promise, printed)
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[subprocess.Popen[str]]]:
+    """Every example saved as a script and started at once, each in a fresh temporary
+    folder (the package imported as installed, never from this checkout's folder):
+    they run beside one another and beside the tests in this process."""
+    env = {**os.environ, "PYTHONPATH": ""}
+    with contextlib.ExitStack() as stack:
+        processes = []
+        for index, source in enumerate(BLOCKS):
+            folder = tmp_path_factory.mktemp(f"example{index}")
+            (folder / "app.py").write_text(source)
+            process = stack.enter_context(
+                subprocess.Popen(
+                    [sys.executable, "-W", "error", "app.py"],  # warnings are errors
+                    cwd=folder,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            stack.callback(process.kill)  # before its exit closes its pipes and waits
+            processes.append(process)
+        yield processes
 
 
 def test_readme_has_examples() -> None:
     assert BLOCKS
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
+@pytest.mark.usefixtures("scripts")  # started first: they run while these tests do
+@pytest.mark.parametrize("index", IN_PROCESS)
 def test_readme_example_runs(index: int) -> None:
     source = BLOCKS[index]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(source, f"README.md example {index}", "exec"), {"__name__": "readme"})
-    printed = out.getvalue().splitlines()
-    # "print(...)  # text" promises that text; check each promise in order.
-    promises = re.findall(r"print\(.*\)\s+# (.+)", source)
-    assert len(printed) >= len(promises)
-    lines = iter(printed)  # each promise in a later line than the one before
-    for promise in promises:
-        assert any(promise.strip() in line for line in lines), (promise, printed)
+    check_promises(source, out.getvalue().splitlines())
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_example_runs_as_a_script(index: int, scripts: list[subprocess.Popen[str]]) -> None:
+    process = scripts[index]
+    try:
+        out, err = process.communicate(timeout=SCRIPT_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"`python app.py` of example {index} did not end in {SCRIPT_SECONDS} s:\n{err}")
+    assert process.returncode == 0, err
+    # Nothing failed on the side (an error only in a log, an exception ignored).
+    assert "Traceback" not in err, err
+    assert "Exception ignored" not in err, err
+    check_promises(BLOCKS[index], out.splitlines())

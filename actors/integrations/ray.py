@@ -16,8 +16,14 @@ children of a top-level execution spread over the ``"default"`` pool; an agent w
 subtree runs under a lease of the budgets above it), one cancellation, one answer.
 
 What crosses is fractor's messages as msgspec bytes; an agent definition (its model,
-its tools: code) travels the way Ray ships code, once per host (``ray.put``, then
-cached there by the driver's agent).
+its tools: code) travels the way Ray ships code (cloudpickle: what the script run as
+``__main__`` defines goes by value), once per host (``ray.put``, then cached there by
+the driver's agent). A definition a host could not rebuild is refused before it is
+sent (an object named by reference in ``__main__``, which a host's process is not; a
+tool with a ``limiter``): its subagent call answers ``failed`` at once, saying what
+and why. One that fails to rebuild on its host (a module the host cannot import)
+makes the subtrees of that agent answer ``failed`` with the error; the others sent
+with them run.
 
 Ray is started for you on this machine when it is not running (``address=None``:
 ``ray.init`` with ``init`` as its keyword arguments, shut down again as the runtime
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import pickletools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +51,7 @@ from runtime.lowlevel import Waiter, new_waiter, park, wake
 
 from .._host import AgentHost, HostConfig
 from .._hosts import DEFAULT_POOL, HostLink, Placement, RemoteHosts
+from .._messages import exception_text
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -55,6 +63,12 @@ __all__ = ["HostPool", "RayHosts"]
 #: How long one wait for a host's messages lasts before it is asked again (seconds):
 #: bounds how long a trio worker thread outlives a closed runtime.
 POLL_SECONDS = 1.0
+#: What to do when a host cannot import what an agent's definition needs.
+_IMPORTABLE = (
+    "define it in a module the hosts can import; on a cluster, give them that module "
+    "with Ray's runtime_env (RayHosts(init={'runtime_env': {'py_modules': [...]}}), "
+    "or 'working_dir')"
+)
 
 
 class HostPool(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,7 +95,8 @@ class _Host:
     def __init__(self, config: bytes) -> None:
         self.config = msgspec.msgpack.decode(config, type=HostConfig)
         self.host: AgentHost | None = None
-        self.agents: dict[int, Agent] = {}
+        #: Each agent shipped here by its key: rebuilt, or why it could not be.
+        self.agents: dict[int, Agent | str] = {}
         self.task: asyncio.Task[None] | None = None
 
     async def ready(self) -> str:
@@ -93,17 +108,22 @@ class _Host:
 
     async def send(self, items: list[tuple[int, bytes]], agents: dict[int, list[Any]]) -> None:
         """Messages in their order: ``(key, data)`` starts a subtree with the agent of
-        ``key`` (its object in ``agents``, fetched once), ``(0, data)`` goes down."""
+        ``key`` (its pickle in ``agents``, fetched and rebuilt once), ``(0, data)`` goes
+        down. A subtree whose agent could not be rebuilt answers ``failed`` at once."""
         for key, boxed in agents.items():
             if key not in self.agents:
-                self.agents[key] = await boxed[0]
+                self.agents[key] = await _rebuilt(boxed[0])
         host = self.host
         assert host is not None
         for key, data in items:
-            if key:
-                host.start(data, self.agents[key])
-            else:
+            if not key:
                 host.down(data)
+                continue
+            agent = self.agents[key]
+            if isinstance(agent, str):
+                host.refuse(data, agent)
+            else:
+                host.start(data, agent)
 
     async def drain(self, timeout: float) -> bytes:
         assert self.host is not None
@@ -111,6 +131,65 @@ class _Host:
 
 
 _RayHost = ray.remote(_Host)
+
+
+def _pickled(agent: Agent) -> bytes:
+    """``agent``'s definition as a host rebuilds it (its model and tools travel as Ray
+    ships code: cloudpickle), or a ``TypeError`` saying what a host could not rebuild."""
+    try:
+        data: bytes = ray.cloudpickle.dumps(agent)  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        raise TypeError(
+            f"agent {agent.name!r} cannot be sent to a host: {exception_text(exc)}"
+        ) from exc
+    named = sorted({name for module, name in _globals(data) if module == "__main__"})
+    if named:
+        raise TypeError(
+            f"agent {agent.name!r} cannot be sent to a host: it refers to "
+            f"{', '.join(f'__main__.{name}' for name in named)} by name, and a host's "
+            f"__main__ is not this script; {_IMPORTABLE}"
+        )
+    return data
+
+
+def _globals(data: bytes) -> set[tuple[str, str]]:
+    """The ``(module, name)`` of each object a pickle names by reference (imported
+    where it is loaded)."""
+    named: set[tuple[str, str]] = set()
+    pushed: list[Any] = []  # the last values pushed, as far as strings go
+    memo: dict[int, Any] = {}
+    for opcode, arg, _ in pickletools.genops(data):
+        name = opcode.name
+        if name in ("GLOBAL", "INST"):
+            module, _, attribute = str(arg).partition(" ")
+            named.add((module, attribute))
+            pushed.append(None)
+        elif name == "STACK_GLOBAL":
+            if len(pushed) >= 2 and isinstance(pushed[-2], str) and isinstance(pushed[-1], str):
+                named.add((pushed[-2], pushed[-1]))
+            pushed.append(None)
+        elif name == "MEMOIZE":
+            memo[len(memo)] = pushed[-1] if pushed else None
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[int(arg)] = pushed[-1] if pushed else None  # type: ignore[arg-type]
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            pushed.append(memo.get(int(arg)))  # type: ignore[arg-type]
+        elif name not in ("PROTO", "FRAME", "STOP"):
+            pushed.append(arg if isinstance(arg, str) and "UNICODE" in name else None)
+        del pushed[:-2]
+    return named
+
+
+async def _rebuilt(ref: Any) -> Agent | str:
+    """The agent shipped as ``ref``, rebuilt here; or why it could not be."""
+    try:
+        agent: Agent = ray.cloudpickle.loads(await ref)
+    except Exception as exc:
+        return (
+            f"{exception_text(exc)}. A host imports what an agent's model and tools need: "
+            f"{_IMPORTABLE}"
+        )
+    return agent
 
 
 class _RayLink(HostLink):
@@ -184,11 +263,12 @@ class RayHosts(RemoteHosts):
         self._asyncio = True
 
     def ship(self, agent: Agent) -> tuple[int, Any]:
-        """``agent``'s key and its object in Ray's store (put there once)."""
+        """``agent``'s key and its pickle in Ray's store (put there once); a
+        ``TypeError`` if a host could not rebuild it (nothing is sent)."""
         key = id(agent)
         shipped = self._shipped.get(key)
         if shipped is None:
-            shipped = self._shipped[key] = (agent, ray.put(agent))
+            shipped = self._shipped[key] = (agent, ray.put(_pickled(agent)))
         return key, shipped[1]
 
     async def _open(self, runtime: Runtime, task_group: TaskGroup) -> list[HostLink]:
