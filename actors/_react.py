@@ -49,6 +49,7 @@ from ._messages import (
     UserMessage,
 )
 from ._models import Model, Send
+from ._requests import admitting
 
 __all__ = ["MalformedAction", "ReActModel"]
 
@@ -267,7 +268,10 @@ class ReActModel:
 
     It is a ``ModelAdapter``: an agent sends every inner request through
     ``request_via``, so each correction is its own request for the supervisor,
-    checked against the budget before it is sent and charged after it.
+    checked against the budget before it is sent and charged after it. Called
+    through ``request`` by another model an agent calls (a user's wrapper), each
+    correction is admitted by the agent's supervisor before it is sent, as one more
+    request of that call.
 
     Usage sums every inner request (``requests`` counts them all). ``max_tokens`` caps
     the output of all attempts together: each correction gets what is left. A reply cut
@@ -350,7 +354,10 @@ class ReActModel:
         return self._inner.estimate_tokens(inner)
 
     async def request(self, request: ModelRequest) -> ModelResponse:
-        return await self.request_via(request, self._inner.request)
+        """``request_via`` with the inner model's ``request``; inside an agent's model
+        call (a user's model calling this one), each inner request after the first
+        is admitted by the agent's supervisor before it is sent (``admitting``)."""
+        return await self.request_via(request, admitting(self._inner))
 
     async def request_via(self, request: ModelRequest, send: Send) -> ModelResponse:
         """Answer ``request``, sending each inner request (corrections included)

@@ -5,23 +5,26 @@ headroom that requests in flight hold), send, settle, with the agent's retries
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, cast
 
 import anyio
 import msgspec
 
 from runtime import InvalidUsage, Reservation, Usage
+from runtime.lowlevel import HeldUp
 
 from ._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
 from ._policy import is_retryable, retry_after
 
 if TYPE_CHECKING:
     from ._execution import Execution
-    from ._models import Model, StreamingModel
+    from ._models import Model, Send, StreamingModel
 
-__all__ = ["EMPTY_USAGE", "ascii_arguments", "safe_response", "send"]
+__all__ = ["EMPTY_USAGE", "admitting", "ascii_arguments", "safe_response", "send"]
 
 #: What a step's requests were charged before its first one (compared by identity).
 EMPTY_USAGE = Usage()
@@ -84,20 +87,28 @@ async def send(
                 purpose=request.purpose,
                 **contents,
             )
+        # A model built on another, inside this call, has its requests admitted.
+        call = _Call(execution, reservation)
         try:
-            if sink is None:
-                response = await model.request(sent)
-            else:
-                execution.streamed.clear()  # each attempt streams from its start
-                response = await cast("StreamingModel", model).stream(sent, sink)
+            calling = _CALL.set(call)
+            try:
+                if sink is None:
+                    response = await model.request(sent)
+                else:
+                    execution.streamed.clear()  # each attempt streams from its start
+                    response = await cast("StreamingModel", model).stream(sent, sink)
+            finally:
+                _CALL.reset(calling)
         except Exception as exc:
-            _charge(execution, reservation, _reported(exc), name, lazy)
+            reported = _reported(exc) or call.used
+            _charge(execution, reservation, reported, name, lazy)
             error = exc
             if observed:
                 _request_end(execution, name, _reported(exc), error=exception_text(exc))
         except BaseException:
             # Cut off (a deadline, a stop): what it read was spent, and what it streamed.
-            _charge(execution, reservation, _cut(execution, reservation, lazy), name, lazy)
+            spent = _cut(execution, reservation, lazy) or call.used
+            _charge(execution, reservation, spent, name, lazy)
             if observed:
                 _request_end(execution, name, None, error="cut off before the model answered")
             raise
@@ -191,6 +202,57 @@ def _charge(
     except InvalidUsage as exc:  # the request failed already: that error stands
         charged = exc.charged
     execution.charged = execution.charged + charged
+
+
+class _Call:
+    """One model call of an execution in progress (``send``): a model built on
+    another that sends requests of its own inside it (a ``ReActModel`` a user's model
+    calls directly) has each one after the first admitted before it is sent."""
+
+    __slots__ = ("execution", "reservation", "sent", "used")
+
+    def __init__(self, execution: Execution, reservation: Reservation) -> None:
+        self.execution = execution
+        self.reservation = reservation
+        #: Requests sent through ``send`` so far: the first is the reservation's own.
+        self.sent = 0
+        #: What the answers to them reported: the call's usage if it fails after.
+        self.used: Usage | None = None
+
+    async def send(self, model: Model, request: ModelRequest) -> ModelResponse:
+        if self.sent:  # one more request: a counter, checked and charged at once
+            execution = self.execution
+            supervisor = execution.supervisor
+            try:
+                supervisor.charge(execution.node, requests=1)
+            except HeldUp:  # headroom leased to a subtree on another host
+                await supervisor.charge_waiting(execution.node, requests=1)
+            self.reservation.requests += 1
+        self.sent += 1
+        response = await model.request(request)
+        used = self.used
+        self.used = response.usage if used is None else used + response.usage
+        return response
+
+
+#: The model call in progress in this context, if any (see ``admitting``).
+_CALL: ContextVar[_Call | None] = ContextVar("fractor_model_call", default=None)
+
+
+def admitting(model: Model) -> Send:
+    """How a model built on another sends its own requests to ``model`` when it is
+    not given a ``send`` (``ReActModel.request``).
+
+    Inside an agent's model call (a user's model that calls a ``ReActModel``
+    directly), each request after the first is admitted by the agent's supervisor
+    before it is sent: one more request, checked and charged at once (its output is
+    within the call's reservation), so one that a ``requests`` limit has no room for
+    is refused and never sent. Anywhere else, ``model.request``.
+    """
+    call = _CALL.get()
+    if call is None:
+        return model.request
+    return functools.partial(call.send, model)
 
 
 def _no_time_to_retry(execution: Execution, delay: float, asked: float) -> None:

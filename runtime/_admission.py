@@ -22,8 +22,10 @@ budget, in this order:
 
 Everything here is synchronous arithmetic on the nodes (and the record of one
 waiting request, ``Wait``); the supervisor does the charging, the waiting and the
-stopping. ``impossible`` says what cannot be true in a model's reported usage, and
-``over_limit`` which limit settled usage went past (an estimate fell short).
+stopping. ``impossible`` says what cannot be true in a model's reported usage,
+``over_limit`` which limit settled usage went past (an estimate fell short), and
+``requests_room`` how many requests a model reports beyond those admitted (a retry
+loop of its own) the chain has room for: counters never pass a limit.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ __all__ = [
     "impossible",
     "over_limit",
     "refusal",
+    "requests_room",
     "why_waiting",
 ]
 
@@ -88,7 +91,9 @@ class Reservation:
     ``max_tokens`` is what the request may ask for (None: no output limit applies and
     the request named none). ``limited_by`` names the node (and ``limit`` the field)
     whose headroom made it smaller than ``wanted``: a reply cut at that cap was cut
-    by the budget's sharing, not by the request's own cap.
+    by the budget's sharing, not by the request's own cap. ``requests`` is how many
+    requests the call has counted: 1, and one more for each request a model built on
+    another had admitted during the call (``Supervisor.charge(requests=1)``).
     """
 
     __slots__ = (
@@ -99,6 +104,7 @@ class Reservation:
         "max_tokens",
         "output",
         "price",
+        "requests",
         "wanted",
     )
 
@@ -121,12 +127,32 @@ class Reservation:
         self.limited_by = limited_by
         self.limit = limit
         self.wanted = wanted
+        self.requests = 1
 
     def __repr__(self) -> str:
         return (
             f"<Reservation input={self.input} output={self.output} cost={self.cost:g} "
             f"max_tokens={self.max_tokens}>"
         )
+
+
+def requests_room(node: Node, extra: int) -> tuple[int, tuple[Node, int, int] | None]:
+    """How many of ``extra`` requests that a model reports beyond those admitted
+    ``node``'s chain has room for, and the highest node whose ``requests`` limit they
+    would pass (with that limit and how many it had no room for), if any."""
+    room = extra
+    over: tuple[Node, int, int] | None = None
+    current: Node | None = node
+    while current is not None:
+        budget = current.limits
+        if budget is not None and budget.requests is not None:
+            held = current.held
+            left = budget.requests - current.requests - (held.requests if held else 0)
+            if extra > left:
+                over = (current, budget.requests, extra - max(left, 0))
+                room = min(room, max(left, 0))
+        current = current.parent
+    return room, over
 
 
 def chain_refusal(node: Node, need: Need, requests: int = 1) -> BudgetExceeded | None:

@@ -26,6 +26,7 @@ from ._admission import (
     impossible,
     over_limit,
     refusal,
+    requests_room,
     why_waiting,
 )
 from ._budget import Price, Usage
@@ -343,13 +344,13 @@ class Reserving:
         and the request is not counted."""
         current: Node | None = node
         while current is not None:
-            current.requests -= 1
+            current.requests -= reservation.requests
             current.in_flight -= 1
             current.reserved_input -= reservation.input
             current.reserved_output -= reservation.output
             current.reserved_cost -= reservation.cost
             current = current.parent
-        node.own_requests -= 1
+        node.own_requests -= reservation.requests
         self.serve_chain(node)
 
     def serve_chain(self: _Tree, node: Node) -> None:
@@ -378,14 +379,19 @@ class Reserving:
         its input estimate is charged, since the provider may have read it all (one
         reserved without: ``estimate()``, made only now).
         Usage that cannot be true is charged as the whole reservation and raises
-        ``InvalidUsage`` after the charge: never a refund. Returns the usage as
+        ``InvalidUsage`` after the charge: never a refund. Requests it reports
+        beyond those the call had admitted (a model with a retry loop of its own)
+        are counters: charged as far as every ``requests`` limit of the chain has
+        room, and the node whose limit they would pass is stopped, saying so. Returns the usage as
         charged, with its cost. If the real usage went past a limit (a model's
         estimate fell short), that node's subtree is stopped. Requests waiting for
         headroom on the chain are served.
         """
         problem = impossible(usage, reservation) if usage is not None else ""
         price = reservation.price
+        admitted = reservation.requests
         extra_requests = cached_tokens = 0
+        refused: tuple[Node, int, int] | None = None
         if usage is None or problem:
             input_tokens = reservation.input or (estimate() if estimate is not None else 0)
             output_tokens = reservation.output if problem else 0
@@ -394,8 +400,12 @@ class Reserving:
             input_tokens = usage.input_tokens
             output_tokens = usage.output_tokens
             cached_tokens = usage.cached_tokens
-            # A model adapter may send several requests for one and say so.
-            extra_requests = max(usage.requests - 1, 0)
+            # A model may send several requests for one and say so: those beyond
+            # the ones admitted are counters, checked and charged here at once.
+            extra_requests = usage.requests - admitted
+            if extra_requests > 0 and node.limited:
+                extra_requests, refused = requests_room(node, extra_requests)
+            extra_requests = max(extra_requests, 0)
             cost = (
                 price.cost(input_tokens, output_tokens, cached_tokens)
                 if price is not None
@@ -424,6 +434,18 @@ class Reserving:
         node.own_cached += cached_tokens
         node.own_cost += cost
         node.own_requests += extra_requests
+        if refused is not None:
+            owner, allowed, more = refused
+            assert usage is not None
+            error = BudgetExceeded(
+                "requests",
+                allowed,
+                owner.id,
+                owner.name,
+                why=f"the model reported {usage.requests:,} requests for one call, "
+                f"{more:,} more than the budget had room for",
+            )
+            self.stop_subtree(owner, "budget_exceeded", str(error), error)
         if over is not None:
             self.stop_over(over)
         if served or self.ledger.asks_waiting:
@@ -432,7 +454,7 @@ class Reserving:
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cached_tokens=cached_tokens,
-            requests=1 + extra_requests,
+            requests=admitted + extra_requests,
             cost=cost,
         )
         if problem:

@@ -333,11 +333,13 @@ class Supervisor(Reserving):
             raise BudgetExceeded(limit, allowed, node.id, node.name, why=LOST_WHY)
         raise self._refuse(node, limit, allowed, LOST_WHY)
 
-    async def charge_waiting(self, node: Node, *, steps: int = 0, tool_calls: int = 0) -> None:
+    async def charge_waiting(
+        self, node: Node, *, steps: int = 0, tool_calls: int = 0, requests: int = 0
+    ) -> None:
         """``charge``, waiting while headroom is held by leases (see ``_ledger``)."""
         while True:
             try:
-                self.charge(node, steps=steps, tool_calls=tool_calls)
+                self.charge(node, steps=steps, tool_calls=tool_calls, requests=requests)
             except HeldUp:
                 pass
             else:
@@ -373,8 +375,13 @@ class Supervisor(Reserving):
             return BudgetExceeded(cause.limit, cause.allowed, cause.node_id, cause.node_name)
         return BudgetExceeded("no new work", 0, node.id, node.name)
 
-    def charge(self, node: Node, *, steps: int = 0, tool_calls: int = 0) -> None:
-        """Check-and-increment counters on the whole chain, atomically."""
+    def charge(self, node: Node, *, steps: int = 0, tool_calls: int = 0, requests: int = 0) -> None:
+        """Check-and-increment counters on the whole chain, atomically.
+
+        ``requests``: requests a model built on another sends during one call, after
+        the one its reservation counted (each admitted before it is sent; see
+        ``Reservation.requests``): counted here, their tokens in the reservation.
+        """
         if node.stop_status is not None:
             raise self.stopped(node)
         caps = self.caps
@@ -406,6 +413,12 @@ class Supervisor(Reserving):
                         self._spent(current, "tool_calls", budget.tool_calls, want)
                     if held is not None and used + held.tool_calls > budget.tool_calls:
                         blocked = self._held_up(current, "tool_calls", budget.tool_calls)
+                if requests and budget.requests is not None:
+                    used = current.requests + requests
+                    if used > budget.requests:
+                        self._spent(current, "requests", budget.requests, Want(requests=requests))
+                    if held is not None and used + held.requests > budget.requests:
+                        blocked = self._held_up(current, "requests", budget.requests)
             current = current.parent
         if blocked:
             raise HeldUp
@@ -413,9 +426,11 @@ class Supervisor(Reserving):
         while current is not None:
             current.steps += steps
             current.tool_calls += tool_calls
+            current.requests += requests
             current = current.parent
         node.own_tool_calls += tool_calls
         node.own_steps += steps
+        node.own_requests += requests
 
     # -- observing --------------------------------------------------------------------
 

@@ -529,3 +529,111 @@ async def test_a_dense_reply_without_usage_is_estimated_within_its_cap(
     assert result.usage.requests == 1
     assert result.usage.output_tokens == 50  # the cap, not 200
     assert server.requests[0].json()["max_tokens"] == 50
+
+
+# -- a model that sends several requests in one call never passes a requests limit -----
+
+
+class SelfRetrying:
+    """A model that sends several requests for one (a retry loop of its own) and
+    says so in its usage, as the ``Model`` protocol asks."""
+
+    name = "self-retrying"
+
+    def __init__(self, sent: int) -> None:
+        self.sent = sent
+        self.calls = 0
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        self.calls += 1
+        usage = Usage(input_tokens=10, output_tokens=5, requests=self.sent)
+        return ModelResponse(text="done", usage=usage, model=self.name)
+
+    def estimate_tokens(self, request: ModelRequest) -> int:
+        return 10
+
+    async def aclose(self) -> None:
+        pass
+
+
+class AroundReAct:
+    """A user's model around a ``ReActModel``: it calls ``request`` directly, not
+    ``request_via`` (so the agent does not see the adapter)."""
+
+    name = "around-react"
+
+    def __init__(self, react: ReActModel) -> None:
+        self.react = react
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        return await self.react.request(request)
+
+    def estimate_tokens(self, request: ModelRequest) -> int:
+        return self.react.estimate_tokens(request)
+
+    async def aclose(self) -> None:
+        await self.react.aclose()
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+@pytest.mark.parametrize("where", ["ask", "runtime"])
+async def test_requests_a_model_reports_never_pass_a_requests_limit(limit: int, where: str) -> None:
+    model = SelfRetrying(sent=3)
+    budget = Budget(requests=limit)
+    async with Runtime(budget=budget if where == "runtime" else None) as rt:
+        ref = await rt.spawn(Agent("a", model))
+        result = await ref.ask("go", budget=budget if where == "ask" else None)
+        root = rt.tree().node("root")
+    assert result.status == "budget_exceeded"
+    assert result.stop_reason.startswith(
+        f"requests limit of {limit} reached: the model reported 3 requests for one call, "
+        f"{3 - limit} more than the budget had room for"
+    ), result.stop_reason
+    assert result.usage.requests == limit
+    assert root.usage.requests == limit
+    assert model.calls == 1
+
+
+async def test_requests_a_model_reports_are_all_counted_within_the_limit() -> None:
+    model = SelfRetrying(sent=3)
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model))
+        free = await ref.ask("go")
+        room = await ref.ask("go", budget=Budget(requests=3))
+    assert (free.status, free.usage.requests) == ("completed", 3)
+    assert (room.status, room.usage.requests) == ("completed", 3), room.stop_reason
+
+
+async def test_a_react_model_inside_another_models_request_has_each_request_admitted() -> None:
+    """A wrapper that calls ``ReActModel.request`` directly: each inner request after
+    the first is admitted by the agent's supervisor before it is sent, so the
+    correction that a budget of one request has no room for is never sent."""
+    inner = ScriptedModel(
+        [reply("not json at all"), reply('{"thought": "ok", "final": "fine"}')], name="inner"
+    )
+    agent = Agent("a", AroundReAct(ReActModel(inner)), tools=[lookup])
+    async with Runtime() as rt:
+        result = await (await rt.spawn(agent)).ask("go", budget=Budget(requests=1))
+    assert result.status == "budget_exceeded"
+    assert result.stop_reason.startswith("requests limit of 1 reached"), result.stop_reason
+    assert result.usage.requests == 1
+    assert len(inner.requests) == 1  # the correction was refused before it was sent
+    # The malformed reply is charged what it reported, not only the input estimate.
+    assert result.usage.output_tokens == 4
+    assert result.usage.input_tokens == inner.estimate_tokens(inner.requests[0])
+
+
+@pytest.mark.parametrize("budget", [None, Budget(requests=2)], ids=["no-budget", "room"])
+async def test_a_react_model_inside_another_model_is_charged_each_request_once(
+    budget: Budget | None,
+) -> None:
+    inner = ScriptedModel(
+        [reply("not json at all"), reply('{"thought": "ok", "final": "fine"}')], name="inner"
+    )
+    agent = Agent("a", AroundReAct(ReActModel(inner)), tools=[lookup])
+    async with Runtime() as rt:
+        result = await (await rt.spawn(agent)).ask("go", budget=budget)
+        root = rt.tree().node("root")
+    assert (result.status, result.text) == ("completed", "fine"), result.stop_reason
+    assert result.usage.requests == root.usage.requests == 2
+    assert len(inner.requests) == 2

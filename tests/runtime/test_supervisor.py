@@ -670,6 +670,52 @@ async def test_settle_counts_the_extra_requests_a_model_reports() -> None:
     assert own(sup, top).requests == 3
 
 
+async def test_extra_requests_a_model_reports_past_a_requests_limit_are_refused() -> None:
+    """The requests a model reports beyond those admitted (a retry loop of its own)
+    are counters: checked and charged at once, never past a limit; the node whose
+    limit they would pass stops with its subtree, saying so."""
+    sup = started(Budget(requests=10))
+    top = sup.open(sup.root, name="top", limits=Budget(requests=3))
+    child = sup.open(top, name="child", limits=None)
+    sibling = sup.open(top, name="sibling", limits=None)
+    scoped(top, child, sibling)
+    other = sup.reserve_nowait(sibling, input_estimate=5, max_tokens=None)  # in flight
+    reservation = sup.reserve_nowait(child, input_estimate=5, max_tokens=None)
+    charged = sup.settle(child, reservation, Usage(input_tokens=5, output_tokens=2, requests=4))
+    assert charged.requests == 2  # its own and the one the in-flight request leaves
+    assert (child.requests, top.requests, sup.root.requests) == (2, 3, 3)
+    assert own(sup, child).requests == 2
+    for node in (top, child, sibling):
+        assert node.stop_status == "budget_exceeded"
+        assert node.stop_reason == (
+            "requests limit of 3 reached: the model reported 4 requests for one call, 2 more "
+            f"than the budget had room for (budget of top {top.id!r})"
+        )
+    assert cancel_called(top)
+    assert sup.root.stop_status is None
+    sup.settle(sibling, other, Usage(input_tokens=5, output_tokens=2, requests=1))
+    assert top.requests == 3
+
+
+async def test_requests_admitted_during_a_call_are_counters_and_settle_counts_them_once() -> None:
+    """A model built on another asks for each of its requests after the first while
+    the call runs (``charge(requests=1)``): refused with no room, and not counted
+    again when the call settles with all of them in its usage."""
+    sup = started()
+    top = sup.open(sup.root, name="top", limits=Budget(requests=2))
+    scoped(top)
+    reservation = sup.reserve_nowait(top, input_estimate=5, max_tokens=None)
+    sup.charge(top, requests=1)
+    reservation.requests += 1
+    with pytest.raises(BudgetExceeded, match="requests limit of 2 reached"):
+        sup.charge(top, requests=1)
+    assert top.stop_status == "budget_exceeded"
+    charged = sup.settle(top, reservation, Usage(input_tokens=5, output_tokens=2, requests=2))
+    assert charged.requests == 2
+    assert top.requests == own(sup, top).requests == 2
+    assert top.stop_reason == f"requests limit of 2 reached (budget of top {top.id!r})"
+
+
 async def test_settle_with_nothing_reported_charges_the_input_estimate() -> None:
     sup = started(Budget(tokens=1000, output_tokens=500), prices={"m": PRICE})
     top = sup.open(sup.root, name="top", limits=None)
