@@ -104,7 +104,7 @@ async def send(
             _charge(execution, reservation, reported, name, lazy)
             error = exc
             if observed:
-                _request_end(execution, name, _reported(exc), error=exception_text(exc))
+                _request_end(execution, name, reported, error=exception_text(exc))
         except BaseException:
             # Cut off (a deadline, a stop): what it read was spent, and what it streamed.
             spent = _cut(execution, reservation, lazy) or call.used
