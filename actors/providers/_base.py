@@ -36,7 +36,7 @@ import anyio
 from .._messages import ModelRequest, ModelResponse
 from .._models import Sink
 from ._errors import ProviderError, malformed, redact, translate_sdk_error
-from ._sse import SinkFailed, StreamReader, finish_stream, sse_events
+from ._sse import MAX_EVENT, EventTooLarge, SinkFailed, StreamReader, finish_stream, sse_events
 
 __all__ = [
     "Asker",
@@ -49,6 +49,13 @@ PLACEHOLDER_KEY = "not-needed"
 
 #: How long ``aclose`` may take to close the SDK client's connections.
 _CLOSE_SECONDS = 5.0
+
+#: The bytes an event of a stream may hold, past what its output cap allows (the
+#: event's JSON around its text; Azure's content-filter results on the first chunk).
+_EVENT_FRAMING = 64 * 1024
+#: The bytes an event may hold for each character of output the cap allows (text
+#: escaped in JSON takes up to six, ``\uXXXX``).
+_EVENT_BYTES_PER_CHAR = 8
 
 
 class Asker(Protocol):
@@ -353,8 +360,11 @@ class ProviderModel:
         estimate plus an estimate of what was received. A server that answers with
         one JSON body instead of a stream is read as such (its text reaches ``sink``
         in one piece). A server that streams far past the output cap (it ignores
-        ``max_tokens``) is cut off. An exception raised by ``sink`` is the caller's
-        and is raised as it is (the connection closed first), never retried.
+        ``max_tokens``), or sends one event far larger than the cap allows (a line
+        of megabytes, a body with no line break), is cut off, not retried; an event
+        is never held past that bound. An exception raised by ``sink`` is the
+        caller's and is raised as it is (the connection closed first), never
+        retried.
         """
         client = self._ready_client()
 
@@ -365,6 +375,13 @@ class ProviderModel:
                 raise SinkFailed(exc) from exc
 
         reader = self.stream_reader(request, guarded)
+        cap = request.max_tokens or self._max_output_tokens
+        too_long = None if cap is None else 16 * cap + 1024
+        max_event = (
+            MAX_EVENT
+            if too_long is None
+            else min(MAX_EVENT, _EVENT_FRAMING + _EVENT_BYTES_PER_CHAR * too_long)
+        )
         status: int | None = None
         failure: ProviderError
         try:
@@ -373,7 +390,7 @@ class ProviderModel:
             # The body's bytes straight from httpx (the SDK's iter_bytes wraps them in
             # a generator it never closes); closed below, with the connection.
             chunks: AsyncGenerator[bytes, None] = response.http_response.aiter_bytes()
-            events = sse_events(chunks)
+            events = sse_events(chunks, max_event=max_event)
             reading = False
             try:
                 status = int(response.status_code)
@@ -383,8 +400,6 @@ class ProviderModel:
                     if answer.text:
                         guarded(answer.text)
                     return answer
-                cap = request.max_tokens or self._max_output_tokens
-                too_long = None if cap is None else 16 * cap + 1024
                 reading = True
                 async for name, data in events:
                     if reader.feed(name, data):
@@ -409,6 +424,19 @@ class ProviderModel:
             raise failed.error from None
         except ProviderError as error:
             failure = error.redacted(self._secrets())
+        except EventTooLarge as exc:
+            per_cap = "" if cap is None else f" (the most for an output cap of {cap} tokens)"
+            failure = ProviderError(
+                self.provider,
+                f"the server sent an event of more than {exc.limit} bytes{per_cap}, and "
+                "was cut off",
+                advice=(
+                    "it ignores max_tokens, or does not send server-sent events: check "
+                    "the server's options and the base URL; not retried"
+                ),
+                model=self._model,
+                status=status,
+            )
         except Exception as exc:
             if status is None:  # before any byte of the stream: as for a request
                 failure = self._failure(exc)

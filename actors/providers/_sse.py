@@ -1,6 +1,7 @@
 """Server-sent events, as both providers' streams send them, and what reads them.
 
-- ``sse_events``: the (event name, data) pairs of a streamed body's bytes.
+- ``sse_events``: the (event name, data) pairs of a streamed body's bytes, read in
+  linear time, no event held past a bound (``EventTooLarge``).
 - ``StreamReader``: what a provider implements to read its wire format's events.
 - ``finish_stream``: finishing the generators a stream was read through once its
   connection is closed (see its docstring: trio warns about any left suspended).
@@ -17,7 +18,19 @@ import anyio
 from .._messages import ModelResponse, Usage
 from ._errors import ProviderError
 
-__all__ = ["SinkFailed", "StreamReader", "finish_stream", "sse_events"]
+__all__ = [
+    "MAX_EVENT",
+    "EventTooLarge",
+    "SinkFailed",
+    "StreamReader",
+    "finish_stream",
+    "sse_events",
+]
+
+#: The most bytes ``sse_events`` holds of one event (its lines) unless told otherwise:
+#: far more than any event of a provider's stream, far less than a server gone wrong
+#: can send without a line break.
+MAX_EVENT = 4 * 1024 * 1024
 
 
 async def finish_stream(
@@ -33,14 +46,17 @@ async def finish_stream(
     transport stream never closes the httpcore generator it iterates. So the chain is
     driven one more step in a cancelled scope: the innermost read fails (the
     connection is closed, or the scope cancels it) and the error runs out through
-    every generator, each finishing on its way.
+    every generator, each finishing on its way. ``chunks`` is driven too, on its
+    own: ``events`` may have finished already by raising (``EventTooLarge``), which
+    leaves the generators below it suspended.
     """
     if started:
-        with anyio.CancelScope() as scope:
-            scope.cancel()
-            with contextlib.suppress(Exception):
-                async for _ in events:
-                    pass
+        for generator in (events, chunks):
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                with contextlib.suppress(Exception):
+                    async for _ in generator:
+                        pass
     await events.aclose()
     await chunks.aclose()
 
@@ -72,7 +88,18 @@ class StreamReader(Protocol):
     def usage(self) -> Usage: ...
 
 
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[tuple[str, str], None]:
+class EventTooLarge(Exception):
+    """An event of a stream (one line, or the lines of one event) ran past ``limit``
+    bytes: ``sse_events`` refuses it as it crosses the bound, before holding more."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"an event of the stream (its lines) of more than {limit} bytes")
+        self.limit = limit
+
+
+async def sse_events(
+    chunks: AsyncIterator[bytes], *, max_event: int = MAX_EVENT
+) -> AsyncGenerator[tuple[str, str], None]:
     """The server-sent events in a body's ``chunks`` of bytes: (event name, data) pairs.
 
     As the SSE format says: lines end with CRLF, LF or CR (and nothing else: U+2028,
@@ -83,10 +110,18 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[tuple[str, 
     exception: older llama.cpp servers send their error as an ``error: {...}`` line,
     read here as the data of an event named ``error``. An event left open when the
     body ends (no blank line after it) is still yielded.
+
+    Each chunk is scanned once: the head of an unfinished line waits in a buffer that
+    grows by appending, and only the new chunk is searched for line breaks (joined to
+    the line so far and split again, each chunk of a long line would cost as much as
+    the whole line before it). An event whose lines (the one unfinished included)
+    hold more than ``max_event`` bytes is ``EventTooLarge``, raised as it crosses
+    the bound: a line of 40 MB is never held whole.
     """
     name = ""
     data: list[str] = []
-    rest = b""
+    held = 0  # the bytes of the event so far: its data lines and the unfinished line
+    pending = bytearray()  # the head of a line that no chunk has ended yet
     after_cr = False  # the last chunk ended with CR: a LF opening the next one is its pair
     async for chunk in chunks:
         if after_cr and chunk:
@@ -96,20 +131,28 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[tuple[str, 
         if not chunk:
             continue
         after_cr = chunk[-1:] == b"\r"
-        if rest:
-            chunk = rest + chunk
-        lines = chunk.splitlines()  # on bytes: CRLF, LF and CR only
-        rest = b"" if chunk[-1:] in (b"\n", b"\r") else lines.pop()
+        lines = chunk.splitlines()  # on bytes: CRLF, LF and CR only; this chunk alone
+        tail = None if chunk[-1:] in (b"\n", b"\r") else lines.pop()
         for line in lines:
+            if pending:
+                pending += line
+                line, pending = bytes(pending), bytearray()
+            held += len(line)
+            if held > max_event:
+                raise EventTooLarge(max_event)
             if line:
                 name, data = _sse_field(line, name, data)
             elif data:
                 yield name, "\n".join(data)
-                name, data = "", []
+                name, data, held = "", [], 0
             else:
-                name = ""
-    if rest:
-        name, data = _sse_field(rest, name, data)
+                name, held = "", 0
+        if tail:
+            if held + len(pending) + len(tail) > max_event:
+                raise EventTooLarge(max_event)
+            pending += tail
+    if pending:
+        name, data = _sse_field(bytes(pending), name, data)
     if data:
         yield name, "\n".join(data)
 
