@@ -89,8 +89,8 @@ class AnthropicModel(ProviderModel):
     ``AnthropicModel("claude-sonnet-4-5")`` talks to Anthropic with the key in
     ``$ANTHROPIC_API_KEY``; ``base_url`` (default ``$ANTHROPIC_BASE_URL``, then
     Anthropic's) points it at another server that speaks the Messages API (a
-    gateway, a proxy). ``timeout`` is the seconds one request may take (streamed:
-    the seconds to wait for each piece); ``options`` are extra request fields sent
+    gateway, a proxy). ``timeout`` is the seconds one request may take (streamed
+    or not: the whole of it); ``options`` are extra request fields sent
     with every request. ``max_output_tokens`` is the output cap sent when the
     request has none, and clamps a larger one. ``stream`` says whether agents
     stream its answers (``streaming``); ``stream`` itself works either way.

@@ -35,7 +35,7 @@ import anyio
 
 from .._messages import ModelRequest, ModelResponse
 from .._models import Sink
-from ._errors import ProviderError, malformed, redact, translate_sdk_error
+from ._errors import ProviderError, malformed, redact, timed_out, translate_sdk_error
 from ._sse import MAX_EVENT, EventTooLarge, SinkFailed, StreamReader, finish_stream, sse_events
 
 __all__ = [
@@ -330,24 +330,31 @@ class ProviderModel:
         return error.redacted(self._secrets())
 
     async def request(self, request: ModelRequest) -> ModelResponse:
-        """Send one request; a failure of any kind is a ``ProviderError``."""
+        """Send one request; a failure of any kind is a ``ProviderError``.
+
+        ``timeout`` bounds the whole request, from sending it to the last byte of the
+        body (the SDK's own timeout bounds each wait for data: a server that trickles
+        its body never lets one run out): past it, a retryable ``ProviderError``.
+        """
         client = self._ready_client()
-        failure: ProviderError
-        try:
-            status, body = await self.send(client, request)
-        except Exception as exc:
-            failure = self._failure(exc)
-        else:
+        failure: ProviderError | None = None
+        with anyio.move_on_after(self._timeout):
             try:
-                return self.parse(status, body, request)
-            except ProviderError as error:
-                failure = error.redacted(self._secrets())
+                status, body = await self.send(client, request)
             except Exception as exc:
-                detail = f"the reply could not be read: {type(exc).__name__}: {exc}"
-                failure = self.malformed(status, detail).redacted(self._secrets())
+                failure = self._failure(exc)
+            else:
+                try:
+                    return self.parse(status, body, request)
+                except ProviderError as error:
+                    failure = error.redacted(self._secrets())
+                except Exception as exc:
+                    detail = f"the reply could not be read: {type(exc).__name__}: {exc}"
+                    failure = self.malformed(status, detail).redacted(self._secrets())
         # Raised out here, neither chained nor as the context of another: the
-        # original exception holds the raw body, which may echo the key.
-        raise failure
+        # original exception holds the raw body, which may echo the key. With no
+        # failure, only the deadline ended the block.
+        raise self._timed_out(None) if failure is None else failure
 
     async def stream(self, request: ModelRequest, sink: Sink) -> ModelResponse:
         """Send one request streamed: each piece of the answer's text goes to ``sink``
@@ -362,9 +369,11 @@ class ProviderModel:
         in one piece). A server that streams far past the output cap (it ignores
         ``max_tokens``), or sends one event far larger than the cap allows (a line
         of megabytes, a body with no line break), is cut off, not retried; an event
-        is never held past that bound. An exception raised by ``sink`` is the
-        caller's and is raised as it is (the connection closed first), never
-        retried.
+        is never held past that bound. ``timeout`` bounds the whole request, every
+        event of the stream included: keep-alive comments do not hold it open past
+        it (a retryable ``ProviderError`` carrying the usage so far). An exception
+        raised by ``sink`` is the caller's and is raised as it is (the connection
+        closed first), never retried.
         """
         client = self._ready_client()
 
@@ -385,40 +394,43 @@ class ProviderModel:
         status: int | None = None
         failure: ProviderError
         try:
-            manager = self.open_stream(client, request)
-            response = await manager.__aenter__()
-            # The body's bytes straight from httpx (the SDK's iter_bytes wraps them in
-            # a generator it never closes); closed below, with the connection.
-            chunks: AsyncGenerator[bytes, None] = response.http_response.aiter_bytes()
-            events = sse_events(chunks, max_event=max_event)
-            reading = False
-            try:
-                status = int(response.status_code)
-                if "json" in response.headers.get("content-type", ""):
-                    body: bytes = await response.read()
-                    answer = self.parse(status, body, request)
-                    if answer.text:
-                        guarded(answer.text)
-                    return answer
-                reading = True
-                async for name, data in events:
-                    if reader.feed(name, data):
-                        break
-                    if too_long is not None and reader.received > too_long:
-                        raise ProviderError(
-                            self.provider,
-                            f"the server streamed more than {too_long} characters for an "
-                            f"output cap of {cap} tokens, and was cut off",
-                            advice="it ignores max_tokens: check the server's options",
-                            model=self._model,
-                            status=status,
-                        )
-                return reader.response(status)
-            finally:
-                # Shielded, so a cancellation closes too: the server sees the client go.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
-                    await manager.__aexit__(None, None, None)
-                    await finish_stream(events, chunks, started=reading)
+            with anyio.move_on_after(self._timeout):
+                manager = self.open_stream(client, request)
+                response = await manager.__aenter__()
+                # The body's bytes straight from httpx (the SDK's iter_bytes wraps them
+                # in a generator it never closes); closed below, with the connection.
+                chunks: AsyncGenerator[bytes, None] = response.http_response.aiter_bytes()
+                events = sse_events(chunks, max_event=max_event)
+                reading = False
+                try:
+                    status = int(response.status_code)
+                    if "json" in response.headers.get("content-type", ""):
+                        body: bytes = await response.read()
+                        answer = self.parse(status, body, request)
+                        if answer.text:
+                            guarded(answer.text)
+                        return answer
+                    reading = True
+                    async for name, data in events:
+                        if reader.feed(name, data):
+                            break
+                        if too_long is not None and reader.received > too_long:
+                            raise ProviderError(
+                                self.provider,
+                                f"the server streamed more than {too_long} characters for "
+                                f"an output cap of {cap} tokens, and was cut off",
+                                advice="it ignores max_tokens: check the server's options",
+                                model=self._model,
+                                status=status,
+                            )
+                    return reader.response(status)
+                finally:
+                    # Shielded, so a cancellation closes too: the server sees the client go.
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
+                        await manager.__aexit__(None, None, None)
+                        await finish_stream(events, chunks, started=reading)
+            # Every way through the block returns or raises: only the deadline ends it.
+            raise self._timed_out(status)
         except SinkFailed as failed:
             # The caller's own error, not the provider's: no retry would mend it.
             raise failed.error from None
@@ -441,8 +453,10 @@ class ProviderModel:
             if status is None:  # before any byte of the stream: as for a request
                 failure = self._failure(exc)
             else:  # a stall is silence; a body cut short is for its reader to judge
-                broken = self.broken if _stalled(exc) else reader.broken
-                failure = broken(status, self._cut(exc)).redacted(self._secrets())
+                if _stalled(exc):  # the SDK's wait for data ran out first
+                    failure = self._timed_out(status)
+                else:
+                    failure = reader.broken(status, self._cut(exc)).redacted(self._secrets())
         if failure.usage is None and status is not None:
             failure.spent(reader.usage())
         raise failure
@@ -450,9 +464,11 @@ class ProviderModel:
     def _cut(self, exc: Exception) -> str:
         """What broke a stream off, in words."""
         kind = type(exc).__name__
-        if _stalled(exc):
-            return f"no data came for {self._timeout:g} s, the timeout ({kind})"
         return f"{kind}: {exc}" if str(exc) else kind
+
+    def _timed_out(self, status: int | None) -> ProviderError:
+        """A request that ran past ``timeout``: its response not complete in time."""
+        return timed_out(self.provider, self._model, self._timeout, status)
 
     def broken(self, status: int | None, detail: str) -> ProviderError:
         """A stream that ended or broke before its last event."""
@@ -500,7 +516,8 @@ class ProviderModel:
 
 
 def _stalled(exc: Exception) -> bool:
-    """Whether a stream broke off because no data came within the timeout."""
+    """Whether a stream broke off because the SDK's wait for data ran out (the
+    model's own deadline is at least as near: a rare race)."""
     return isinstance(exc, TimeoutError) or type(exc).__name__.endswith("Timeout")
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "malformed",
     "redact",
     "status_error",
+    "timed_out",
     "translate_sdk_error",
 ]
 
@@ -274,16 +275,7 @@ def translate_sdk_error(
             base_url=base_url,
         )
     if isinstance(exc, sdk.APITimeoutError):
-        return ProviderError(
-            provider,
-            f"no response within the {timeout:g} s timeout",
-            advice=(
-                "retryable (the agent's RetryPolicy decides how often); for long outputs "
-                "give the model a longer timeout=..."
-            ),
-            model=model,
-            retryable=True,
-        )
+        return timed_out(provider, model, timeout)
     if isinstance(exc, sdk.APIConnectionError):
         cause = exc.__cause__ or exc
         return ProviderError(
@@ -300,6 +292,27 @@ def translate_sdk_error(
     if isinstance(exc, sdk.APIResponseValidationError):
         return malformed(provider, model, error.status_code, str(exc))
     return None
+
+
+def timed_out(
+    provider: str, model: str, timeout: float, status: int | None = None
+) -> ProviderError:
+    """A request whose response was not complete within ``timeout`` seconds: the
+    model's timeout bounds the whole request (headers, body, every event of a
+    stream), whichever clock saw it pass (the model's deadline, or the SDK's own
+    wait for data)."""
+    return ProviderError(
+        provider,
+        f"no complete response within the {timeout:g} s timeout",
+        advice=(
+            "retryable (the agent's RetryPolicy decides how often); the timeout bounds "
+            "the whole request, streamed or not: for long outputs give the model a "
+            "longer timeout=..."
+        ),
+        model=model,
+        status=status,
+        retryable=True,
+    )
 
 
 def malformed(provider: str, model: str, status: int | None, detail: str) -> ProviderError:
