@@ -48,8 +48,8 @@ def opening(wire: Wire) -> list[Any]:
         },
     }
     block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}
-    delta = {"type": "content_block_delta", "index": 0}
-    delta["delta"] = {"type": "text_delta", "text": "Hel"}
+    text = {"type": "text_delta", "text": "Hel"}
+    delta = {"type": "content_block_delta", "index": 0, "delta": text}
     return [
         ("message_start", start),
         ("content_block_start", block),
