@@ -73,7 +73,9 @@ class Model(Protocol):
 
     ``estimate_tokens`` is the cheap input-token estimate the budget pre-check uses
     before a request; it must never block. ``aclose`` releases whatever the model
-    holds (connections, clients).
+    holds (connections, clients); a runtime calls it, once, for each model its agents
+    used, as it exits. A model asked again after ``aclose`` serves again (opening
+    what it needs anew): a runtime that follows may use it.
     """
 
     @property

@@ -189,8 +189,10 @@ class ProviderModel:
     sends one request and parses one response body.
 
     The SDK client is created at the first request (so a model can be built outside
-    any event loop) with the SDK's own retries off, and closed by ``aclose``. A model
-    instance belongs to one event loop: build one per ``anyio.run``.
+    any event loop) with the SDK's own retries off, and closed by ``aclose`` (a
+    runtime closes the models of its agents as it exits): its connections belong to
+    the event loop they were made in. A request after ``aclose`` opens a new client,
+    so one model serves one ``anyio.run`` after another.
     """
 
     #: The provider's name: the prefix of ``name`` and of model strings.
@@ -245,7 +247,6 @@ class ProviderModel:
             provider, api_key, self.env_var, self._base_url
         )
         self._client: Any = None
-        self._closed = False
         self._ids = itertools.count(1)
         self._stream = stream
 
@@ -284,8 +285,7 @@ class ProviderModel:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the SDK client and its connections; the model serves no more requests."""
-        self._closed = True
+        """Close the SDK client and its connections (a later request opens a new one)."""
         client, self._client = self._client, None
         if client is not None:
             with anyio.move_on_after(_CLOSE_SECONDS, shield=True):
@@ -297,14 +297,7 @@ class ProviderModel:
         return self._stream
 
     def _ready_client(self) -> Any:
-        """The SDK client, made at the first request; refused once the model is closed."""
-        if self._closed:
-            raise ProviderError(
-                self.provider,
-                "the model was closed (aclose) and sends no more requests",
-                advice="build a new model",
-                model=self._model,
-            )
+        """The SDK client, made at the first request (and the first after ``aclose``)."""
         if self._client is None:
             self._client = self.create_client(self._sdk)
         return self._client

@@ -93,13 +93,24 @@ async def test_a_refused_connection_is_retryable(wire: Wire) -> None:
     assert "could not reach" in str(caught.value)
 
 
-async def test_a_closed_model_refuses_requests(wire: Wire, server: LoopbackServer) -> None:
+async def test_a_closed_model_opens_a_new_client_at_its_next_request(
+    wire: Wire, server: LoopbackServer
+) -> None:
+    # A runtime closes its agents' models as it exits; the next one may use them again.
+    server.queue(json_reply(wire.reply("first")), json_reply(wire.reply("second")))
     model = wire.model(server)
+    await model.aclose()  # before any client: nothing to close
+    assert (await model.request(REQUEST)).text == "first"
+    first = model._client
     await model.aclose()
     await model.aclose()
-    with pytest.raises(ProviderError, match="closed"):
-        await model.request(REQUEST)
-    assert server.requests == []
+    closed = model._client
+    assert (await model.request(REQUEST)).text == "second"
+    second = model._client
+    await model.aclose()
+    assert closed is None
+    assert second is not None
+    assert second is not first
 
 
 # -- through an agent's retry policy ------------------------------------------------------
