@@ -10,16 +10,14 @@ actor's state. With a store, the runtime keeps the traces of every top-level
 execution (its subtree's included) and, for a top-level agent with an id of its own,
 the persistent sections (``actors._persistence``).
 
-The runtime owns the models its agents use (``_Models``): each one is closed once,
-when the runtime exits, after every actor ended; a provider's client never outlives
-the event loop it was made in.
+The runtime owns the models its agents use (``models_of``): each is closed when the
+runtime exits, after every actor ended (``Runtime.close_on_exit``); a provider's
+client never outlives the event loop it was made in.
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -32,7 +30,6 @@ from runtime import (
     Node,
     Price,
     Record,
-    Runtime,
     Store,
     StoreError,
     Usage,
@@ -122,10 +119,8 @@ class AgentActor(Actor):
             self.agent = await with_toolsets(self.agent, context.runtime)
         budget = context.runtime.budget
         _check_prices(self.agent, context.runtime.supervisor.prices, budget)
-        models = _owned.get(context.runtime)
-        if models is None:  # the first agent: the runtime holds its models from now on
-            models = _owned[context.runtime] = await context.runtime.enter(_Models, _models)
-        models.add(self.agent)
+        for model in models_of(self.agent):  # the runtime closes them as it exits
+            context.runtime.close_on_exit(model)
         store = context.runtime.store
         self.persistent = (
             store is not None
@@ -504,75 +499,15 @@ def _priced_names(agent: Agent) -> Iterator[str]:
 
 # -- the models a runtime owns ------------------------------------------------------------
 
-#: How many runtimes use each model now, by its id (a model shared by runtimes alive
-#: at once, as hosts in this process share their driver's definitions, is closed by
-#: the last one to exit).
-_users: dict[int, int] = {}
 
-
-class _Models:
-    """The models a runtime's agents use (their own, their memory's summarizer, an
-    adapter's inner ones), closed once when the runtime exits: after every actor
-    ended, as a resource of the runtime (``Runtime.enter``). A closed model serves
-    again if used again: a provider's opens a new client at its next request."""
-
-    __slots__ = ("models",)
-
-    def __init__(self) -> None:
-        self.models: dict[int, Model] = {}
-
-    def add(self, agent: Agent) -> None:
-        memory = agent.memory
-        for model in (agent.model, memory.model if memory is not None else None):
-            while model is not None and id(model) not in self.models:
-                self.models[id(model)] = model
-                _users[id(model)] = _users.get(id(model), 0) + 1
-                model = getattr(model, "inner", None)  # an adapter's (ReActModel)
-
-    async def aclose(self) -> None:
-        """Close each model no other runtime uses now, once: an adapter closes its
-        inner model (``ReActModel.aclose`` does), so an inner one is left to it; an
-        adapter whose inner model another runtime still uses is not closed."""
-        models, self.models = self.models, {}
-        unused: dict[int, Model] = {}
-        for key, model in models.items():
-            _users[key] -= 1
-            if not _users[key]:
-                del _users[key]
-                unused[key] = model
-        closing = {
-            key: model
-            for key, model in unused.items()
-            if all(id(inner) in unused for inner in _inners(model))
-        }
-        closed_by_adapters = {id(inner) for model in closing.values() for inner in _inners(model)}
-        for key, model in closing.items():
-            if key in closed_by_adapters:
-                continue
-            try:
-                await model.aclose()
-            except Exception as exc:
-                log.warning("model not closed", model=model.name, error=exception_text(exc))
-
-
-@asynccontextmanager
-async def _models() -> AsyncIterator[_Models]:
-    models = _Models()
-    try:
-        yield models
-    finally:
-        await models.aclose()
-
-
-#: Each runtime's models, once it holds them (looked up without waiting).
-_owned: weakref.WeakKeyDictionary[Runtime, _Models] = weakref.WeakKeyDictionary()
-
-
-def _inners(model: Model) -> Iterator[Model]:
-    """The models under an adapter, outermost first."""
-    seen = {id(model)}
-    inner = getattr(model, "inner", None)
-    while inner is not None and id(inner) not in seen:
-        seen.add(id(inner))
-        yield inner
-        inner = getattr(inner, "inner", None)
+def models_of(agent: Agent) -> Iterator[Model]:
+    """The models an agent's executions use: its own, its memory's summarizer, and
+    the inner ones of adapters (``ReActModel``), outermost first. Its subagents'
+    are theirs: each is handed over as its actor starts."""
+    memory = agent.memory
+    for model in (agent.model, memory.model if memory is not None else None):
+        seen: set[int] = set()
+        while model is not None and id(model) not in seen:
+            seen.add(id(model))
+            yield model
+            model = getattr(model, "inner", None)

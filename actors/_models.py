@@ -73,9 +73,11 @@ class Model(Protocol):
 
     ``estimate_tokens`` is the cheap input-token estimate the budget pre-check uses
     before a request; it must never block. ``aclose`` releases whatever the model
-    holds (connections, clients); a runtime calls it, once, for each model its agents
-    used, as it exits. A model asked again after ``aclose`` serves again (opening
-    what it needs anew): a runtime that follows may use it.
+    holds (connections, clients); a runtime calls it for each model its agents used,
+    as it exits, and an adapter for its inner model, so it may come more than once
+    (idempotent). A model asked again after ``aclose`` serves again (opening what it
+    needs anew): a runtime that follows may use it, and one closing it must not cut
+    a request another runtime still has in flight.
     """
 
     @property

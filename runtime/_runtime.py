@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
+import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from ._actor import Spawnable
@@ -38,6 +39,8 @@ from ._tree import TreeSnapshot
 __all__ = ["Hosts", "Runtime"]
 
 R = TypeVar("R")
+log = structlog.get_logger("fractor.runtime")
+
 State = Literal["not started", "running", "closing", "closed"]
 
 
@@ -69,6 +72,12 @@ class Hosts(Protocol):
     ended (their subtrees answered through them)."""
 
     async def start(self, runtime: Runtime) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Closeable(Protocol):
+    """Something the runtime closes as it exits (``Runtime.close_on_exit``)."""
 
     async def aclose(self) -> None: ...
 
@@ -164,6 +173,8 @@ class Runtime:
         self._resource_group: TaskGroup | None = None
         self._resources: dict[Hashable, _Resource] = {}
         self._held: list[_Resource] = []  # every one started, in order, to release
+        #: What ``close_on_exit`` was given, by identity, in order (closed in reverse).
+        self._closing: dict[int, Closeable] = {}
         self._root = ActorGroup()
         self._cells: dict[str, Cell] = {}
         self._ids = itertools.count(1)
@@ -220,10 +231,35 @@ class Runtime:
             self._state = "closed"
             self._task_group = None
             try:
+                await self._close_owned()
                 await self._close_resources()
             finally:
                 if self.hosts is not None:
                     await self.hosts.aclose()
+
+    def close_on_exit(self, resource: Closeable) -> None:
+        """Have ``resource.aclose()`` awaited once when the runtime exits: after every
+        actor ended, before the contexts of ``enter`` are exited, in the reverse order
+        of the first call for each (a resource given again, the same object, is not
+        added twice). Never waits, so an actor can hand over what it uses as it
+        starts; each close is shielded and bounded by ``RESOURCE_CLOSE_TIMEOUT``, and
+        an error in one is logged, not raised, so the others are closed too.
+        """
+        if self._state == "closed":
+            raise RuntimeClosed(self._state)
+        self._closing.setdefault(id(resource), resource)
+
+    async def _close_owned(self) -> None:
+        owned, self._closing = self._closing, {}
+        with anyio.CancelScope(shield=True):
+            for resource in reversed(owned.values()):
+                with anyio.move_on_after(RESOURCE_CLOSE_TIMEOUT):
+                    try:
+                        await resource.aclose()
+                    except Exception as exc:
+                        log.warning(
+                            "not closed", resource=type(resource).__qualname__, error=repr(exc)
+                        )
 
     async def enter(
         self, key: Hashable, factory: Callable[[], AbstractAsyncContextManager[R]]

@@ -246,7 +246,7 @@ class ProviderModel:
         self._api_key, self._key_hint = resolve_api_key(
             provider, api_key, self.env_var, self._base_url
         )
-        self._client: Any = None
+        self._client: _Held | None = None
         self._ids = itertools.count(1)
         self._stream = stream
 
@@ -264,7 +264,7 @@ class ProviderModel:
     def base_url(self) -> str:
         """Where requests go (the SDK's default when none was given)."""
         if self._client is not None:
-            return str(self._client.base_url)
+            return str(self._client.client.base_url)
         return self._base_url or self.default_base_url
 
     #: Shown in messages when no base URL was given and no client exists yet.
@@ -285,22 +285,29 @@ class ProviderModel:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the SDK client and its connections (a later request opens a new one)."""
-        client, self._client = self._client, None
-        if client is not None:
-            with anyio.move_on_after(_CLOSE_SECONDS, shield=True):
-                await client.close()
+        """Close the SDK client and its connections: at once when no request uses it,
+        else as the last one using it ends (a runtime closing a model that another
+        one still uses cuts none of its requests). A later request opens a new client;
+        closing again does nothing."""
+        held, self._client = self._client, None
+        if held is not None:
+            held.retired = True
+            if not held.users:
+                await held.close()
 
     @property
     def streaming(self) -> bool:
         """Whether agents stream this model's requests (``stream=`` at construction)."""
         return self._stream
 
-    def _ready_client(self) -> Any:
-        """The SDK client, made at the first request (and the first after ``aclose``)."""
-        if self._client is None:
-            self._client = self.create_client(self._sdk)
-        return self._client
+    def _hold(self) -> _Held:
+        """The SDK client for one more request, made at the first request (and the
+        first after ``aclose``); the request lets go of it with ``_Held.release``."""
+        held = self._client
+        if held is None:
+            held = self._client = _Held(self.create_client(self._sdk))
+        held.users += 1
+        return held
 
     def _failure(self, exc: Exception) -> ProviderError:
         """The redacted ``ProviderError`` for an exception raised while sending."""
@@ -329,7 +336,13 @@ class ProviderModel:
         body (the SDK's own timeout bounds each wait for data: a server that trickles
         its body never lets one run out): past it, a retryable ``ProviderError``.
         """
-        client = self._ready_client()
+        held = self._hold()
+        try:
+            return await self._request(held.client, request)
+        finally:
+            await held.release()
+
+    async def _request(self, client: Any, request: ModelRequest) -> ModelResponse:
         failure: ProviderError | None = None
         with anyio.move_on_after(self._timeout):
             try:
@@ -368,8 +381,13 @@ class ProviderModel:
         raised by ``sink`` is the caller's and is raised as it is (the connection
         closed first), never retried.
         """
-        client = self._ready_client()
+        held = self._hold()
+        try:
+            return await self._streamed(held.client, request, sink)
+        finally:
+            await held.release()
 
+    async def _streamed(self, client: Any, request: ModelRequest, sink: Sink) -> ModelResponse:
         def guarded(text: str) -> None:
             try:
                 sink(text)
@@ -520,3 +538,24 @@ async def read_raw(raw: Any) -> tuple[int, bytes]:
     body: bytes = await http_response.aread()
     status: int = http_response.status_code
     return status, body
+
+
+class _Held:
+    """An SDK client and how many requests use it now: a retired one (the model was
+    closed) is closed by the last of them, or at once when none does."""
+
+    __slots__ = ("client", "retired", "users")
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.users = 0
+        self.retired = False
+
+    async def release(self) -> None:
+        self.users -= 1
+        if self.retired and not self.users:
+            await self.close()
+
+    async def close(self) -> None:
+        with anyio.move_on_after(_CLOSE_SECONDS, shield=True):
+            await self.client.close()

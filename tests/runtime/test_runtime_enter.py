@@ -92,3 +92,30 @@ async def test_closed_runtime_refuses() -> None:
         pass
     with pytest.raises(RuntimeClosed):
         await rt.enter("k", tracked([], "k"))
+
+
+class Closing:
+    def __init__(self, log: list[str], name: str, fail: bool = False) -> None:
+        self.log = log
+        self.name = name
+        self.fail = fail
+
+    async def aclose(self) -> None:
+        self.log.append(f"close {self.name}")
+        if self.fail:
+            raise RuntimeError("cannot close")
+
+
+async def test_close_on_exit_closes_each_once_in_reverse_after_the_contexts_are_due() -> None:
+    log: list[str] = []
+    a, b = Closing(log, "a", fail=True), Closing(log, "b")
+    async with Runtime() as rt:
+        await rt.enter("ctx", tracked(log, "ctx"))
+        rt.close_on_exit(a)
+        rt.close_on_exit(b)
+        rt.close_on_exit(a)  # the same object again: not added twice
+        assert log == ["enter ctx"]
+    # a failing close is logged and the others are closed all the same
+    assert log == ["enter ctx", "close b", "close a", "exit ctx"]
+    with pytest.raises(RuntimeClosed):
+        rt.close_on_exit(b)
