@@ -29,7 +29,7 @@ from actors.integrations import otel
 from runtime import Event, Runtime, SQLiteStore
 
 from ..loopback import LoopbackServer, Reply, json_reply, sse_reply, text_reply
-from .wires import Wire
+from .wires import Wire, stream_opening
 
 CANARY = "sk-canary-5f3a9e1c7b2d48e6"
 PASSWORD = "hunter2-canary-pw"
@@ -169,26 +169,6 @@ def pieces_of_secrets(text: str, secrets: tuple[str, ...] = (LONG_KEY, PASSWORD)
     ]
 
 
-def _opening(wire: Wire) -> list[Any]:
-    """The first events of a streamed answer, before what breaks it."""
-    if wire.provider == "openai":
-        chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m"}
-        return [{**chunk, "choices": [{"index": 0, "delta": {"content": "Hel"}}]}]
-    start = {
-        "type": "message_start",
-        "message": {
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-test",
-            "content": [],
-            "stop_reason": None,
-            "usage": {"input_tokens": 40, "output_tokens": 1},
-        },
-    }
-    return [("message_start", start)]
-
-
 def _error_event(wire: Wire, said: str) -> Any:
     if wire.provider == "openai":
         return {"error": {"message": said, "type": "server_error", "code": 500}}
@@ -217,7 +197,7 @@ class _Failing(httpx2.AsyncBaseTransport):
         self.attempts += 1
         if not self.streamed:
             raise httpx2.ConnectError(said, request=request)
-        head = b"".join(sse_reply(_opening(self.wire)).events or ())
+        head = b"".join(sse_reply(stream_opening(self.wire)).events or ())
         return httpx2.Response(
             200,
             headers={"content-type": "text/event-stream"},
@@ -260,9 +240,11 @@ async def test_no_piece_of_a_key_echoed_in_a_long_message_is_recorded(
         if source == "http-error-body":
             server.queue(_http_error(wire, said))
         elif source == "error-event-in-stream":
-            server.queue(sse_reply([*_opening(wire), _error_event(wire, said)]))
+            server.queue(sse_reply([*stream_opening(wire), _error_event(wire, said)]))
         elif source == "garbage-chunk-in-stream":
-            server.queue(sse_reply([*_opening(wire), f"data: {{not json {said}\n\n".encode()]))
+            server.queue(
+                sse_reply([*stream_opening(wire), f"data: {{not json {said}\n\n".encode()])
+            )
     model = wire.model_class(
         wire.model_name, api_key=LONG_KEY, base_url=wire.base_url(root), stream=streamed
     )

@@ -10,7 +10,6 @@ of one if the timeout bounded only each wait for data. Each test runs per wire.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -20,7 +19,7 @@ from actors import Agent, ModelRequest, ProviderError, RetryPolicy, UserMessage
 from runtime import Runtime
 
 from ..loopback import LoopbackServer, Reply, sse_reply
-from .wires import Wire
+from .wires import Wire, stream_opening
 
 REQUEST = ModelRequest(messages=(UserMessage(content="x"),))
 
@@ -30,37 +29,10 @@ TIMEOUT = 1.0
 BOUND = 5.0
 
 
-def opening(wire: Wire) -> list[Any]:
-    """The first events of a streamed answer: the server has answered, and goes on."""
-    if wire.provider == "openai":
-        chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m"}
-        return [{**chunk, "choices": [{"index": 0, "delta": {"content": "Hel"}}]}]
-    start = {
-        "type": "message_start",
-        "message": {
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-test",
-            "content": [],
-            "stop_reason": None,
-            "usage": {"input_tokens": 40, "output_tokens": 1},
-        },
-    }
-    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}
-    text = {"type": "text_delta", "text": "Hel"}
-    delta = {"type": "content_block_delta", "index": 0, "delta": text}
-    return [
-        ("message_start", start),
-        ("content_block_start", block),
-        ("content_block_delta", delta),
-    ]
-
-
 def pinging(wire: Wire) -> Reply:
     """A stream that answers at once, then sends a keep-alive comment every 0.2 s for
     8 s."""
-    head = b"".join(sse_reply(opening(wire)).events or ())
+    head = b"".join(sse_reply(stream_opening(wire, text_block=True)).events or ())
     return sse_reply([head, *[b": ping\n\n"] * 40], gap=0.2)
 
 

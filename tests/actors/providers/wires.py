@@ -242,3 +242,37 @@ ANTHROPIC = Wire(
     server_error=anthropic_error("api_error", "Internal server error"),
     names_error_type=True,
 )
+
+
+def stream_opening(wire: Wire, *, text_block: bool = False) -> list[Any]:
+    """The first events of a streamed answer ("Hel"), before whatever a test sends
+    next: the server has answered and goes on. Anthropic's text arrives in a content
+    block: ``text_block`` opens one and sends the text (OpenAI's is its first chunk)."""
+    if wire.provider == "openai":
+        chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m"}
+        return [{**chunk, "choices": [{"index": 0, "delta": {"content": "Hel"}}]}]
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-test",
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": 40, "output_tokens": 1},
+        },
+    }
+    if not text_block:
+        return [("message_start", start)]
+    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}
+    delta = {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": "Hel"},
+    }
+    return [
+        ("message_start", start),
+        ("content_block_start", block),
+        ("content_block_delta", delta),
+    ]
