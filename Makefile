@@ -29,7 +29,7 @@ pytest: $(STAMP)
 	$(BIN)/pytest
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m fractor.benchmarks
 
 stress: $(STAMP)
 	$(BIN)/python -m tests.stress.crash --kills 100 --backend both

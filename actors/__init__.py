@@ -89,11 +89,15 @@ from ._turns import calls as calls
 from ._turns import fail as fail
 from ._turns import reply as reply
 from ._turns import streamed as streamed
+from ._version import VERSION as _VERSION
 from .cli._live import watch as watch
 from .providers import AnthropicModel as AnthropicModel
 from .providers import OpenAIModel as OpenAIModel
 from .providers import ProviderError as ProviderError
 from .providers import model_from_string as model_from_string
+
+#: The installed distribution's version.
+__version__ = _VERSION
 
 __all__ = [
     "DEFAULT_SUMMARY_INSTRUCTIONS",

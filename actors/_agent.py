@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
-from runtime import ActorRef, Budget
+from fractor.runtime import ActorRef, Budget
 
 from ._agent_actor import AgentActor
 from ._agent_ref import AgentRef, GetConversation, GetProgress, GetTrace
@@ -115,7 +115,7 @@ class Agent:
                 f"(an async request() method), got {type(self.model).__qualname__}"
             )
         if self.budget is not None and not isinstance(self.budget, Budget):
-            raise TypeError(f"Agent {self.name!r}: budget must be a runtime.Budget")
+            raise TypeError(f"Agent {self.name!r}: budget must be a fractor.Budget")
         for option in ("tool_concurrency", "mailbox_size", "trace_limit"):
             value = getattr(self, option)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -205,12 +205,12 @@ class Agent:
             value = getattr(self, option)
             if not isinstance(value, kind):
                 raise TypeError(
-                    f"{prefix} {option} must be an actors.{kind.__name__}, "
+                    f"{prefix} {option} must be a fractor.{kind.__name__}, "
                     f"got {type(value).__qualname__}"
                 )
         if self.memory is not None and not isinstance(self.memory, Compaction):
             raise TypeError(
-                f"{prefix} memory must be an actors.Compaction or None, "
+                f"{prefix} memory must be a fractor.Compaction or None, "
                 f"got {type(self.memory).__qualname__}"
             )
         if not isinstance(self.escalate, bool):

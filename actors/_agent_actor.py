@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from runtime import (
+from fractor.runtime import (
     Actor,
     Budget,
     BudgetExceeded,
@@ -34,7 +34,7 @@ from runtime import (
     StoreError,
     Usage,
 )
-from runtime.lowlevel import HeldUp
+from fractor.runtime.lowlevel import HeldUp
 
 from ._agent_ref import Decide, GetApprovals, GetConversation, GetProgress, GetTrace
 from ._approval import approvals_of

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from runtime import ActorRef, Budget, MailboxStatistics
+from fractor.runtime import ActorRef, Budget, MailboxStatistics
 
 from ._approval import ApprovalRequest
 from ._messages import Conversation, ExecutionTrace, Progress, Result, Task, safe_text
@@ -174,7 +174,7 @@ def _task(text: str, budget: Budget | None, resume: bool = False) -> Task:
     if not isinstance(text, str):
         raise TypeError(f"a task is text (str), got {type(text).__qualname__}")
     if budget is not None and not isinstance(budget, Budget):
-        raise TypeError(f"budget must be a runtime.Budget or None, got {type(budget).__qualname__}")
+        raise TypeError(f"budget must be a fractor.Budget or None, got {type(budget).__qualname__}")
     if not isinstance(resume, bool):
         raise TypeError(f"resume must be a bool, got {resume!r}")
     return Task(text=safe_text(text), budget=budget, resume=resume)

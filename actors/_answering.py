@@ -42,7 +42,7 @@ from ._output import FINAL_ANSWER
 from ._recording import NOT_RUN
 
 if TYPE_CHECKING:
-    from runtime import EventKind
+    from fractor.runtime import EventKind
 
     from ._output import OutputSpec
 

@@ -37,7 +37,7 @@ import msgspec
 from ._messages import ToolCall
 
 if TYPE_CHECKING:
-    from runtime import Node, Runtime
+    from fractor.runtime import Node, Runtime
 
 __all__ = [
     "Answer",

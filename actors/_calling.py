@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import anyio
 import msgspec
 
-from runtime import ActorContext, BudgetExceeded, EventKind, Node, Supervisor
-from runtime.lowlevel import HeldUp
+from fractor.runtime import ActorContext, BudgetExceeded, EventKind, Node, Supervisor
+from fractor.runtime.lowlevel import HeldUp
 
 from ._approval import approvals_of
 from ._delegation import Delegation, refused

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from runtime import BudgetExceeded, Node, PendingReply
-from runtime.lowlevel import HeldUp, Waiter, new_waiter, park, wake
+from fractor.runtime import BudgetExceeded, Node, PendingReply
+from fractor.runtime.lowlevel import HeldUp, Waiter, new_waiter, park, wake
 
 from ._hosts import HostUnavailable, RemoteHosts
 from ._messages import Result, Task, ToolCall, ToolOutcome, exception_text

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from runtime import EventKind
+from fractor.runtime import EventKind
 
 from ._messages import DigestMessage, ExecutionTrace, ToolCall, ToolOutcome
 

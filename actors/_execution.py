@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 import msgspec
 
-from runtime import (
+from fractor.runtime import (
     ActorContext,
     BudgetExceeded,
     Node,
     Supervisor,
     Usage,
 )
-from runtime.lowlevel import HeldUp
+from fractor.runtime.lowlevel import HeldUp
 
 from ._answering import Answering
 from ._calling import Calling, Interrupted

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TypeAlias, cast
 import anyio.lowlevel
 import msgspec
 
-from runtime import FractorError
+from fractor.runtime import FractorError
 
 from ._messages import AssistantMessage, ModelRequest, ModelResponse, ToolResultMessage, Usage
 from ._turns import NO_USAGE, Failure, Streamed, Turn

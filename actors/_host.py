@@ -18,8 +18,8 @@ import anyio
 import msgspec
 import structlog
 
-from runtime import Caps, Event, Node, NodeSnapshot, Price, Runtime, Usage
-from runtime.lowlevel import Tally, Want, new_waiter, park, wake
+from fractor.runtime import Caps, Event, Node, NodeSnapshot, Price, Runtime, Usage
+from fractor.runtime.lowlevel import Tally, Want, new_waiter, park, wake
 
 from ._approval import ApprovalRequest, approvals_of
 from ._messages import ExecutionTrace, Result, Task, exception_text
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AgentHost", "HostConfig"]
 
-log = structlog.get_logger("actors.host")
+log = structlog.get_logger("fractor.actors.host")
 
 #: How many stops for subtrees not started (or already ended) a host remembers.
 EARLY_KEPT = 10_000

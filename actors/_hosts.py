@@ -2,7 +2,7 @@
 
 ``Runtime(hosts=...)`` takes a ``RemoteHosts``: ``LocalHosts`` (hosts in this
 process, each with a runtime of its own: for tests, and to see a placement work
-before there is a cluster) or ``actors.integrations.ray.RayHosts`` (each host a Ray
+before there is a cluster) or ``fractor.actors.integrations.ray.RayHosts`` (each host a Ray
 actor, on this machine or a cluster). Both speak the same bytes (``_remote``) to the
 same ``AgentHost`` (``_host``); only the transport differs.
 
@@ -28,7 +28,7 @@ import anyio
 import msgspec
 import structlog
 
-from runtime import Node, Runtime, Supervisor
+from fractor.runtime import Node, Runtime, Supervisor
 
 from ._host import AgentHost, HostConfig
 from ._messages import exception_text
@@ -48,13 +48,13 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-    from runtime import Event
+    from fractor.runtime import Event
 
     from ._agent import Agent
 
 __all__ = ["HostLink", "HostUnavailable", "LocalHosts", "Placement", "RemoteHosts"]
 
-log = structlog.get_logger("actors.hosts")
+log = structlog.get_logger("fractor.actors.hosts")
 
 Placement = Literal["round_robin", "least_loaded"]
 _PLACEMENTS = ("round_robin", "least_loaded")
@@ -91,7 +91,7 @@ class HostLink:
 
 
 class RemoteHosts:
-    """Places subtrees on hosts and follows them (a ``runtime.Hosts``). A transport
+    """Places subtrees on hosts and follows them (a ``fractor.Hosts``). A transport
     subclasses it: ``_open`` makes the links, ``_receive`` waits for a host's next
     batch of messages (raising when the host is lost), ``_shutdown`` lets go."""
 

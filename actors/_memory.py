@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import msgspec
 
-from runtime import BudgetExceeded, EventKind, Node, Supervisor, Usage
+from fractor.runtime import BudgetExceeded, EventKind, Node, Supervisor, Usage
 
 from ._messages import (
     AssistantMessage,

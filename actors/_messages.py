@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from runtime import Budget, NodeSnapshot
-from runtime import Usage as Usage
+from fractor.runtime import Budget, NodeSnapshot
+from fractor.runtime import Usage as Usage
 
 __all__ = [
     "AssistantMessage",

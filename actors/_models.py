@@ -7,7 +7,7 @@ sink)`` hands each piece of the answer's text to ``sink`` as it arrives and retu
 the same ``ModelResponse`` as ``request``. A ``ModelAdapter`` (``ReActModel``) is a
 model built on another one.
 
-Real providers plug in behind the protocol (``actors.providers``); the tests, demos
+Real providers plug in behind the protocol (``fractor.actors.providers``); the tests, demos
 and benchmarks use the fakes (as httpx ships ``MockTransport`` next to its
 transports): ``ScriptedModel``, ``FunctionModel`` and ``CycleModel`` in
 ``actors._fakes``, serving turns built with ``reply``, ``call``, ``calls``,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import msgspec
 
-from runtime import StoreError
+from fractor.runtime import StoreError
 
 from ._messages import Message
 

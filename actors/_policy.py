@@ -22,7 +22,7 @@ import random
 
 import msgspec
 
-from runtime import BudgetExceeded
+from fractor.runtime import BudgetExceeded
 
 __all__ = ["RestartPolicy", "RetryPolicy", "is_retryable", "retry_after"]
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import msgspec
 
-from runtime import FractorError
+from fractor.runtime import FractorError
 
 from ._messages import (
     AssistantMessage,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 import structlog
 
-from runtime import ActorContext, Event, EventKind, Node, NodeSnapshot, Supervisor, Usage
+from fractor.runtime import ActorContext, Event, EventKind, Node, NodeSnapshot, Supervisor, Usage
 
 from ._messages import (
     ExecutionTrace,

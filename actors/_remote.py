@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import msgspec
 
-from runtime import Budget, BudgetExceeded, Event, Node, NodeSnapshot, Usage
-from runtime.lowlevel import Refusal, Tally, Want, new_waiter, park, wake
+from fractor.runtime import Budget, BudgetExceeded, Event, Node, NodeSnapshot, Usage
+from fractor.runtime.lowlevel import Refusal, Tally, Want, new_waiter, park, wake
 
 from ._approval import ApprovalRequest, approvals_of
 from ._messages import ExecutionTrace, Result
 
 if TYPE_CHECKING:
-    from runtime import Supervisor
+    from fractor.runtime import Supervisor
 
     from ._agent import Agent
     from ._hosts import HostLink, RemoteHosts

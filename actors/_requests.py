@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, cast
 import anyio
 import msgspec
 
-from runtime import InvalidUsage, Reservation, Usage
-from runtime.lowlevel import HeldUp
+from fractor.runtime import InvalidUsage, Reservation, Usage
+from fractor.runtime.lowlevel import HeldUp
 
 from ._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
 from ._policy import is_retryable, retry_after

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from runtime import FractorError
+from fractor.runtime import FractorError
 
 __all__ = [
     "ToolDefinitionError",
@@ -37,7 +37,7 @@ MIN_RESULT_CHARS = 100
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 # The generated argument Structs live in their own (virtual) module, so that their
 # names never collide with a user's type of the same name inside one JSON schema.
-_ARGUMENTS_MODULE = "actors._tools.arguments"
+_ARGUMENTS_MODULE = "fractor.actors._tools.arguments"
 _ARG_SECTIONS = frozenset(
     {"args", "arguments", "parameters", "params", "keyword args", "keyword arguments"}
 )

@@ -58,12 +58,12 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 import anyio
 import msgspec
 
-from runtime import Event, Usage
+from fractor.runtime import Event, Usage
 
 from ._messages import Result, Status, Task
 
 if TYPE_CHECKING:
-    from runtime import ActorRef, PendingReply
+    from fractor.runtime import ActorRef, PendingReply
 
 __all__ = [
     "AgentStream",

@@ -17,7 +17,7 @@ from ._messages import ToolCall, ToolOutcome, ToolSpec
 from ._tools import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError, tool, truncate
 
 if TYPE_CHECKING:
-    from runtime import Runtime
+    from fractor.runtime import Runtime
 
     from ._agent import Agent
 

@@ -3,7 +3,7 @@
 - ``export_traces(traces)`` gives JSON (msgspec, indented) in a small envelope that
   names the format and its version; ``load_traces(data)`` reads it back (or a bare
   JSON list of traces) and validates every field.
-- In a ``runtime.Store``, each trace is one record of kind ``"trace"`` under its
+- In a ``fractor.Store``, each trace is one record of kind ``"trace"`` under its
   execution id, with its ``parent_id`` (the execution that delegated it) as the
   record's parent, or for an earlier attempt of a task, the task's execution
   (``attempt_of``): ``collect_trace_tree(store, execution_id)`` fetches one
@@ -22,7 +22,7 @@ from typing import Literal
 
 import msgspec
 
-from runtime import Record, Store, StoreError, Usage
+from fractor.runtime import Record, Store, StoreError, Usage
 
 from ._messages import ExecutionTrace, StepRecord, SummaryRecord, ToolCall, ToolOutcome
 

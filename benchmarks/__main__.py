@@ -95,7 +95,7 @@ async def _in_own_process(name: str, quick: bool, backend: str) -> list[Row]:
     """The rows of workload ``name``, measured by a fresh ``python -m benchmarks``."""
     with tempfile.TemporaryDirectory() as folder:
         path = pathlib.Path(folder) / "rows.json"
-        command = [sys.executable, "-m", "benchmarks", "--only", name, "--backend", backend]
+        command = [sys.executable, "-m", "fractor.benchmarks", "--only", name, "--backend", backend]
         command += ["--json", str(path), *(["--quick"] if quick else [])]
         done = await anyio.run_process(command, check=False)
         if not path.exists():

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from actors import (
+from fractor.actors import (
     AssistantMessage,
     CycleModel,
     Message,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import anyio
 import msgspec
 
-from actors import (
+from fractor.actors import (
     Agent,
     FunctionModel,
     ModelRequest,
@@ -47,7 +47,7 @@ from actors import (
     reply,
     tool,
 )
-from runtime import Budget, Runtime
+from fractor.runtime import Budget, Runtime
 
 from ._harness import Row, judged, summarize
 

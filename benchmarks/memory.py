@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import anyio
 import msgspec
 
-from actors import (
+from fractor.actors import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     Agent,
     AssistantMessage,
@@ -56,7 +56,7 @@ from actors import (
     UserMessage,
     estimate_tokens,
 )
-from runtime import Runtime
+from fractor.runtime import Runtime
 
 from ._harness import Row, judged, summarize
 

@@ -52,9 +52,9 @@ import anyio.abc
 import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from actors import Agent
-from actors.providers import OpenAIModel
-from runtime import Runtime
+from fractor.actors import Agent
+from fractor.actors.providers import OpenAIModel
+from fractor.runtime import Runtime
 
 from ._harness import Row, compare, judged
 
@@ -277,7 +277,7 @@ def serve(latency: float = LATENCY, gap: float = STREAM_GAP) -> None:
 @contextlib.asynccontextmanager
 async def _server(latency: float = LATENCY, gap: float = STREAM_GAP) -> AsyncIterator[str]:
     """The server in a process of its own, killed on the way out; yields its URL."""
-    command = [sys.executable, "-m", "benchmarks.provider", "--serve"]
+    command = [sys.executable, "-m", "fractor.benchmarks.provider", "--serve"]
     command += ["--latency", repr(latency), "--gap", repr(gap)]
     process = await anyio.open_process(command, cwd=_HOME, stderr=None)
     try:

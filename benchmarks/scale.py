@@ -20,8 +20,8 @@ import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from actors import Agent, ModelResponse, ToolCall, tool
-from runtime import Budget, Runtime
+from fractor.actors import Agent, ModelResponse, ToolCall, tool
+from fractor.runtime import Budget, Runtime
 
 from ._common import _USAGE, CycleModel, fanout_turns
 from ._harness import Row, judged, single, summarize

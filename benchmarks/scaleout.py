@@ -46,9 +46,9 @@ import anyio
 import ray
 import sniffio
 
-from actors import Agent, AgentRef, ModelResponse, ToolCall, collect_trace_tree, tool
-from actors.integrations.ray import RayHosts
-from runtime import Budget, MemoryStore, Runtime, Usage
+from fractor.actors import Agent, AgentRef, ModelResponse, ToolCall, collect_trace_tree, tool
+from fractor.actors.integrations.ray import RayHosts
+from fractor.runtime import Budget, MemoryStore, Runtime, Usage
 
 from ._common import _USAGE, CycleModel, fanout_turns, raw_execution
 from ._harness import Row, compare, judged, single, summarize

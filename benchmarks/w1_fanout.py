@@ -13,8 +13,8 @@ import time
 import anyio
 import anyio.to_thread
 
-from actors import Agent, Message, tool
-from runtime import Runtime
+from fractor.actors import Agent, Message, tool
+from fractor.runtime import Runtime
 
 from ._common import CycleModel, fanout_turns, raw_execution
 from ._harness import Row, compare, judged

@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from actors import Agent, Message, tool
-from runtime import Runtime
+from fractor.actors import Agent, Message, tool
+from fractor.runtime import Runtime
 
 from ._common import CycleModel, raw_execution, step_turns
 from ._harness import Row, compare, judged

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import anyio
 
-from actors import Agent, Message, ModelResponse, ToolCall, tool
-from runtime import Runtime
+from fractor.actors import Agent, Message, ModelResponse, ToolCall, tool
+from fractor.runtime import Runtime
 
 from ._common import _USAGE, CycleModel, fanout_turns, raw_execution
 from ._harness import Row, compare, judged

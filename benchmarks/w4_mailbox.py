@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from runtime import Actor, Runtime
+from fractor.runtime import Actor, Runtime
 
 from ._harness import Row, compare
 

@@ -17,7 +17,7 @@ that an unobserved runtime pays one attribute check per event site:
 
 A third way, ``EventBus.listen``, calls a function with every event, synchronously,
 where it happens: an integration turning events into something else as they come
-(the OpenTelemetry spans of ``actors.integrations.otel``). It must never block nor
+(the OpenTelemetry spans of ``fractor.actors.integrations.otel``). It must never block nor
 raise.
 
 A fourth way sees one subtree only: a node's ``watch`` (set by whoever streams an

@@ -105,7 +105,7 @@ class Runtime:
     budget or not (depth 8, 10,000 executions per top-level execution, 200 steps per
     execution by default; see ``Caps``): ``caps=None`` removes them. ``hosts`` are
     other processes where subtrees of the tree may run (see ``Hosts`` and
-    ``actors.integrations.ray.RayHosts``): started on entering, closed on leaving.
+    ``fractor.actors.integrations.ray.RayHosts``): started on entering, closed on leaving.
     """
 
     def __init__(
@@ -131,21 +131,22 @@ class Runtime:
             raise ValueError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
         _check_mailbox_size(mailbox_size)
         if budget is not None and not isinstance(budget, Budget):
-            raise TypeError(f"budget must be a runtime.Budget, got {type(budget).__qualname__}")
+            raise TypeError(f"budget must be a fractor.Budget, got {type(budget).__qualname__}")
         _check_prices(prices)
         if store is not None and not all(
             callable(getattr(store, method, None)) for method in ("load", "save")
         ):
             raise TypeError(
-                "store must implement runtime.Store (async load() and save(), like "
+                "store must implement fractor.Store (async load() and save(), like "
                 f"MemoryStore or SQLiteStore) or be None, got {type(store).__qualname__}"
             )
         if hosts is not None and not all(
             callable(getattr(hosts, method, None)) for method in ("start", "aclose")
         ):
             raise TypeError(
-                "hosts must implement runtime.Hosts (async start() and aclose(), like "
-                f"actors.integrations.ray.RayHosts) or be None, got {type(hosts).__qualname__}"
+                "hosts must implement fractor.Hosts (async start() and aclose(), like "
+                "fractor.actors.integrations.ray.RayHosts) or be None, got "
+                f"{type(hosts).__qualname__}"
             )
         if not isinstance(log_events, bool):
             raise TypeError(f"log_events must be a bool, got {log_events!r}")
@@ -505,13 +506,13 @@ def _check_prices(prices: object) -> None:
         return
     if not isinstance(prices, Mapping):
         raise TypeError(
-            "prices must be a mapping of model names to runtime.Price, "
+            "prices must be a mapping of model names to fractor.Price, "
             f"got {type(prices).__qualname__}"
         )
     for model, price in prices.items():
         if not isinstance(model, str) or not isinstance(price, Price):
             raise TypeError(
-                "prices must map model names (str) to runtime.Price, "
+                "prices must map model names (str) to fractor.Price, "
                 f"got {model!r}: {type(price).__qualname__}"
             )
 
@@ -526,7 +527,7 @@ def _check_spawn(spawnable: object, name: object, mailbox_size: object) -> None:
             else (type(spawnable).__qualname__)
         )
         raise TypeError(
-            f"spawn takes an Actor instance or a definition such as actors.Agent, got {shown}"
+            f"spawn takes an Actor instance or a definition such as fractor.Agent, got {shown}"
         )
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"actor name must be a non-empty string or None, got {name!r}")

@@ -128,7 +128,7 @@ def _check_save(store: str, actor_id: str, state: bytes | None, records: Sequenc
             raise StoreError(
                 store,
                 f"save records of actor {actor_id!r}",
-                f"records must be runtime.Record values, got {type(record).__qualname__}",
+                f"records must be fractor.Record values, got {type(record).__qualname__}",
             )
 
 

@@ -90,7 +90,7 @@ class Supervisor(Reserving):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if caps is not None and not isinstance(caps, Caps):
-            raise TypeError(f"caps must be a runtime.Caps or None, got {type(caps).__qualname__}")
+            raise TypeError(f"caps must be a fractor.Caps or None, got {type(caps).__qualname__}")
         self.budget = budget
         #: Bounds on any tree, budget or not (None: none).
         self.caps = caps

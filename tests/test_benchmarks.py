@@ -7,9 +7,9 @@ import pathlib
 
 import pytest
 
-from actors import Compaction
-from benchmarks import budget, memory, w4_mailbox
-from benchmarks._harness import print_rows, write_results
+from fractor.actors import Compaction
+from fractor.benchmarks import budget, memory, w4_mailbox
+from fractor.benchmarks._harness import print_rows, write_results
 
 
 async def test_w4_reports_both_sides_and_their_ratio(tmp_path: pathlib.Path) -> None:
@@ -116,7 +116,7 @@ async def test_memory_compaction_bounds_the_context_and_the_rows_say_so() -> Non
 )
 async def test_provider_rows_are_coherent() -> None:
     pytest.importorskip("openai")
-    from benchmarks import provider
+    from fractor.benchmarks import provider
 
     rows = await provider.run(quick=True)
     modes = ["not streamed", "streamed"]

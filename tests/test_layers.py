@@ -1,6 +1,6 @@
 """Dependencies run one way: the imports of every module, read with ``ast``.
 
-Every ``.py`` module under ``runtime/``, ``actors/`` and ``benchmarks/`` is parsed
+Every ``.py`` module of ``fractor`` (``runtime/``, ``actors/``, ``benchmarks/``) is parsed
 (nothing is imported); each of its imports of these packages is resolved, absolute or
 relative, at module level or inside a function. The check fails, naming the modules
 and the line, on:
@@ -44,15 +44,18 @@ from dataclasses import dataclass
 import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent
+#: The folders of the package ``fractor`` (``.package/fractor`` links to them).
 PACKAGES = ("runtime", "actors", "benchmarks")
 #: The layers, lowest first; a module's layer is the longest entry its name starts with.
+#: ``fractor`` itself, the surface users import, is the top: nothing inside imports it.
 LAYERS = (
-    "runtime",
-    "actors",
-    "actors.providers",
-    "actors.integrations",
-    "actors.cli",
-    "benchmarks",
+    "fractor.runtime",
+    "fractor.actors",
+    "fractor.actors.providers",
+    "fractor.actors.integrations",
+    "fractor.actors.cli",
+    "fractor.benchmarks",
+    "fractor",
 )
 
 
@@ -232,10 +235,11 @@ def private(imports: list[Import], modules: Mapping[str, Module]) -> Iterator[st
 
 
 def repository() -> dict[str, Module]:
-    modules: dict[str, Module] = {}
+    top = ROOT / ".package" / "fractor" / "__init__.py"
+    modules = {"fractor": Module(top.read_text(encoding="utf-8"), True)}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+            parts = ("fractor", *path.relative_to(ROOT).with_suffix("").parts)
             is_package = parts[-1] == "__init__"
             name = ".".join(parts[:-1] if is_package else parts)
             modules[name] = Module(path.read_text(encoding="utf-8"), is_package)
@@ -248,7 +252,13 @@ def repository() -> dict[str, Module]:
 def graph(sources: Mapping[str, str]) -> dict[str, Module]:
     """Modules from their sources; the packages enclosing them are empty unless given
     (a module whose name another one extends is a package)."""
-    named = {"runtime": "", "actors": "", "benchmarks": "", **sources}
+    named = {
+        "fractor": "",
+        "fractor.runtime": "",
+        "fractor.actors": "",
+        "fractor.benchmarks": "",
+        **sources,
+    }
     for name in list(named):  # every enclosing package exists, empty unless given
         parts = name.split(".")
         for depth in range(1, len(parts)):
@@ -263,73 +273,93 @@ TYPE_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    "
 
 BROKEN = {
     "a circle": (
-        {"actors._a": "from ._b import B", "actors._b": "from . import _a"},
-        "import circle actors._a -> actors._b -> actors._a",
+        {"fractor.actors._a": "from ._b import B", "fractor.actors._b": "from . import _a"},
+        "import circle fractor.actors._a -> fractor.actors._b -> fractor.actors._a",
     ),
     "a circle through a function's import": (
         {
-            "actors._a": "from ._b import B",
-            "actors._b": "from ._c import C",
-            "actors._c": "def f():\n    from actors._a import A",
+            "fractor.actors._a": "from ._b import B",
+            "fractor.actors._b": "from ._c import C",
+            "fractor.actors._c": "def f():\n    from fractor.actors._a import A",
         },
-        "import circle actors._a -> actors._b -> actors._c -> actors._a",
+        "import circle fractor.actors._a -> fractor.actors._b -> fractor.actors._c"
+        " -> fractor.actors._a",
     ),
-    "the kernel importing actors": (
-        {"runtime._x": "import actors"},
-        "upward import: runtime._x imports actors (line 1): 'runtime' is below 'actors'",
+    "the kernel importing the agents": (
+        {"fractor.runtime._x": "import fractor.actors"},
+        "upward import: fractor.runtime._x imports fractor.actors (line 1): "
+        "'fractor.runtime' is below 'fractor.actors'",
     ),
     "the core importing the command line": (
-        {"actors.cli": "", "actors._agent": "from .cli import main"},
-        "upward import: actors._agent imports actors.cli",
+        {"fractor.actors.cli": "", "fractor.actors._agent": "from .cli import main"},
+        "upward import: fractor.actors._agent imports fractor.actors.cli",
     ),
     "the core importing a provider, for types only": (
-        {"actors.providers": "", "actors._agent": TYPE_ONLY + "from .providers import Model"},
-        "upward import: actors._agent imports actors.providers (line 3)",
+        {
+            "fractor.actors.providers": "",
+            "fractor.actors._agent": TYPE_ONLY + "from .providers import Model",
+        },
+        "upward import: fractor.actors._agent imports fractor.actors.providers (line 3)",
     ),
     "an integration importing the command line": (
-        {"actors.cli": "", "actors.integrations.mcp": "from ..cli import main"},
-        "upward import: actors.integrations.mcp imports actors.cli",
+        {"fractor.actors.cli": "", "fractor.actors.integrations.mcp": "from ..cli import main"},
+        "upward import: fractor.actors.integrations.mcp imports fractor.actors.cli",
     ),
     "the product importing the benchmarks": (
-        {"actors.cli._bench": "def suite():\n    import benchmarks"},
-        "upward import: actors.cli._bench imports benchmarks",
+        {"fractor.actors.cli._bench": "def suite():\n    import fractor.benchmarks"},
+        "upward import: fractor.actors.cli._bench imports fractor.benchmarks",
     ),
     "the core importing the kernel's private module": (
-        {"runtime._waiter": "", "actors._execution": "from runtime._waiter import park"},
-        "private import: actors._execution imports runtime._waiter (line 1): "
-        "runtime._waiter is private to 'runtime'",
+        {
+            "fractor.runtime._waiter": "",
+            "fractor.actors._execution": "from fractor.runtime._waiter import park",
+        },
+        "private import: fractor.actors._execution imports fractor.runtime._waiter (line 1): "
+        "fractor.runtime._waiter is private to 'fractor.runtime'",
     ),
-    "the benchmarks importing a private module of actors": (
-        {"actors._models": "", "benchmarks._common": "from actors._models import CycleModel"},
-        "private import: benchmarks._common imports actors._models",
+    "the benchmarks importing a private module of the agents": (
+        {
+            "fractor.actors._models": "",
+            "fractor.benchmarks._common": "from fractor.actors._models import CycleModel",
+        },
+        "private import: fractor.benchmarks._common imports fractor.actors._models",
+    ),
+    "the benchmarks importing the package's top instead of a layer": (
+        {"fractor.benchmarks._common": "from fractor import Agent"},
+        "upward import: fractor.benchmarks._common imports fractor (line 1)",
     ),
     "the command line importing a provider's private module": (
         {
-            "actors.providers._openai": "",
-            "actors.cli._run": "from ..providers._openai import OpenAIModel",
+            "fractor.actors.providers._openai": "",
+            "fractor.actors.cli._run": "from ..providers._openai import OpenAIModel",
         },
-        "private import: actors.cli._run imports actors.providers._openai",
+        "private import: fractor.actors.cli._run imports fractor.actors.providers._openai",
     ),
 }
 
 SOUND = {
     "imports both ways, one of them for types only": {
-        "actors._agent": "from ._execution import Execution",
-        "actors._execution": TYPE_ONLY + "from ._agent import Agent",
+        "fractor.actors._agent": "from ._execution import Execution",
+        "fractor.actors._execution": TYPE_ONLY + "from ._agent import Agent",
     },
     "a surface re-exporting from a subpackage's private module": {
-        "actors": "from .cli._live import watch",
-        "actors.cli._live": "from runtime import Runtime",
+        "fractor.actors": "from .cli._live import watch",
+        "fractor.actors.cli._live": "from fractor.runtime import Runtime",
     },
     "the edge importing the core, the providers and the kernel's surfaces": {
-        "runtime.lowlevel": "",
-        "actors._agent": "from runtime.lowlevel import park",
-        "actors.providers": "from .. import _agent",
-        "actors.cli._run": "from .._agent import Agent\nfrom ..providers import model_from_string",
+        "fractor.runtime.lowlevel": "",
+        "fractor.actors._agent": "from fractor.runtime.lowlevel import park",
+        "fractor.actors.providers": "from .. import _agent",
+        "fractor.actors.providers._openai": "",  # (so providers is a package)
+        "fractor.actors.cli._run": (
+            "from .._agent import Agent\nfrom ..providers import model_from_string"
+        ),
     },
     "the benchmarks importing public surfaces and their own private modules": {
-        "benchmarks._harness": "",
-        "benchmarks.__main__": "from . import _harness\nfrom actors import Agent\nimport runtime",
+        "fractor.benchmarks._harness": "",
+        "fractor.benchmarks.__main__": (
+            "from . import _harness\nfrom fractor.actors import Agent\nimport fractor.runtime"
+        ),
     },
 }
 
@@ -350,17 +380,21 @@ def test_the_checker_accepts_a_sound_graph(sources: dict[str, str]) -> None:
 
 def test_the_walk_sees_every_module_and_its_imports() -> None:
     modules = repository()
-    assert {"runtime.lowlevel", "actors._agent", "actors.providers", "actors.cli._run"} <= set(
-        modules
-    )
+    assert {
+        "fractor.runtime.lowlevel",
+        "fractor.actors._agent",
+        "fractor.actors.providers",
+        "fractor.actors.cli._run",
+    } <= set(modules)
     edges = {(i.importer, i.target, i.type_only) for n in modules for i in imports_of(n, modules)}
-    assert ("actors._agent", "actors._execution", False) in edges
-    assert ("actors._execution", "actors._agent", True) in edges
-    assert ("actors._delegation", "runtime.lowlevel", False) in edges
-    assert ("actors._calling", "actors._delegation", False) in edges
-    assert ("actors._delegation", "actors._execution", True) in edges
-    assert ("actors._calling", "actors._execution", True) in edges
-    assert ("actors", "actors.cli._live", False) in edges
+    assert ("fractor.actors._agent", "fractor.actors._execution", False) in edges
+    assert ("fractor.actors._execution", "fractor.actors._agent", True) in edges
+    assert ("fractor.actors._delegation", "fractor.runtime.lowlevel", False) in edges
+    assert ("fractor.actors._calling", "fractor.actors._delegation", False) in edges
+    assert ("fractor.actors._delegation", "fractor.actors._execution", True) in edges
+    assert ("fractor.actors._calling", "fractor.actors._execution", True) in edges
+    assert ("fractor.actors", "fractor.actors.cli._live", False) in edges
+    assert ("fractor", "fractor.actors", False) in edges
 
 
 def test_dependencies_run_one_way() -> None:

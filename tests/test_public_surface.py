@@ -7,14 +7,33 @@ import types
 
 import pytest
 
+import fractor
+import fractor.actors.cli
+import fractor.actors.providers
+import fractor.runtime.lowlevel
+from fractor import actors, runtime
+
 #: Names a package re-exports from the kernel on purpose (one definition, two homes).
-REEXPORTED = {"actors": {"Usage"}}
+REEXPORTED = {"fractor.actors": {"Usage"}}
 #: Where a surface's own names are defined, when not under its own name.
-HOMES = {"runtime.lowlevel": ("runtime._waiter", "runtime._lease", "runtime._ledger")}
+HOMES = {
+    "fractor.runtime.lowlevel": (
+        "fractor.runtime._waiter",
+        "fractor.runtime._lease",
+        "fractor.runtime._ledger",
+    )
+}
 
 
 @pytest.mark.parametrize(
-    "package", ["runtime", "runtime.lowlevel", "actors", "actors.providers", "actors.cli"]
+    "package",
+    [
+        "fractor.runtime",
+        "fractor.runtime.lowlevel",
+        "fractor.actors",
+        "fractor.actors.providers",
+        "fractor.actors.cli",
+    ],
 )
 def test_all_lists_exactly_the_public_names(package: str) -> None:
     module = importlib.import_module(package)
@@ -33,8 +52,6 @@ def test_all_lists_exactly_the_public_names(package: str) -> None:
 
 
 def test_runtime_surface_names() -> None:
-    import runtime
-
     expected = {
         "Actor", "ActorContext", "ActorError", "ActorRef", "ActorStopped", "AskTimeout", "Budget",
         "BudgetExceeded", "Caps", "DuplicateActor", "Envelope", "Event", "EventBus", "EventKind",
@@ -49,8 +66,6 @@ def test_runtime_surface_names() -> None:
 
 
 def test_actors_surface_names() -> None:
-    import actors
-
     expected = {
         "Agent", "AgentActor", "AgentRef", "AgentState", "AnthropicModel", "AssistantMessage",
         "Conversation", "CycleModel", "ExecutionTrace", "FinishReason", "FunctionModel",
@@ -81,10 +96,6 @@ def test_actors_surface_names() -> None:
 
 
 def test_subpackage_surface_names() -> None:
-    import actors.cli
-    import actors.providers
-    import runtime.lowlevel
-
     assert set(runtime.lowlevel.__all__) == {
         "LEASED", "HeldUp", "Lease", "Ledger", "Lender", "Refusal", "Tally", "Want",
         "Waiter", "clock", "new_waiter", "park", "wake",
@@ -96,21 +107,39 @@ def test_subpackage_surface_names() -> None:
     assert set(actors.cli.__all__) == {"main"}
     # One definition, two homes: what actors re-exports from its subpackages.
     assert actors.providers.model_from_string is actors.model_from_string
-    assert actors.watch.__module__ == "actors.cli._live"
+    assert actors.watch.__module__ == "fractor.actors.cli._live"
+
+
+def test_the_package_holds_every_public_name_of_both_layers() -> None:
+    # ``from fractor import Agent, Runtime, Budget, tool``: each name is the one its
+    # layer defines, and the layers stay where they are.
+    assert set(fractor.__all__) == set(actors.__all__) | set(runtime.__all__)
+    for name in fractor.__all__:
+        home = actors if name in actors.__all__ else runtime
+        assert getattr(fractor, name) is getattr(home, name), name
+    assert fractor.actors is actors
+    assert fractor.runtime is runtime
+    public = {
+        name
+        for name, value in vars(fractor).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public == set(fractor.__all__)
 
 
 def test_runtime_never_imports_actors() -> None:
     import pathlib
 
-    root = pathlib.Path(importlib.import_module("runtime").__file__ or "").parent
+    root = pathlib.Path(runtime.__file__ or "").parent
     for path in root.glob("*.py"):
         text = path.read_text()
-        assert "import actors" not in text, path
-        assert "from actors" not in text, path
+        assert "import fractor.actors" not in text, path
+        assert "from fractor.actors" not in text, path
+        assert "from fractor import" not in text, path
 
 
 def test_exception_tree() -> None:
-    import runtime as rt
+    import fractor.runtime as rt
 
     assert issubclass(rt.ActorError, rt.FractorError)
     assert issubclass(rt.RuntimeClosed, rt.FractorError)

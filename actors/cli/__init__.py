@@ -1,14 +1,14 @@
 """The ``fractor`` command line: the edge of ``actors``, above the core and the providers.
 
-``main`` is the console entry (``fractor = "actors.cli:main"``); ``fractor --version``
+``main`` is the console entry (``fractor = "fractor.actors.cli:main"``); ``fractor --version``
 prints the installed distribution's version. Each command is a module of its own:
 
-- ``_run.py``: ``fractor run``, one task on a real model (``actors.providers``).
+- ``_run.py``: ``fractor run``, one task on a real model (``fractor.actors.providers``).
 - ``_demo.py``: ``fractor demo``, the scripted research team of ``_scenario.py`` in
   the scripted world of ``_world.py``, with the usage table of ``_usage.py``.
 - ``_trace.py``: ``fractor trace``, a stored or exported execution as a tree.
 - ``_mcp_serve.py``: ``fractor mcp-serve``, an agent served as one MCP tool
-  (``actors.integrations.mcp_serve``; the ``mcp`` extra), on asyncio.
+  (``fractor.actors.integrations.mcp_serve``; the ``mcp`` extra), on asyncio.
 - ``_bench.py``: ``fractor bench``, the benchmark suite (``python -m benchmarks``, in
   a subprocess: the product never imports ``benchmarks``) or one of your tools under
   the runtime (``_tool_bench.py``).
@@ -21,24 +21,25 @@ Nothing below this package (the core, the providers, the kernel) imports it.
 
 import argparse
 import collections.abc
-import importlib.metadata
 import os
 import sys
 
 import anyio
+
+from .._version import VERSION as _VERSION
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
     # The commands are imported when the command line runs, not with the package:
-    # ``import actors`` (which re-exports ``watch`` from ``_live.py``) loads none of them.
+    # ``import fractor.actors`` (which re-exports ``watch`` from ``_live.py``) loads none of them.
     from . import _bench, _demo, _mcp_serve, _run, _trace
 
     parser = argparse.ArgumentParser(
         prog="fractor", description="An actor runtime for nested LLM agents."
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_VERSION}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _demo.add_demo_parser(commands)
     _trace.add_trace_parser(commands)
@@ -46,14 +47,6 @@ def _parser() -> argparse.ArgumentParser:
     _bench.add_bench_parser(commands)
     _mcp_serve.add_mcp_serve_parser(commands)
     return parser
-
-
-def _version() -> str:
-    """The installed ``fractor`` distribution's version (``fractor --version``)."""
-    try:
-        return importlib.metadata.version("fractor")
-    except importlib.metadata.PackageNotFoundError:  # a source tree, not installed
-        return "(version unknown: the fractor distribution is not installed)"
 
 
 def main(argv: collections.abc.Sequence[str] | None = None) -> int:

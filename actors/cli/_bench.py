@@ -57,7 +57,7 @@ DEFAULT_CALLS = 200
 _SUITE_ONLY = ("quick", "only")
 _TOOL_ONLY = ("args", "fanout", "concurrency", "calls")
 #: The suite's package, run as ``python -m benchmarks``: never imported from here.
-_SUITE = "benchmarks"
+_SUITE = "fractor.benchmarks"
 #: Worker threads anyio's default limiter lets sync tools use at once.
 _THREADS = 40
 

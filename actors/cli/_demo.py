@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
-from runtime import StoreError
+from fractor.runtime import StoreError
 
 from ._live import PipeConsole
 from ._scenario import DEFAULT_BUDGET_TOKENS, QUESTION, DemoOptions, DemoRun, describe, run_demo

@@ -6,7 +6,7 @@ Both are pure: they read events and return text.
 
 from __future__ import annotations
 
-from runtime import Event
+from fractor.runtime import Event
 
 __all__ = ["LatestLines", "ProgressLines"]
 

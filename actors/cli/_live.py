@@ -36,7 +36,7 @@ from rich.live import Live
 from rich.text import Text
 from rich.tree import Tree
 
-from runtime import Event, NodeSnapshot, NodeStatus, Runtime, Subscription, TreeSnapshot
+from fractor.runtime import Event, NodeSnapshot, NodeStatus, Runtime, Subscription, TreeSnapshot
 
 from ._lines import LatestLines, ProgressLines
 

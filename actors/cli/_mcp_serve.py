@@ -1,4 +1,5 @@
-"""``fractor mcp-serve``: an agent served as one MCP tool (``actors.integrations.mcp_serve``).
+"""``fractor mcp-serve``: an agent served as one MCP tool
+(``fractor.actors.integrations.mcp_serve``).
 
 ::
 
@@ -24,7 +25,7 @@ import argparse
 import sys
 from typing import Any
 
-from runtime import Budget
+from fractor.runtime import Budget
 
 from .._agent import Agent
 from ._imports import import_spec
@@ -45,7 +46,7 @@ def add_mcp_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     serve.add_argument(
-        "agent", metavar="MODULE:NAME", help="an actors.Agent at module level, e.g. myagents:lead"
+        "agent", metavar="MODULE:NAME", help="a fractor.Agent at module level, e.g. myagents:lead"
     )
     serve.add_argument(
         "--http",
@@ -81,7 +82,7 @@ def load_agent(spec: str) -> Agent:
         kind="agents",
     )
     if not isinstance(found, Agent):
-        raise TypeError(f"{spec!r} is a {type(found).__qualname__}, not an actors.Agent")
+        raise TypeError(f"{spec!r} is a {type(found).__qualname__}, not a fractor.Agent")
     return found
 
 

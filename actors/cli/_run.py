@@ -43,7 +43,7 @@ from typing import Any, TextIO
 import anyio
 import anyio.to_thread
 
-from runtime import Budget, Runtime, SQLiteStore, Store, Subscription
+from fractor.runtime import Budget, Runtime, SQLiteStore, Store, Subscription
 
 from .._agent import Agent, AgentRef
 from .._approval import ApprovalError

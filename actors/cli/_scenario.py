@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
-from runtime import Budget, Price, Runtime, SQLiteStore, Store, TreeSnapshot, Usage
+from fractor.runtime import Budget, Price, Runtime, SQLiteStore, Store, TreeSnapshot, Usage
 
 from .._agent import Agent
 from .._messages import (

@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from runtime import Runtime
+from fractor.runtime import Runtime
 
 from .._agent import Agent
 from .._messages import ModelResponse, ToolCall, Usage

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from runtime import SQLiteStore, StoreError
+from fractor.runtime import SQLiteStore, StoreError
 
 from .._messages import ExecutionTrace
 from .._traces import TRACE_KIND, collect_trace_tree, export_traces, load_traces, render_trace_tree

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from runtime import TreeSnapshot
+from fractor.runtime import TreeSnapshot
 
 from ._live import STATUS_STYLE, own_steps, tree_order
 

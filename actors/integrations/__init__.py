@@ -5,7 +5,7 @@ servers, as ``Tool``\\ s), OpenTelemetry (the runtime's events and traces as spa
 the Ray agent host (agents run on a Ray cluster behind the same ``AgentRef``).
 
 The dependency rule they follow (``tests/test_layers.py`` checks it): an integration
-imports the agent core (the modules of ``actors`` itself), ``actors.providers`` and
+imports the agent core (the modules of ``actors`` itself), ``fractor.actors.providers`` and
 the public surface of the kernel (``runtime``, ``runtime.lowlevel``); never the
 command line (``actors.cli`` may use an integration, not the reverse), never another
 package's private modules, never ``benchmarks``. Nothing below imports an

@@ -42,7 +42,6 @@ runtime block. They cannot be shipped to another host.
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -62,11 +61,12 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 
-from runtime import Runtime
+from fractor.runtime import Runtime
 
 from .._calling import ProgressReporter, progress_reporter
 from .._messages import ToolCall, ToolOutcome, ToolSpec, exception_text
 from .._tools import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError
+from .._version import VERSION
 
 __all__ = ["MCPServer", "MCPTool", "MCPToolset", "mcp_tools"]
 
@@ -91,11 +91,7 @@ log = structlog.get_logger("fractor.mcp")
 
 def _client_info() -> types.Implementation:
     """Who connects: fractor, in its installed version."""
-    try:
-        version = importlib.metadata.version("fractor")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        version = "0+unknown"
-    return types.Implementation(name="fractor", version=version)
+    return types.Implementation(name="fractor", version=VERSION)
 
 
 #: How fractor introduces itself to every server (``clientInfo``).
@@ -297,7 +293,7 @@ class _Link:
 @dataclass(frozen=True, slots=True)
 class MCPToolset:
     """An MCP server's tools in an agent's ``tools`` (``MCPServer.tools``): an
-    ``actors.Toolset``, resolved by ``mcp_tools`` in the runtime that spawns the agent."""
+    ``fractor.Toolset``, resolved by ``mcp_tools`` in the runtime that spawns the agent."""
 
     server: MCPServer
     include: tuple[str, ...] | None = None

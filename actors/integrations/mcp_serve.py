@@ -29,7 +29,6 @@ asyncio only; ``fractor mcp-serve`` runs both transports on asyncio.
 
 from __future__ import annotations
 
-import importlib.metadata
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -41,10 +40,11 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
-from runtime import Budget, Runtime
+from fractor.runtime import Budget, Runtime
 
 from .._agent import Agent
 from .._messages import Result
+from .._version import VERSION
 
 __all__ = [
     "TASK_SCHEMA",
@@ -86,14 +86,6 @@ def tool_result(result: Result) -> types.CallToolResult:
 
 def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
-
-
-def _version() -> str:
-    """The installed ``fractor`` distribution's version: the server's ``serverInfo``."""
-    try:
-        return importlib.metadata.version("fractor")
-    except importlib.metadata.PackageNotFoundError:  # a source tree, not installed
-        return "unknown"
 
 
 #: How JSON names the type of a value a client sent, most specific first.
@@ -142,9 +134,9 @@ def agent_server(agent: Agent, runtime: Runtime, *, budget: Budget | None = None
     """An MCP server offering ``agent`` as one tool, each call run in ``runtime``
     (which must be running while the server serves) under ``budget``."""
     if not isinstance(agent, Agent):
-        raise TypeError(f"agent_server() serves an actors.Agent, got {type(agent).__qualname__}")
+        raise TypeError(f"agent_server() serves a fractor.Agent, got {type(agent).__qualname__}")
     if budget is not None and not isinstance(budget, Budget):
-        raise TypeError(f"budget must be a runtime.Budget or None, got {type(budget).__qualname__}")
+        raise TypeError(f"budget must be a fractor.Budget or None, got {type(budget).__qualname__}")
     tool = agent_tool(agent)
 
     async def list_tools(
@@ -168,7 +160,7 @@ def agent_server(agent: Agent, runtime: Runtime, *, budget: Budget | None = None
 
     return Server(
         agent.name,
-        version=_version(),
+        version=VERSION,
         description=tool.description,
         on_list_tools=list_tools,
         on_call_tool=call_tool,

@@ -2,7 +2,7 @@
 
 ::
 
-    from actors.integrations import otel
+    from fractor.actors.integrations import otel
 
     async with Runtime() as rt:
         with otel.instrument(rt, tracer_provider=provider):
@@ -57,7 +57,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
-from runtime import Event, Runtime
+from fractor.runtime import Event, Runtime
 
 from .._messages import (
     AssistantMessage,
@@ -110,7 +110,7 @@ def instrument(
     """Trace ``runtime``'s agents from now on (see the module); returns the handle
     that stops it (``close()``, or use it as a context manager)."""
     if not isinstance(runtime, Runtime):
-        raise TypeError(f"instrument takes a runtime.Runtime, got {type(runtime).__qualname__}")
+        raise TypeError(f"instrument takes a fractor.Runtime, got {type(runtime).__qualname__}")
     return Instrumentation(runtime, tracer_provider, capture_content)
 
 

@@ -2,7 +2,7 @@
 
 ::
 
-    from actors.integrations.ray import RayHosts
+    from fractor.actors.integrations.ray import RayHosts
 
     async with Runtime(hosts=RayHosts(2), budget=Budget(tokens=200_000)) as rt:
         result = await (await rt.spawn(lead)).ask("Research these 50 topics.")
@@ -46,8 +46,8 @@ import msgspec
 import ray
 import sniffio
 
-from runtime import Runtime
-from runtime.lowlevel import Waiter, new_waiter, park, wake
+from fractor.runtime import Runtime
+from fractor.runtime.lowlevel import Waiter, new_waiter, park, wake
 
 from .._host import AgentHost, HostConfig
 from .._hosts import DEFAULT_POOL, HostLink, Placement, RemoteHosts

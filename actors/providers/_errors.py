@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
-from runtime import FractorError
+from fractor.runtime import FractorError
 
 from .._messages import Usage
 

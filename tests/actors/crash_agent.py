@@ -17,8 +17,8 @@ import sys
 
 import anyio
 
-from actors import Agent, Compaction, ScriptedModel, call, reply, tool
-from runtime import Event, Runtime, SQLiteStore, encode_json
+from fractor.actors import Agent, Compaction, ScriptedModel, call, reply, tool
+from fractor.runtime import Event, Runtime, SQLiteStore, encode_json
 
 
 @tool

@@ -8,7 +8,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     AssistantMessage,
     FunctionModel,
@@ -25,7 +25,7 @@ from actors import (
     reply,
     tool,
 )
-from runtime import Budget, Runtime
+from fractor.runtime import Budget, Runtime
 
 from .tools import add, get_weather, hanging
 
@@ -348,7 +348,7 @@ async def test_the_design_example_runs_as_written() -> None:
 
 
 async def test_react_driver_under_the_same_conversation_and_buffer_rules() -> None:
-    from actors import ReActModel
+    from fractor.actors import ReActModel
 
     text_only = ScriptedModel(
         [
@@ -385,9 +385,9 @@ async def test_a_budget_that_is_not_a_budget_is_refused_before_the_agent_sees_it
 ) -> None:
     async with Runtime() as rt:
         ref = await rt.spawn(Agent("a", ScriptedModel([reply("fine")])))
-        with pytest.raises(TypeError, match=r"budget must be a runtime\.Budget or None, got"):
+        with pytest.raises(TypeError, match=r"budget must be a fractor\.Budget or None, got"):
             await ref.ask("hi", budget=budget)  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match=r"budget must be a runtime\.Budget"):
+        with pytest.raises(TypeError, match=r"budget must be a fractor\.Budget"):
             await ref.tell("hi", budget=budget)  # type: ignore[arg-type]
         conversation = await ref.conversation()
         result = await ref.ask("hi")
@@ -451,8 +451,8 @@ async def test_repeated_or_missing_call_ids_from_a_model_are_made_unique() -> No
         ({"instructions": 5}, TypeError, "instructions must be a str, got int"),
         ({"description": None}, TypeError, "description must be a str, got NoneType"),
         ({"stop_when": "done"}, TypeError, "stop_when must be a function"),
-        ({"retry": 3}, TypeError, "retry must be an actors.RetryPolicy, got int"),
-        ({"restart": {}}, TypeError, "restart must be an actors.RestartPolicy, got dict"),
+        ({"retry": 3}, TypeError, "retry must be a fractor.RetryPolicy, got int"),
+        ({"restart": {}}, TypeError, "restart must be a fractor.RestartPolicy, got dict"),
         ({"escalate": "no"}, TypeError, "escalate must be a bool, got 'no'"),
         ({"max_tokens": True}, ValueError, "max_tokens must be >= 1, got True"),
         ({"tools": add}, TypeError, "tools must be a sequence (a list or a tuple), got Tool"),

@@ -13,7 +13,7 @@ import warnings
 
 import anyio
 
-from actors import (
+from fractor.actors import (
     Agent,
     AgentRef,
     Compaction,
@@ -27,8 +27,8 @@ from actors import (
     calls,
     reply,
 )
-from actors._models import Turn
-from runtime import Runtime
+from fractor.actors._models import Turn
+from fractor.runtime import Runtime
 
 from .loopback import LoopbackServer, json_reply
 from .providers.wires import completion, openai_model

@@ -10,7 +10,7 @@ import anyio
 import msgspec
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     AgentRef,
     ApprovalDecided,
@@ -26,8 +26,8 @@ from actors import (
     reply,
     tool,
 )
-from actors._turns import Turn
-from runtime import Budget, Runtime, SQLiteStore
+from fractor.actors._turns import Turn
+from fractor.runtime import Budget, Runtime, SQLiteStore
 
 RAN: list[str] = []
 
@@ -241,7 +241,7 @@ async def test_bad_approval_answers_are_refused_clearly() -> None:
 async def test_a_subtree_on_another_host_asks_through_the_driver() -> None:
     """The request of a call on a host comes up with the streamed events; the
     top-level agent's ref answers it, and the call runs on the host."""
-    from actors import ApprovalRequested, LocalHosts
+    from fractor.actors import ApprovalRequested, LocalHosts
 
     def mailer_turns(request: ModelRequest) -> Turn:
         if isinstance(request.messages[-1], ToolResultMessage):
@@ -358,7 +358,7 @@ async def test_a_request_names_its_place_in_the_whole_tree_wherever_it_runs(host
     top-level agent down to the one that asked, ``depth`` counts from the top as the
     tree does (1: the top-level agent), in the request, its stream event and the
     runtime's event alike."""
-    from actors import LocalHosts
+    from fractor.actors import LocalHosts
 
     def mailer_turns(request: ModelRequest) -> Turn:
         if isinstance(request.messages[-1], ToolResultMessage):

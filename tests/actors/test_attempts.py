@@ -12,7 +12,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from actors import (
+from fractor.actors import (
     Agent,
     AssistantMessage,
     Compaction,
@@ -36,9 +36,9 @@ from actors import (
     streamed,
     tool,
 )
-from actors._traces import trace_from_record
-from actors.cli import main
-from runtime import ActorStopped, Budget, MemoryStore, Runtime, SQLiteStore, StoreError
+from fractor.actors._traces import trace_from_record
+from fractor.actors.cli import main
+from fractor.runtime import ActorStopped, Budget, MemoryStore, Runtime, SQLiteStore, StoreError
 
 
 class Lookups:

@@ -43,7 +43,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from actors import (
+from fractor.actors import (
     Agent,
     AgentRef,
     AssistantMessage,
@@ -60,7 +60,7 @@ from actors import (
     reply,
     tool,
 )
-from runtime import (
+from fractor.runtime import (
     Budget,
     BudgetExceeded,
     Node,
@@ -73,7 +73,7 @@ from runtime import (
     TreeSnapshot,
     Usage,
 )
-from runtime._admission import Need
+from fractor.runtime._admission import Need
 
 MODEL = "fake"
 #: A thousandth of a unit per input token, four per output token.

@@ -13,7 +13,7 @@ import anyio.lowlevel
 import msgspec
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     AssistantMessage,
     FunctionModel,
@@ -30,8 +30,8 @@ from actors import (
     reply,
     tool,
 )
-from actors._models import Turn
-from runtime import Budget, Caps, Event, Price, Runtime
+from fractor.actors._models import Turn
+from fractor.runtime import Budget, Caps, Event, Price, Runtime
 
 from .loopback import LoopbackServer, Reply, json_reply, sse_reply
 

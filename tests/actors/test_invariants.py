@@ -15,7 +15,7 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors import (
+from fractor.actors import (
     Agent,
     AssistantMessage,
     Compaction,
@@ -37,7 +37,14 @@ from actors import (
     reply,
     tool,
 )
-from runtime import Budget, Runtime, decode_json, decode_msgpack, encode_json, encode_msgpack
+from fractor.runtime import (
+    Budget,
+    Runtime,
+    decode_json,
+    decode_msgpack,
+    encode_json,
+    encode_msgpack,
+)
 
 
 @tool

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors import (
+from fractor.actors import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     Agent,
     AssistantMessage,
@@ -41,8 +41,8 @@ from actors import (
     streamed,
     tool,
 )
-from actors._memory import conversation_tokens
-from runtime import Budget, Event, Price, Runtime, SQLiteStore
+from fractor.actors._memory import conversation_tokens
+from fractor.runtime import Budget, Event, Price, Runtime, SQLiteStore
 
 INSTRUCTIONS = "Answer briefly."
 SUMMARY_HEADING = "Summary of the conversation before the turns below"
@@ -433,7 +433,7 @@ def test_compaction_options_are_checked(
 
 
 def test_memory_must_be_a_compaction() -> None:
-    with pytest.raises(TypeError, match=r"memory must be an actors\.Compaction or None, got dict"):
+    with pytest.raises(TypeError, match=r"memory must be a fractor\.Compaction or None, got dict"):
         Agent("a", ScriptedModel([]), memory={"threshold": 10})  # type: ignore[arg-type]
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors._messages import (
+from fractor.actors._messages import (
     AssistantMessage,
     Message,
     ModelRequest,
@@ -23,7 +23,7 @@ from actors._messages import (
     Usage,
     UserMessage,
 )
-from actors._models import (
+from fractor.actors._models import (
     FunctionModel,
     Model,
     ScriptedModel,
@@ -35,7 +35,7 @@ from actors._models import (
     fail,
     reply,
 )
-from runtime import FractorError
+from fractor.runtime import FractorError
 
 
 def ask(text: str = "hi", *, max_tokens: int | None = None) -> ModelRequest:

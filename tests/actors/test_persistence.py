@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
-from actors import (
+from fractor.actors import (
     Agent,
     AssistantMessage,
     FunctionModel,
@@ -28,9 +28,9 @@ from actors import (
     reply,
     tool,
 )
-from actors._persistence import AgentState, decode_state
-from actors._traces import trace_from_record
-from runtime import (
+from fractor.actors._persistence import AgentState, decode_state
+from fractor.actors._traces import trace_from_record
+from fractor.runtime import (
     ActorStopped,
     Budget,
     MemoryStore,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors._messages import (
+from fractor.actors._messages import (
     AssistantMessage,
     Message,
     ModelRequest,
@@ -21,7 +21,7 @@ from actors._messages import (
     Usage,
     UserMessage,
 )
-from actors._models import (
+from fractor.actors._models import (
     FunctionModel,
     Model,
     ScriptedModel,
@@ -30,8 +30,8 @@ from actors._models import (
     fail,
     reply,
 )
-from actors._react import MalformedAction, ReActModel
-from runtime import FractorError
+from fractor.actors._react import MalformedAction, ReActModel
+from fractor.runtime import FractorError
 
 SEARCH = ToolSpec(
     name="search",

@@ -11,9 +11,9 @@ import time
 
 import anyio
 
-from actors import Agent, OpenAIModel, RetryPolicy
-from actors._policy import retry_after
-from runtime import Budget, Runtime
+from fractor.actors import Agent, OpenAIModel, RetryPolicy
+from fractor.actors._policy import retry_after
+from fractor.runtime import Budget, Runtime
 
 from .loopback import LoopbackServer, Received, json_reply
 from .providers.wires import completion, openai_error

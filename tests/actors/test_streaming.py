@@ -10,7 +10,7 @@ import anyio.lowlevel
 import msgspec
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     AgentStream,
     CycleModel,
@@ -33,8 +33,8 @@ from actors import (
     streamed,
     tool,
 )
-from actors._models import Turn
-from runtime import Budget, MemoryStore, Record, Runtime
+from fractor.actors._models import Turn
+from fractor.runtime import Budget, MemoryStore, Record, Runtime
 
 from .tools import hanging
 

@@ -8,7 +8,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     AssistantMessage,
     ModelRequest,
@@ -23,7 +23,7 @@ from actors import (
     reply,
     tool,
 )
-from runtime import Budget, Price, Runtime
+from fractor.runtime import Budget, Price, Runtime
 
 from .tools import counting_work, hanging, stepped
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from actors import (
+from fractor.actors import (
     Agent,
     Compaction,
     FunctionModel,
@@ -20,8 +20,8 @@ from actors import (
     reply,
     tool,
 )
-from actors._turns import Turn
-from runtime import Runtime, SQLiteStore
+from fractor.actors._turns import Turn
+from fractor.runtime import Runtime, SQLiteStore
 
 HALF = "\ud800"
 SAFE = "\ufffd"

@@ -18,10 +18,10 @@ from anyio.lowlevel import checkpoint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors._messages import ToolCall, ToolOutcome, ToolSpec
-from actors._toolbox import Toolbox
-from actors._tools import Tool, ToolDefinitionError, tool
-from runtime import FractorError
+from fractor.actors._messages import ToolCall, ToolOutcome, ToolSpec
+from fractor.actors._toolbox import Toolbox
+from fractor.actors._tools import Tool, ToolDefinitionError, tool
+from fractor.runtime import FractorError
 
 
 class Units(enum.Enum):
@@ -932,8 +932,8 @@ async def test_a_step_awaiting_a_tool_itself_answers_as_invoke_does() -> None:
     """A step with one call to an async tool without timeout or retries awaits the
     tool itself (``Tool.direct``) unless the tree is observed: both ways give the same
     outcomes, for a result, a cut result, an error and invalid arguments."""
-    from actors import Agent, ScriptedModel, call, reply
-    from runtime import Runtime
+    from fractor.actors import Agent, ScriptedModel, call, reply
+    from fractor.runtime import Runtime
 
     @tool(max_result_chars=100)
     async def echo(words: str) -> str:

@@ -9,7 +9,7 @@ import anyio
 import msgspec
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     AssistantMessage,
     ExecutionTrace,
@@ -32,9 +32,9 @@ from actors import (
     reply,
     tool,
 )
-from actors._traces import trace_from_record, trace_record
-from actors.cli import main
-from runtime import Budget, MemoryStore, Runtime, SQLiteStore, Store
+from fractor.actors._traces import trace_from_record, trace_record
+from fractor.actors.cli import main
+from fractor.runtime import Budget, MemoryStore, Runtime, SQLiteStore, Store
 
 LONG = "a very long search query " * 8
 

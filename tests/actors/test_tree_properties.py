@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors import (
+from fractor.actors import (
     Agent,
     AgentRef,
     AssistantMessage,
@@ -46,7 +46,7 @@ from actors import (
     reply,
     tool,
 )
-from runtime import Budget, Price, Runtime, TreeSnapshot, Usage
+from fractor.runtime import Budget, Price, Runtime, TreeSnapshot, Usage
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cached_tokens", "requests", "tool_calls")
 STATUSES = {"completed", "budget_exceeded", "timed_out", "cancelled", "failed"}

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypedDict
 import msgspec
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     AnthropicModel,
     AssistantMessage,
@@ -32,8 +32,8 @@ from actors import (
     reply,
     tool,
 )
-from actors._output import inlined
-from runtime import Budget, Event, MemoryStore, Runtime, SQLiteStore, Store
+from fractor.actors._output import inlined
+from fractor.runtime import Budget, Event, MemoryStore, Runtime, SQLiteStore, Store
 
 
 class Weather(msgspec.Struct, frozen=True):

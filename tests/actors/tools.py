@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from actors import (
+from fractor.actors import (
     Agent,
     AssistantMessage,
     FunctionModel,
@@ -18,8 +18,8 @@ from actors import (
     Tool,
     tool,
 )
-from actors._turns import Turn
-from runtime import Runtime
+from fractor.actors._turns import Turn
+from fractor.runtime import Runtime
 
 
 @tool

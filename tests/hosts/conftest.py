@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from actors import LocalHosts, RemoteHosts
+from fractor.actors import LocalHosts, RemoteHosts
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def make_hosts(request: pytest.FixtureRequest) -> MakeHosts:
     if request.param == "local":
         return LocalHosts
     request.getfixturevalue("ray_instance")
-    from actors.integrations.ray import HostPool, RayHosts
+    from fractor.actors.integrations.ray import HostPool, RayHosts
 
     def ray_hosts(
         count: int = 2, *, pools: dict[str, int] | None = None, **options: object

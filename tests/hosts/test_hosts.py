@@ -16,7 +16,7 @@ import anyio
 import msgspec
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     ApprovalError,
     LocalHosts,
@@ -32,7 +32,7 @@ from actors import (
     reply,
     tool,
 )
-from runtime import Budget, Caps, MemoryStore, Runtime
+from fractor.runtime import Budget, Caps, MemoryStore, Runtime
 
 from .conftest import MakeHosts
 from .trees import SLOW, asking, digger, guarded, lead, nested_worker, researcher, until
@@ -375,7 +375,7 @@ async def test_a_subtree_of_a_lost_host_is_placed_again_if_its_restart_policy_al
         (lambda: LocalHosts(0), r"pool 'default' needs a whole number of hosts >= 1, got 0"),
         (lambda: LocalHosts(2, placement="random"), r"placement must be one of"),  # type: ignore[arg-type]
         (lambda: LocalHosts(pools={"": 1}), r"a pool's name must be a non-empty string"),
-        (lambda: Runtime(hosts=object()), r"hosts must implement runtime.Hosts"),  # type: ignore[arg-type]
+        (lambda: Runtime(hosts=object()), r"hosts must implement fractor.Hosts"),  # type: ignore[arg-type]
         (lambda: researcher("w", host=""), r"host must name a pool of hosts, got ''"),
     ],
 )
@@ -385,7 +385,7 @@ def test_bad_hosts_are_refused_at_once_with_what_to_do(make: Any, message: str) 
 
 
 def test_bad_ray_pools_are_refused_at_once(ray_instance: None) -> None:
-    from actors.integrations.ray import HostPool, RayHosts
+    from fractor.actors.integrations.ray import HostPool, RayHosts
 
     with pytest.raises(ValueError, match=r"HostPool.count must be a whole number >= 1, got 0"):
         HostPool(count=0)
@@ -418,8 +418,8 @@ def test_an_agent_ships_whole_and_is_rebuilt_on_arrival() -> None:
 
 async def test_a_subtree_its_host_cannot_run_still_answers_failed() -> None:
     # Driven by hand, as a transport would: two subtrees with one node id on one host.
-    from actors._host import AgentHost, HostConfig
-    from actors._remote import Done, Start, decode_up, encode
+    from fractor.actors._host import AgentHost, HostConfig
+    from fractor.actors._remote import Done, Start, decode_up, encode
 
     host = AgentHost(HostConfig(name="h"))
     start = Start(

@@ -15,7 +15,7 @@ import types
 import anyio
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     FunctionModel,
     ModelRequest,
@@ -26,8 +26,8 @@ from actors import (
     reply,
     tool,
 )
-from actors._models import Turn
-from runtime import Runtime
+from fractor.actors._models import Turn
+from fractor.runtime import Runtime
 
 from .trees import researcher
 
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("ray_instance")
 
 #: A module of tools that only this process can import (a host has no such module).
 DRIVER_ONLY = '''
-from actors import tool
+from fractor.actors import tool
 
 @tool
 async def probe(site: str) -> str:
@@ -53,7 +53,7 @@ def driver_only(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 
 
 def _ray_hosts(count: int) -> RemoteHosts:
-    from actors.integrations.ray import RayHosts
+    from fractor.actors.integrations.ray import RayHosts
 
     return RayHosts(count)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from actors import ExecutionTrace, Result
-from actors._remote import (
+from fractor.actors import ExecutionTrace, Result
+from fractor.actors._remote import (
     Ask,
     Deny,
     Done,
@@ -22,8 +22,8 @@ from actors._remote import (
     decode_up,
     encode,
 )
-from runtime import Budget, BudgetExceeded, Event, NodeSnapshot, Usage
-from runtime.lowlevel import Refusal, Tally, Want
+from fractor.runtime import Budget, BudgetExceeded, Event, NodeSnapshot, Usage
+from fractor.runtime.lowlevel import Refusal, Tally, Want
 
 USAGE = Usage(input_tokens=120, output_tokens=30, requests=2, tool_calls=1, cost=0.25)
 TALLY = Tally(usage=USAGE, own=USAGE, steps=2, own_steps=2, agents=1, reserved_output=64)

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from actors import (
+from fractor.actors import (
     Agent,
     AgentRef,
     AssistantMessage,
@@ -23,8 +23,8 @@ from actors import (
     reply,
     tool,
 )
-from actors._models import Turn
-from runtime import Budget
+from fractor.actors._models import Turn
+from fractor.runtime import Budget
 
 
 @tool

@@ -8,7 +8,7 @@ in each step, under a budget of one tool call, so its tree is stopped.
 
 from __future__ import annotations
 
-from actors import (
+from fractor.actors import (
     Agent,
     FunctionModel,
     ModelRequest,
@@ -19,7 +19,7 @@ from actors import (
     reply,
     tool,
 )
-from runtime import Budget
+from fractor.runtime import Budget
 
 
 @tool

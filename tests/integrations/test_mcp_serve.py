@@ -26,10 +26,10 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from actors import Agent, FunctionModel, ModelRequest, ModelResponse, UserMessage, reply
-from actors.cli import main
-from actors.integrations.mcp_serve import TASK_SCHEMA, agent_server
-from runtime import Budget, Runtime
+from fractor.actors import Agent, FunctionModel, ModelRequest, ModelResponse, UserMessage, reply
+from fractor.actors.cli import main
+from fractor.actors.integrations.mcp_serve import TASK_SCHEMA, agent_server
+from fractor.runtime import Budget, Runtime
 
 from .served_agents import echo, greedy
 
@@ -48,7 +48,9 @@ async def _stdio_session(
     spec: str, tmp_path: pathlib.Path, *options: str
 ) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "actors.cli", "mcp-serve", spec, *options], cwd=ROOT
+        command=sys.executable,
+        args=["-m", "fractor.actors.cli", "mcp-serve", spec, *options],
+        cwd=ROOT,
     )
     with (tmp_path / "server.err").open("w") as errlog:
         async with (
@@ -124,7 +126,7 @@ async def test_stdio_budget_options_apply_to_each_call(tmp_path: pathlib.Path) -
 # collector (a ResourceWarning, an error here): the client side runs on asyncio only.
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_http_serves_the_agent_on_a_port_of_its_own() -> None:
-    command = [sys.executable, "-m", "actors.cli", "mcp-serve", f"{AGENTS}:echo"]
+    command = [sys.executable, "-m", "fractor.actors.cli", "mcp-serve", f"{AGENTS}:echo"]
     with anyio.fail_after(LIMIT):
         async with await anyio.open_process(
             [*command, "--http", "127.0.0.1:0"], cwd=ROOT, stderr=subprocess.PIPE
@@ -265,7 +267,7 @@ async def test_a_cancelled_call_stops_its_agent_and_the_server_goes_on() -> None
         ("no_colon", "expected MODULE:NAME"),
         ("tests.integrations.no_such_module:agent", "cannot import module"),
         (f"{AGENTS}:nobody", "has no attribute 'nobody'"),
-        (f"{AGENTS}:not_an_agent", "is a int, not an actors.Agent"),
+        (f"{AGENTS}:not_an_agent", "is a int, not a fractor.Agent"),
     ],
 )
 def test_bad_usage_exits_2_saying_what_is_wrong(

@@ -18,10 +18,10 @@ import pytest
 from anyio import wait_all_tasks_blocked
 from structlog.testing import capture_logs
 
-from actors import Agent, ScriptedModel, ToolCall, call, calls, reply
-from actors.integrations import mcp
-from actors.integrations.mcp import MCPServer, MCPTool, mcp_tools
-from runtime import Budget, Runtime
+from fractor.actors import Agent, ScriptedModel, ToolCall, call, calls, reply
+from fractor.actors.integrations import mcp
+from fractor.actors.integrations.mcp import MCPServer, MCPTool, mcp_tools
+from fractor.runtime import Budget, Runtime
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
 MODULE = "tests.integrations.mcp_servers"
@@ -323,7 +323,7 @@ async def test_an_agent_defined_anywhere_takes_a_servers_tools_next_to_its_own(
     """``server.tools(...)`` in ``tools=[...]``: the definition needs no runtime; each
     runtime that spawns it lists the server's tools once, for the agent and for every
     spawn of it as a subagent, on one server process."""
-    from actors import tool
+    from fractor.actors import tool
 
     @tool
     async def local(word: str) -> str:

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from structlog.testing import capture_logs
 
-from actors import (
+from fractor.actors import (
     Agent,
     Compaction,
     RestartPolicy,
@@ -39,10 +39,10 @@ from actors import (
     reply,
     tool,
 )
-from actors._calling import progress_reporter
-from actors.integrations import otel
-from actors.providers import OpenAIModel
-from runtime import Budget, Event, EventBus, Runtime, TreeSnapshot
+from fractor.actors._calling import progress_reporter
+from fractor.actors.integrations import otel
+from fractor.actors.providers import OpenAIModel
+from fractor.runtime import Budget, Event, EventBus, Runtime, TreeSnapshot
 
 from ..actors.loopback import LoopbackServer, json_reply
 from ..actors.providers.wires import completion
@@ -442,7 +442,7 @@ async def test_a_failing_span_never_fails_the_agent(
 
 async def test_instrument_takes_a_runtime() -> None:
     assert otel.__all__ == ["Instrumentation", "instrument"]
-    with pytest.raises(TypeError, match=r"runtime\.Runtime"):
+    with pytest.raises(TypeError, match=r"fractor\.Runtime"):
         otel.instrument("not a runtime")  # type: ignore[arg-type]
 
 
@@ -538,7 +538,7 @@ def test_the_readme_example_needs_only_what_the_otel_extra_installs() -> None:
     needed: dict[str, set[str]] = {}
     for module in sorted(modules):
         top = module.partition(".")[0]
-        if top in ("actors", "runtime"):
+        if top == "fractor":
             continue  # fractor's own
         spec = importlib.util.find_spec(module)
         assert spec is not None, module

@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from runtime import Actor
+from fractor.runtime import Actor
 
 
 class Add(msgspec.Struct, frozen=True, kw_only=True):

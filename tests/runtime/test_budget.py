@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from runtime import Budget, Caps, Price, Usage
+from fractor.runtime import Budget, Caps, Price, Usage
 
 README = pathlib.Path(__file__).parent.parent.parent / "README.md"
 

@@ -9,9 +9,9 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from actors import Agent, ScriptedModel, call, calls, fail, reply, tool
-from actors._policy import RetryPolicy
-from runtime import Budget, Event, Runtime, Subscription
+from fractor.actors import Agent, ScriptedModel, call, calls, fail, reply, tool
+from fractor.actors._policy import RetryPolicy
+from fractor.runtime import Budget, Event, Runtime, Subscription
 
 CONTEXTS: list[dict[str, object]] = []
 

@@ -19,9 +19,9 @@ from anyio.abc import TaskGroup
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from runtime import Budget, BudgetExceeded, Caps, Node, Reservation, Supervisor, Usage
-from runtime._ledger import GROWTH
-from runtime.lowlevel import LEASED, HeldUp, Lease, Tally, Want
+from fractor.runtime import Budget, BudgetExceeded, Caps, Node, Reservation, Supervisor, Usage
+from fractor.runtime._ledger import GROWTH
+from fractor.runtime.lowlevel import LEASED, HeldUp, Lease, Tally, Want
 
 #: What a refusal says when only a lost host's lease stands in the way.
 LOST = "leased to a host that was lost"

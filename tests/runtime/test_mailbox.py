@@ -8,9 +8,9 @@ from anyio import wait_all_tasks_blocked
 from anyio.abc import TaskStatus
 from anyio.lowlevel import checkpoint
 
-from runtime import MailboxFull, Runtime
-from runtime._mailbox import Mailbox
-from runtime._messages import Envelope
+from fractor.runtime import MailboxFull, Runtime
+from fractor.runtime._mailbox import Mailbox
+from fractor.runtime._messages import Envelope
 
 from .helpers import Gate, Recorder
 
@@ -98,7 +98,7 @@ async def test_closed_mailbox_keeps_queued_messages_and_refuses_new() -> None:
     box.send_nowait(Envelope(message=1))
     box.send_nowait(Envelope(message=2))
     box.close("stopped")
-    from runtime import ActorStopped
+    from fractor.runtime import ActorStopped
 
     with pytest.raises(ActorStopped, match="'m' is stopped \\(stopped\\)"):
         box.send_nowait(Envelope(message=3))
@@ -145,7 +145,7 @@ async def test_cancelled_waiting_sender_passes_its_turn_and_nothing_is_lost() ->
 
 
 async def test_closing_wakes_waiting_senders_with_actor_stopped() -> None:
-    from runtime import ActorStopped
+    from fractor.runtime import ActorStopped
 
     box = Mailbox("m", 1)
     box.send_nowait(Envelope(message=0))

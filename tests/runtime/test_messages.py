@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime import (
+from fractor.runtime import (
     Envelope,
     MailboxStatistics,
     RuntimeStatistics,

@@ -6,7 +6,7 @@ import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from runtime import ActorStopped, AskTimeout, Runtime, UnknownMessage
+from fractor.runtime import ActorStopped, AskTimeout, Runtime, UnknownMessage
 
 from .helpers import Add, Counter, Faulty, Gate, Get, Sleeper, StopOnFailure
 
@@ -128,7 +128,7 @@ async def test_unknown_message_type_is_refused_at_the_sender() -> None:
 
 
 async def test_unknown_message_without_accepts_fails_the_ask() -> None:
-    from runtime import Actor
+    from fractor.runtime import Actor
 
     async with Runtime() as rt:
         ref = await rt.spawn(Actor())
@@ -153,7 +153,7 @@ async def test_pending_reply_result_before_and_after() -> None:
 async def test_actor_cannot_await_its_own_stop_but_can_request_it() -> None:
     from typing import Any
 
-    from runtime import Actor
+    from fractor.runtime import Actor
 
     class SelfStopper(Actor):
         async def receive(self, message: Any) -> Any:
@@ -172,7 +172,7 @@ async def test_actor_cannot_await_its_own_stop_but_can_request_it() -> None:
 
 
 async def test_done_callback_runs_once_on_answer_error_or_at_once() -> None:
-    from runtime import PendingReply
+    from fractor.runtime import PendingReply
 
     seen: list[tuple[str, object]] = []
 

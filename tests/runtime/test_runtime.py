@@ -9,7 +9,7 @@ import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from runtime import (
+from fractor.runtime import (
     Actor,
     ActorRef,
     ActorStopped,
@@ -403,9 +403,9 @@ def test_grace_must_be_a_finite_number_of_seconds(grace: object) -> None:
     ("options", "error", "fragment"),
     [
         ({"mailbox_size": True}, ValueError, "mailbox_size must be a whole number >= 1"),
-        ({"prices": 5}, TypeError, "prices must be a mapping of model names to runtime.Price"),
-        ({"prices": {"m": 1.0}}, TypeError, "prices must map model names (str) to runtime.Price"),
-        ({"store": "db.sqlite"}, TypeError, "store must implement runtime.Store"),
+        ({"prices": 5}, TypeError, "prices must be a mapping of model names to fractor.Price"),
+        ({"prices": {"m": 1.0}}, TypeError, "prices must map model names (str) to fractor.Price"),
+        ({"store": "db.sqlite"}, TypeError, "store must implement fractor.Store"),
         ({"log_events": "yes"}, TypeError, "log_events must be a bool, got 'yes'"),
     ],
 )

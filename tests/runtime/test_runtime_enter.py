@@ -9,7 +9,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import anyio
 import pytest
 
-from runtime import Runtime, RuntimeClosed
+from fractor.runtime import Runtime, RuntimeClosed
 
 
 def tracked(log: list[str], name: str) -> Callable[[], AbstractAsyncContextManager[str]]:

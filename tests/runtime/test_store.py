@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from runtime import MemoryStore, Record, SQLiteStore, Store, StoreError
+from fractor.runtime import MemoryStore, Record, SQLiteStore, Store, StoreError
 
 MakeStore = Callable[[], Store]
 
@@ -124,7 +124,7 @@ async def test_bad_arguments_are_refused_clearly(store: Store) -> None:
         await store.save("a", "text")  # type: ignore[arg-type]
     with pytest.raises(StoreError, match="actor_id must be a non-empty str"):
         await store.save("", b"x")
-    with pytest.raises(StoreError, match=r"runtime\.Record"):
+    with pytest.raises(StoreError, match=r"fractor\.Record"):
         await store.save("a", b"x", records=[("id", b"x")])  # type: ignore[list-item]
     with pytest.raises(StoreError, match="limit must be"):
         await store.records(limit=-1)

@@ -16,7 +16,7 @@ from anyio import wait_all_tasks_blocked
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime import (
+from fractor.runtime import (
     Budget,
     BudgetExceeded,
     InvalidUsage,

@@ -50,10 +50,10 @@ import anyio
 import anyio.abc
 import msgspec
 
-from actors import AssistantMessage, Message, ToolResultMessage, UserMessage
-from actors._persistence import decode_state
-from actors._traces import TRACE_KIND, trace_from_record
-from runtime import SQLiteStore, StoreError
+from fractor.actors import AssistantMessage, Message, ToolResultMessage, UserMessage
+from fractor.actors._persistence import decode_state
+from fractor.actors._traces import TRACE_KIND, trace_from_record
+from fractor.runtime import SQLiteStore, StoreError
 
 from .crash_worker import AGENT_OF_PREFIX, answer_to
 

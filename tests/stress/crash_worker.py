@@ -29,7 +29,7 @@ import sys
 import anyio
 import anyio.lowlevel
 
-from actors import (
+from fractor.actors import (
     Agent,
     AgentRef,
     AssistantMessage,
@@ -42,7 +42,7 @@ from actors import (
     reply,
     tool,
 )
-from runtime import Runtime, SQLiteStore
+from fractor.runtime import Runtime, SQLiteStore
 
 __all__ = ["AGENT_OF_PREFIX", "LEAD", "SIDE", "answer_to", "main"]
 

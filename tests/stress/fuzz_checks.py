@@ -26,7 +26,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from actors import (
+from fractor.actors import (
     AssistantMessage,
     DigestMessage,
     Message,
@@ -36,7 +36,7 @@ from actors import (
     ToolResultMessage,
     UserMessage,
 )
-from runtime import (
+from fractor.runtime import (
     Budget,
     Caps,
     Event,
@@ -49,7 +49,7 @@ from runtime import (
     encode_json,
     encode_msgpack,
 )
-from runtime.lowlevel import LEASED
+from fractor.runtime.lowlevel import LEASED
 
 __all__ = [
     "NOT_STARTED",

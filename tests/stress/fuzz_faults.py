@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import anyio
 import msgspec
 
-from actors import (
+from fractor.actors import (
     AssistantMessage,
     FinishReason,
     FunctionModel,
@@ -53,15 +53,15 @@ from actors import (
     reply,
     tool,
 )
-from runtime import Usage
+from fractor.runtime import Usage
 
 from .fuzz_checks import marker
 from .fuzz_memory import digest_calls, summarize
 from .fuzz_plan import GARBAGE, Plan, Spec
 
 if TYPE_CHECKING:
-    from actors._hosts import HostLink
-    from actors._remote import RemoteChild
+    from fractor.actors._hosts import HostLink
+    from fractor.actors._remote import RemoteChild
 
 __all__ = [
     "LATENCIES",

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import anyio
 import msgspec
 
-from actors import AssistantMessage, ExecutionTrace, ModelRequest, ToolResultMessage
-from actors._memory import DEFAULT_SUMMARY_INSTRUCTIONS as INSTRUCTIONS
-from runtime import Node, Runtime, RuntimeStatistics, TreeSnapshot
+from fractor.actors import AssistantMessage, ExecutionTrace, ModelRequest, ToolResultMessage
+from fractor.actors._memory import DEFAULT_SUMMARY_INSTRUCTIONS as INSTRUCTIONS
+from fractor.runtime import Node, Runtime, RuntimeStatistics, TreeSnapshot
 
 from .fuzz_checks import (
     check_events,

@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import anyio
 
-from actors import (
+from fractor.actors import (
     AssistantMessage,
     Conversation,
     DigestMessage,
@@ -52,8 +52,8 @@ from actors import (
     UserMessage,
     reply,
 )
-from actors._digest import RESUMED_CHAIN
-from runtime import TreeSnapshot
+from fractor.actors._digest import RESUMED_CHAIN
+from fractor.runtime import TreeSnapshot
 
 from .fuzz_checks import markers_in
 from .fuzz_plan import Memory

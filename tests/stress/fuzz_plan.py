@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from msgspec.structs import replace
 
-from runtime import Budget, Caps
+from fractor.runtime import Budget, Caps
 
 __all__ = [
     "ASKS",

@@ -16,8 +16,16 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from actors import Agent, AgentRef, AgentState, Conversation, ExecutionTrace, Message, Result
-from runtime import ActorStopped
+from fractor.actors import (
+    Agent,
+    AgentRef,
+    AgentState,
+    Conversation,
+    ExecutionTrace,
+    Message,
+    Result,
+)
+from fractor.runtime import ActorStopped
 
 from .fuzz_checks import round_trip
 from .fuzz_faults import _hit as hit

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
-from actors import (
+from fractor.actors import (
     Agent,
     Compaction,
     ExecutionTrace,
@@ -49,9 +49,9 @@ from actors import (
     StepRecord,
     Task,
 )
-from actors._host import AgentHost
-from actors._messages import safe_text
-from runtime import (
+from fractor.actors._host import AgentHost
+from fractor.actors._messages import safe_text
+from fractor.runtime import (
     ActorStopped,
     AskTimeout,
     Budget,
@@ -75,7 +75,7 @@ from .fuzz_plan import ASKS, Kill, Op, Plan, Spec
 from .fuzz_tops import Top, check_top, look, respawn, spawn
 
 if TYPE_CHECKING:
-    from actors._remote import RemoteChild
+    from fractor.actors._remote import RemoteChild
 
 __all__ = ["PRICE", "SECONDS_SLACK", "TreeReport", "TreeRun"]
 

@@ -13,10 +13,16 @@ from pathlib import Path
 
 import anyio
 
-from actors import AssistantMessage, ExecutionTrace, ToolCall, ToolResultMessage, UserMessage
-from actors._persistence import AgentState, encode_state
-from actors._traces import trace_record
-from runtime import Record, SQLiteStore, Usage
+from fractor.actors import (
+    AssistantMessage,
+    ExecutionTrace,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from fractor.actors._persistence import AgentState, encode_state
+from fractor.actors._traces import trace_record
+from fractor.runtime import Record, SQLiteStore, Usage
 
 from .crash import Ack, check_database, crash_rounds
 from .crash_worker import answer_to

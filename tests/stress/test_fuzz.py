@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors import (
+from fractor.actors import (
     Agent,
     AssistantMessage,
     Conversation,
@@ -38,7 +38,7 @@ from actors import (
     UserMessage,
     fail,
 )
-from runtime import (
+from fractor.runtime import (
     Budget,
     Event,
     MemoryStore,
@@ -49,7 +49,7 @@ from runtime import (
     decode_json,
     encode_json,
 )
-from runtime.lowlevel import Tally, Want
+from fractor.runtime.lowlevel import Tally, Want
 
 from .fuzz import FAULT_KINDS, Summary, render, run_tree, run_trees
 from .fuzz_checks import (

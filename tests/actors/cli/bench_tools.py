@@ -7,7 +7,7 @@ import time
 
 import anyio
 
-from actors import tool
+from fractor.actors import tool
 
 #: Not a function: ``--tool`` must refuse it.
 NOT_CALLABLE = 3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors import tool
+from fractor.actors import tool
 
 SENT: list[str] = []
 #: The texts ``word_count`` really counted.

@@ -16,9 +16,9 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from actors.cli import _bench, _tool_bench
-from actors.cli._bench import add_bench_parser, bench_command
-from actors.cli._tool_bench import percentile, plan
+from fractor.actors.cli import _bench, _tool_bench
+from fractor.actors.cli._bench import add_bench_parser, bench_command
+from fractor.actors.cli._tool_bench import percentile, plan
 
 from . import bench_tools
 

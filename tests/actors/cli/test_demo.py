@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from actors.cli import _parser, main
-from actors.cli._demo import demo_command
-from actors.cli._scenario import DEFAULT_BUDGET_TOKENS, DemoOptions, DemoRun, run_demo
-from actors.cli._trace import trace_command
-from runtime import NodeSnapshot
+from fractor.actors.cli import _parser, main
+from fractor.actors.cli._demo import demo_command
+from fractor.actors.cli._scenario import DEFAULT_BUDGET_TOKENS, DemoOptions, DemoRun, run_demo
+from fractor.actors.cli._trace import trace_command
+from fractor.runtime import NodeSnapshot
 
 #: Latencies shrunk 50 times: a run takes a few dozen milliseconds.
 FAST = "50"
@@ -262,9 +262,9 @@ async def test_run_demo_refuses_bad_options() -> None:
 
 def test_the_console_script_runs_the_demo_in_a_pipe() -> None:
     (script,) = importlib.metadata.entry_points(group="console_scripts", name="fractor")
-    assert script.value == "actors.cli:main"
+    assert script.value == "fractor.actors.cli:main"
     done = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "demo", "--speed", FAST, "--no-store"],
+        [sys.executable, "-m", "fractor.actors.cli", "demo", "--speed", FAST, "--no-store"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -277,7 +277,7 @@ def test_the_console_script_runs_the_demo_in_a_pipe() -> None:
 
 def test_a_reader_that_goes_away_stops_it_quietly() -> None:
     demo = subprocess.Popen(
-        [sys.executable, "-m", "actors.cli", "demo", "--speed", "2", "--no-store"],
+        [sys.executable, "-m", "fractor.actors.cli", "demo", "--speed", "2", "--no-store"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import main
+from fractor.actors.cli import main
 
 from ..loopback import LoopbackServer, json_reply
 from ..providers.wires import completion, wire_call
@@ -29,7 +29,7 @@ FRACTOR = str(Path(sys.executable).parent / "fractor")
 #: The user's modules, written to the working directory of each test.
 MODULES = {
     "mine": '''
-from actors import Agent, ScriptedModel, reply
+from fractor.actors import Agent, ScriptedModel, reply
 
 LIMIT = 3
 

@@ -10,8 +10,8 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from actors import Agent, ScriptedModel, call, calls, reply, streamed, tool, watch
-from actors.cli._live import (
+from fractor.actors import Agent, ScriptedModel, call, calls, reply, streamed, tool, watch
+from fractor.actors.cli._live import (
     LatestLines,
     LiveView,
     PipeConsole,
@@ -20,8 +20,8 @@ from actors.cli._live import (
     render_tree,
     tree_order,
 )
-from actors.cli._usage import print_usage, usage_lines, usage_table
-from runtime import Budget, Event, NodeSnapshot, Runtime, TreeSnapshot, Usage
+from fractor.actors.cli._usage import print_usage, usage_lines, usage_table
+from fractor.runtime import Budget, Event, NodeSnapshot, Runtime, TreeSnapshot, Usage
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

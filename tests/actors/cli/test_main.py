@@ -12,7 +12,7 @@ import pytest
 #: The console script of this environment, and the module form of the same command.
 COMMANDS = {
     "console script": [str(Path(sys.executable).parent / "fractor")],
-    "python -m": [sys.executable, "-m", "actors.cli"],
+    "python -m": [sys.executable, "-m", "fractor.actors.cli"],
 }
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import _parser, main
-from actors.cli._run import run_command
+from fractor.actors.cli import _parser, main
+from fractor.actors.cli._run import run_command
 
 from ..loopback import LoopbackServer, json_reply, sse_reply
 from ..providers.wires import (

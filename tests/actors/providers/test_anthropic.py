@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     AnthropicModel,
     AssistantMessage,
@@ -25,8 +25,8 @@ from actors import (
     ToolSpec,
     UserMessage,
 )
-from actors.providers._anthropic import check_event_loop
-from runtime import Budget, Runtime
+from fractor.actors.providers._anthropic import check_event_loop
+from fractor.runtime import Budget, Runtime
 
 from ..loopback import LoopbackServer, json_reply
 from ..tools import add, get_weather

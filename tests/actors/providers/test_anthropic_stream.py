@@ -16,7 +16,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from actors import AnthropicModel, ModelRequest, ModelResponse, ProviderError, UserMessage
+from fractor.actors import AnthropicModel, ModelRequest, ModelResponse, ProviderError, UserMessage
 
 from ..loopback import LoopbackServer, json_reply, sse_reply
 from .wires import ANTHROPIC_KEY as KEY

@@ -4,7 +4,7 @@ reckoned to have written."""
 
 from __future__ import annotations
 
-from actors.providers._estimates import estimate_output_tokens
+from fractor.actors.providers._estimates import estimate_output_tokens
 
 
 def test_an_output_estimate_is_a_token_per_four_characters_at_least_one() -> None:

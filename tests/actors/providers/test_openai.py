@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     AnthropicModel,
     DigestMessage,
@@ -23,7 +23,7 @@ from actors import (
     UserMessage,
     model_from_string,
 )
-from runtime import Budget, Runtime
+from fractor.runtime import Budget, Runtime
 
 from ..loopback import LoopbackServer, Received, Reply, json_reply
 from ..tools import add, get_weather

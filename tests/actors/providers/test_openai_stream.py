@@ -18,7 +18,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     ModelRequest,
     ModelResponse,
@@ -30,8 +30,8 @@ from actors import (
     Usage,
     UserMessage,
 )
-from actors.providers._estimates import estimate_output_tokens
-from runtime import Runtime
+from fractor.actors.providers._estimates import estimate_output_tokens
+from fractor.runtime import Runtime
 
 from ..loopback import LoopbackServer, Received, Reply, json_reply, sse_reply, text_reply
 from ..tools import add

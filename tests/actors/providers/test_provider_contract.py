@@ -18,8 +18,8 @@ import sys
 import anyio
 import pytest
 
-from actors import Agent, ModelRequest, ProviderError, RetryPolicy, UserMessage
-from runtime import Budget, Runtime
+from fractor.actors import Agent, ModelRequest, ProviderError, RetryPolicy, UserMessage
+from fractor.runtime import Budget, Runtime
 
 from ..loopback import LoopbackServer, json_reply, text_reply
 from ..tools import ask_once

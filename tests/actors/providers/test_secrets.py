@@ -24,9 +24,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from structlog.testing import capture_logs
 
-from actors import Agent, ModelRequest, ModelResponse, ProviderError, RetryPolicy, UserMessage
-from actors.integrations import otel
-from runtime import Event, Runtime, SQLiteStore
+from fractor.actors import (
+    Agent,
+    ModelRequest,
+    ModelResponse,
+    ProviderError,
+    RetryPolicy,
+    UserMessage,
+)
+from fractor.actors.integrations import otel
+from fractor.runtime import Event, Runtime, SQLiteStore
 
 from ..loopback import LoopbackServer, Reply, json_reply, sse_reply, text_reply
 from .wires import Wire, stream_opening

@@ -19,8 +19,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from actors import ModelRequest, ProviderError, UserMessage
-from actors.providers._sse import EventTooLarge, sse_events
+from fractor.actors import ModelRequest, ProviderError, UserMessage
+from fractor.actors.providers._sse import EventTooLarge, sse_events
 
 from ..loopback import LoopbackServer, Reply
 from .wires import Wire

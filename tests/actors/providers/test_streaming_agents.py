@@ -13,7 +13,7 @@ import anyio.to_thread
 import msgspec
 import pytest
 
-from actors import (
+from fractor.actors import (
     Agent,
     Retrying,
     RetryPolicy,
@@ -27,7 +27,7 @@ from actors import (
     reply,
     tool,
 )
-from runtime import Budget, Runtime
+from fractor.runtime import Budget, Runtime
 
 from ..loopback import LoopbackServer, Reply, sse_reply
 from .wires import OPENAI, Wire

@@ -15,8 +15,8 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from actors import Agent, ModelRequest, ProviderError, RetryPolicy, UserMessage
-from runtime import Runtime
+from fractor.actors import Agent, ModelRequest, ProviderError, RetryPolicy, UserMessage
+from fractor.runtime import Runtime
 
 from ..loopback import LoopbackServer, Reply, sse_reply
 from .wires import Wire, stream_opening

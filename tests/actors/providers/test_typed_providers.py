@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors import Agent, ModelRequest, OutputSchema, ProviderError, Result, UserMessage
-from actors._output import inlined
-from runtime import Runtime
+from fractor.actors import Agent, ModelRequest, OutputSchema, ProviderError, Result, UserMessage
+from fractor.actors._output import inlined
+from fractor.runtime import Runtime
 
 from ..loopback import LoopbackServer, json_reply
 from .test_openai_stream import answer as streamed_answer

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from actors import AnthropicModel, OpenAIModel
+from fractor.actors import AnthropicModel, OpenAIModel
 
 from ..loopback import LoopbackServer, Received
 
