@@ -28,6 +28,12 @@ and the line, on:
    ``runtime.lowlevel``), nor ``benchmarks`` ``actors._models``, nor
    ``actors.cli`` ``actors.providers._openai``.
 
+4. **A heavy dependency in the core.** rich, Ray, MCP and OpenTelemetry are the
+   edge's and the integrations' (``fractor.actors.cli``, ``fractor.actors.integrations``);
+   no other module of the kernel or the agent layer imports them, at any level, for
+   types only included: a user who never draws a live view or joins a cluster never
+   loads them.
+
 The tests themselves are not walked: they may reach into private modules. The
 checker is first run on small synthetic module graphs, each breaking one rule, so
 that the repository passing it means something.
@@ -82,7 +88,12 @@ class Import:
 def check(modules: Mapping[str, Module]) -> list[str]:
     """Every problem of ``modules`` (by dotted name), one sentence each."""
     imports = [found for name in sorted(modules) for found in imports_of(name, modules)]
-    return [*circles(imports), *upward(imports, modules), *private(imports, modules)]
+    return [
+        *circles(imports),
+        *upward(imports, modules),
+        *private(imports, modules),
+        *heavy(modules),
+    ]
 
 
 def imports_of(name: str, modules: Mapping[str, Module]) -> Iterator[Import]:
@@ -234,6 +245,27 @@ def private(imports: list[Import], modules: Mapping[str, Module]) -> Iterator[st
         )
 
 
+#: Third-party packages only the edge and the integrations may import.
+HEAVY = ("rich", "ray", "mcp", "opentelemetry")
+#: Where they may be imported (and everything below).
+HEAVY_HOMES = ("fractor.actors.cli", "fractor.actors.integrations", "fractor.benchmarks")
+
+
+def heavy(modules: Mapping[str, Module]) -> Iterator[str]:
+    for name in sorted(modules):
+        if any(name == home or name.startswith(f"{home}.") for home in HEAVY_HOMES):
+            continue
+        visitor = _Visitor()
+        visitor.visit(ast.parse(modules[name].source))
+        for target, level, _, line, _ in visitor.found:
+            top = target.partition(".")[0]
+            if not level and top in HEAVY:
+                yield (
+                    f"heavy import: {name} imports {target} (line {line}); only "
+                    f"{', '.join(HEAVY_HOMES)} may"
+                )
+
+
 def repository() -> dict[str, Module]:
     top = ROOT / ".package" / "fractor" / "__init__.py"
     modules = {"fractor": Module(top.read_text(encoding="utf-8"), True)}
@@ -328,6 +360,18 @@ BROKEN = {
         {"fractor.benchmarks._common": "from fractor import Agent"},
         "upward import: fractor.benchmarks._common imports fractor (line 1)",
     ),
+    "the core importing rich": (
+        {"fractor.actors._agent": "def draw():\n    import rich.tree"},
+        "heavy import: fractor.actors._agent imports rich.tree (line 2)",
+    ),
+    "the kernel importing OpenTelemetry for types only": (
+        {"fractor.runtime._events": TYPE_ONLY + "from opentelemetry import trace"},
+        "heavy import: fractor.runtime._events imports opentelemetry (line 3)",
+    ),
+    "a provider importing Ray": (
+        {"fractor.actors.providers._openai": "import ray"},
+        "heavy import: fractor.actors.providers._openai imports ray (line 1)",
+    ),
     "the command line importing a provider's private module": (
         {
             "fractor.actors.providers._openai": "",
@@ -354,6 +398,11 @@ SOUND = {
         "fractor.actors.cli._run": (
             "from .._agent import Agent\nfrom ..providers import model_from_string"
         ),
+    },
+    "the edge and the integrations importing what they draw and join with": {
+        "fractor.actors.cli._live": "import rich.tree",
+        "fractor.actors.integrations.ray": "import ray",
+        "fractor.actors.integrations.otel": "from opentelemetry import trace",
     },
     "the benchmarks importing public surfaces and their own private modules": {
         "fractor.benchmarks._harness": "",
