@@ -7,14 +7,26 @@ that agent including all of its descendants.
 
 from __future__ import annotations
 
+from typing import Any, Literal, NamedTuple
+
 import msgspec
 
-__all__ = ["Budget", "Caps", "Price", "Usage"]
+__all__ = [
+    "CHARGED",
+    "COUNTED",
+    "FIELDS",
+    "LEASED",
+    "OWN",
+    "Budget",
+    "Caps",
+    "Field",
+    "Price",
+    "Usage",
+    "derived",
+]
 
 #: The largest value a limit may take: what msgspec (and a store) can encode.
 _LARGEST = 2**63 - 1
-_COUNTERS = ("depth", "tokens", "input_tokens", "output_tokens", "requests", "tool_calls")
-_MORE_COUNTERS = ("steps", "agents")
 
 
 def _check(owner: msgspec.Struct, names: tuple[str, ...], *, whole: bool, positive: bool) -> None:
@@ -39,8 +51,70 @@ def _check(owner: msgspec.Struct, names: tuple[str, ...], *, whole: bool, positi
             )
 
 
+class Field(NamedTuple):
+    """One field of ``Budget``: what it limits, and how every part that handles
+    budgets treats it (they read ``FIELDS``; a test fails when one does not).
+
+    ``kind``: ``count`` and ``tokens`` are whole numbers, ``cost`` a finite number,
+    ``seconds`` a duration (> 0). ``charged``: where usage of it is checked and
+    charged: ``open`` (opening a node: depth, agents), ``charge`` (the atomic
+    check-and-charge of ``Supervisor.charge(node, <name>=n)``), ``reserve`` (held
+    before a model request, settled after it), ``deadline`` (time). ``reserved``:
+    whether a model request in flight holds it. ``leased``: whether a lease of a
+    subtree on another host grants it (depth and seconds travel as they are).
+    ``usage``: whether ``Usage`` carries it (a node then counts it as ``<name>`` for
+    its subtree and ``own_<name>`` for itself, and a remote subtree's ``Tally``
+    reports it); else the node counts it beside its usage. ``parts``: the fields it
+    is the sum of (``tokens``), for a field no one counts itself.
+
+    A new counter is this entry and its field in ``Budget`` and in ``Usage``, here;
+    its field in ``Want`` (what a lease asks for), which a test asks for; and its
+    charge site, ``supervisor.charge(node, <name>=1)``. A refusal names the field
+    as it is spelled (``"tool_calls limit of 3 reached"``); OpenTelemetry records a
+    limit as ``fractor.budget.<name>``.
+    """
+
+    name: str
+    kind: Literal["count", "tokens", "cost", "seconds"]
+    charged: Literal["open", "charge", "reserve", "deadline"]
+    reserved: bool = False
+    leased: bool = True
+    usage: bool = False
+    parts: tuple[str, ...] = ()
+
+    @property
+    def whole(self) -> bool:
+        """Whether its values are whole numbers."""
+        return self.kind in ("count", "tokens")
+
+
+#: Every field of ``Budget``, in its order: the one description the supervisor, the
+#: ledger, the leases, the remote tally and the telemetry derive from.
+FIELDS: tuple[Field, ...] = (
+    Field("depth", "count", "open", leased=False),
+    Field("tokens", "tokens", "reserve", reserved=True, parts=("input_tokens", "output_tokens")),
+    Field("input_tokens", "tokens", "reserve", reserved=True, usage=True),
+    Field("output_tokens", "tokens", "reserve", reserved=True, usage=True),
+    # Counted as each request is admitted; ``charge`` counts those a model sends
+    # beyond the admitted one.
+    Field("requests", "count", "charge", reserved=True, usage=True),
+    Field("tool_calls", "count", "charge", usage=True),
+    Field("steps", "count", "charge"),
+    Field("agents", "count", "open"),
+    Field("seconds", "seconds", "deadline", leased=False),
+    Field("cost", "cost", "reserve", reserved=True, usage=True),
+)
+#: The fields a lease grants; depth and seconds travel as they are.
+LEASED: tuple[str, ...] = tuple(field.name for field in FIELDS if field.leased)
+#: The counters ``Supervisor.charge`` takes.
+CHARGED: frozenset[str] = frozenset(field.name for field in FIELDS if field.charged == "charge")
+
+
 class Budget(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """Hard limits. Counts and ``cost`` are >= 0 (0: none at all); ``seconds`` is > 0."""
+    """Hard limits. Counts and ``cost`` are >= 0 (0: none at all); ``seconds`` is > 0.
+
+    Each field is described in ``FIELDS`` (how it is charged, leased and shown).
+    """
 
     depth: int | None = None
     tokens: int | None = None
@@ -54,9 +128,9 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cost: float | None = None
 
     def __post_init__(self) -> None:
-        _check(self, _COUNTERS + _MORE_COUNTERS, whole=True, positive=False)
-        _check(self, ("seconds",), whole=False, positive=True)
-        _check(self, ("cost",), whole=False, positive=False)
+        _check(self, _WHOLE, whole=True, positive=False)
+        _check(self, _POSITIVE, whole=False, positive=True)
+        _check(self, _FRACTIONAL, whole=False, positive=False)
 
     def merge(self, other: Budget | None) -> Budget:
         """The tighter of two budgets, field by field."""
@@ -67,6 +141,11 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             mine, theirs = getattr(self, name), getattr(other, name)
             fields[name] = theirs if mine is None else mine if theirs is None else min(mine, theirs)
         return Budget(**fields)
+
+
+_WHOLE = tuple(field.name for field in FIELDS if field.whole)
+_POSITIVE = tuple(field.name for field in FIELDS if field.kind == "seconds")
+_FRACTIONAL = tuple(field.name for field in FIELDS if field.kind == "cost")
 
 
 class Caps(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -103,14 +182,52 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cached_tokens=self.cached_tokens + other.cached_tokens,
-            requests=self.requests + other.requests,
-            tool_calls=self.tool_calls + other.tool_calls,
-            cost=self.cost + other.cost,
+        added: Usage = _add(self, other)
+        return added
+
+
+#: What a node counts of its subtree (as ``<name>``): every field ``Usage`` carries,
+#: then every other leased field but sums of others (steps, agents).
+COUNTED: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        (
+            *Usage.__struct_fields__,
+            *(field.name for field in FIELDS if field.leased and not field.parts),
         )
+    )
+)
+#: What a node counts of itself alone (as ``own_<name>``): every field ``Usage``
+#: carries, and every counter ``charge`` takes.
+OWN: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        (
+            *Usage.__struct_fields__,
+            *(field.name for field in FIELDS if field.charged == "charge"),
+        )
+    )
+)
+
+
+def derived(source: str, **names: object) -> Any:
+    """The function ``source`` defines (its one ``def``), compiled once: code that
+    handles each field of a table (``FIELDS``, ``COUNTED``) written out field by
+    field, so that a hot path derived from the table costs what one written by hand
+    does (``dataclasses`` compile a class's ``__init__`` so). ``names`` are the
+    globals it uses. Field names come from the tables only, never from input."""
+    namespace: dict[str, Any] = dict(names)
+    exec(source, namespace)
+    functions = [value for key, value in namespace.items() if key not in names and callable(value)]
+    assert len(functions) == 1, source
+    return functions[0]
+
+
+#: ``Usage.__add__``: field by field.
+_add = derived(
+    "def add(one, other):\n    return Usage("
+    + ", ".join(f"{name}=one.{name} + other.{name}" for name in Usage.__struct_fields__)
+    + ")\n",
+    Usage=Usage,
+)
 
 
 class Price(msgspec.Struct, frozen=True, kw_only=True):

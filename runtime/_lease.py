@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from ._budget import Budget, Usage
+from ._budget import FIELDS, LEASED, Budget, Usage
 from ._exceptions import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -34,18 +34,6 @@ __all__ = [
     "reserved_of",
     "zero",
 ]
-
-#: The fields a lease grants (``Budget`` fields); depth and seconds travel as they are.
-LEASED = (
-    "tokens",
-    "input_tokens",
-    "output_tokens",
-    "cost",
-    "requests",
-    "tool_calls",
-    "steps",
-    "agents",
-)
 
 
 class HeldUp(Exception):
@@ -67,12 +55,12 @@ class Tally(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reserved_cost: float = 0.0
 
     def used(self, field: str) -> float:
+        """What the subtree used of leased field ``field``."""
         usage = self.usage
-        if field == "tokens":
-            return usage.input_tokens + usage.output_tokens
-        if field in ("steps", "agents"):
-            return int(getattr(self, field))
-        value: float = getattr(usage, field)
+        if field in _SUMS:
+            total: float = sum(getattr(usage, part) for part in _SUMS[field])
+            return total
+        value: float = getattr(usage if field in _IN_USAGE else self, field)
         return value
 
     def reserved(self, field: str) -> float:
@@ -81,7 +69,7 @@ class Tally(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class Want(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The least headroom an operation waiting on a host needs, field by field
-    (0: this field is not what it waits for)."""
+    (0: this field is not what it waits for): one field for each of ``LEASED``."""
 
     tokens: int = 0
     input_tokens: int = 0
@@ -98,6 +86,11 @@ class Want(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         """The larger of two wants, field by field."""
         fields = {name: max(getattr(self, name), getattr(other, name)) for name in LEASED}
         return Want(**fields, detail=other.detail or self.detail)
+
+    @staticmethod
+    def of(name: str, amount: float) -> Want:
+        """A want of ``amount`` of field ``name`` alone."""
+        return Want(**{name: amount})  # type: ignore[arg-type]
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -147,19 +140,22 @@ class Lender(Protocol):
 
 
 class Held:
-    """The headroom leases hold on one node: the sum over the leases below it."""
+    """The headroom leases hold on one node: the sum over the leases below it, one
+    attribute for each of ``LEASED`` (those read by name are typed here)."""
 
     __slots__ = (*LEASED, "holding", "leases", "lost")
+    tokens: int
+    input_tokens: int
+    output_tokens: int
+    requests: int
+    tool_calls: int
+    steps: int
+    agents: int
+    cost: float
 
     def __init__(self) -> None:
-        self.tokens = 0
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.cost = 0.0
-        self.requests = 0
-        self.tool_calls = 0
-        self.steps = 0
-        self.agents = 0
+        for name in LEASED:
+            setattr(self, name, zero(name))
         #: Leases below this node that may still give something back (not ended, not
         #: lost), and those of them holding a grant (not asking for more right now).
         self.leases = 0
@@ -217,7 +213,7 @@ class Lease:
         """The remote subtree's limits: its lease, as a ``Budget``."""
         fields: dict[str, float] = {}
         for name, value in self.granted.items():
-            fields[name] = value if name == "cost" else int(value)
+            fields[name] = value if name in _FRACTIONAL else int(value)
         return Budget(depth=self.depth, **fields)  # type: ignore[arg-type]
 
 
@@ -239,4 +235,12 @@ def reserved_of(holder: Tally | Node, name: str) -> float:
 
 def zero(name: str) -> float:
     """Nothing, in the field's kind (a float for cost, an int for every count)."""
-    return 0.0 if name == "cost" else 0
+    return 0.0 if name in _FRACTIONAL else 0
+
+
+#: Fields that are sums of others (tokens), with their parts.
+_SUMS = {field.name: field.parts for field in FIELDS if field.parts}
+#: Leased fields ``Usage`` carries (the others a ``Tally`` carries beside it).
+_IN_USAGE = frozenset(field.name for field in FIELDS if field.usage)
+#: Fields whose values are not whole numbers.
+_FRACTIONAL = frozenset(field.name for field in FIELDS if not field.whole)

@@ -41,9 +41,9 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ._budget import Budget
+from ._budget import FIELDS, LEASED, Budget, Usage
 from ._exceptions import BudgetExceeded
-from ._lease import LEASED, LOST_WHY, Held, Lease, Tally, Want, reserved_of, zero
+from ._lease import LOST_WHY, Held, Lease, Tally, Want, reserved_of, zero
 from ._waiter import Waiter, new_waiter, park, wake
 
 if TYPE_CHECKING:
@@ -166,37 +166,26 @@ class Ledger:
         if tally == last or not lease.live:
             return  # (a report that comes after the end is older than the end's)
         lease.tally = tally
-        d_input = tally.usage.input_tokens - last.usage.input_tokens
-        d_output = tally.usage.output_tokens - last.usage.output_tokens
-        d_cached = tally.usage.cached_tokens - last.usage.cached_tokens
-        d_cost = tally.usage.cost - last.usage.cost
-        d_requests = tally.usage.requests - last.usage.requests
-        d_tools = tally.usage.tool_calls - last.usage.tool_calls
-        d_steps = tally.steps - last.steps
-        d_agents = tally.agents - last.agents
+        # What it used since, field by field: the subtree's totals, and its own.
+        usage, was = tally.usage, last.usage
+        deltas = [(name, getattr(usage, name) - getattr(was, name)) for name in _USAGE]
+        deltas += [(name, getattr(tally, name) - getattr(last, name)) for name in _ON_TALLY]
+        deltas = [(name, delta) for name, delta in deltas if delta]
         over = None
         current: Node | None = node
         while current is not None:
-            current.input_tokens += d_input
-            current.output_tokens += d_output
-            current.cached_tokens += d_cached
-            current.cost += d_cost
-            current.requests += d_requests
-            current.tool_calls += d_tools
-            current.steps += d_steps
-            current.agents += d_agents
+            for name, delta in deltas:
+                setattr(current, name, getattr(current, name) + delta)
             if current.limits is not None:
                 over = _over(current) or over
             current = current.parent
         # Its own usage grows by as much (a subtree placed again after its host was
         # lost reports from zero under a new lease: what the lost one reported stays).
         own, was = tally.own, last.own
-        node.own_input += own.input_tokens - was.input_tokens
-        node.own_output += own.output_tokens - was.output_tokens
-        node.own_cached += own.cached_tokens - was.cached_tokens
-        node.own_cost += own.cost - was.cost
-        node.own_requests += own.requests - was.requests
-        node.own_tool_calls += own.tool_calls - was.tool_calls
+        for name in _USAGE:
+            delta = getattr(own, name) - getattr(was, name)
+            if delta:
+                setattr(node, _OWN[name], getattr(node, _OWN[name]) + delta)
         node.own_steps += tally.own_steps - last.own_steps
         self._hold(node, lease)
         if over is not None:
@@ -363,7 +352,7 @@ class Ledger:
                     if limit is None:
                         continue
                     settled = limit - _used(current, name)
-                    if need > settled + (_COST_EPSILON * limit if name == "cost" else 0):
+                    if need > settled + (_COST_EPSILON * limit if name in _FRACTIONAL else 0):
                         error = BudgetExceeded(
                             name,
                             limit,
@@ -376,7 +365,7 @@ class Ledger:
                         supervisor.stop_subtree(current, "budget_exceeded", str(error), error)
                         raise error
                     free = settled - reserved_of(current, name) - _held(current, name)
-                    if free + (_COST_EPSILON * limit if name == "cost" else 0) < need:
+                    if free + (_COST_EPSILON * limit if name in _FRACTIONAL else 0) < need:
                         held = current.held
                         # Held by others that may give it back (not by this lease,
                         # not by lost hosts), or by requests in flight here: wait.
@@ -392,7 +381,7 @@ class Ledger:
                     held = current.held
                     parts = current.leaves - current.in_flight - (held.holding if held else 0)
                     share = min(max(free, 0) / max(parts, 1), GROWTH * need)
-                    if name != "cost":
+                    if name not in _FRACTIONAL:
                         share = math.floor(share)
                     grant = min(grant, max(need, share))
                 grants[name] = grant
@@ -449,9 +438,20 @@ class Ledger:
 
 
 #: Fields that requests in flight here hold (and may give back when they settle).
-_RESERVED = frozenset(("tokens", "input_tokens", "output_tokens", "cost", "requests"))
+_RESERVED = frozenset(field.name for field in FIELDS if field.reserved)
 #: Fields whose refusal says what was needed and what was left.
-_MEASURED = frozenset(("tokens", "input_tokens", "output_tokens", "cost"))
+_MEASURED = frozenset(field.name for field in FIELDS if field.kind in ("tokens", "cost"))
+#: What a ``Tally``'s usage carries (with cached tokens), and what it counts beside it.
+_USAGE = tuple(Usage.__struct_fields__)
+_ON_TALLY = tuple(
+    field.name for field in FIELDS if field.leased and not field.usage and not field.parts
+)
+#: Fields whose values are not whole numbers (compared with a relative slack).
+_FRACTIONAL = frozenset(field.name for field in FIELDS if not field.whole)
+#: Fields that are sums of others (tokens), with their parts.
+_SUMS = {field.name: field.parts for field in FIELDS if field.parts}
+#: Where a node counts its own usage of each field ``Usage`` carries.
+_OWN = {name: f"own_{name}" for name in _USAGE}
 
 
 def _limit(supervisor: Supervisor, node: Node, name: str) -> float | None:
@@ -471,8 +471,10 @@ def _limit(supervisor: Supervisor, node: Node, name: str) -> float | None:
 
 
 def _used(node: Node, name: str) -> float:
-    if name == "tokens":
-        return node.input_tokens + node.output_tokens
+    parts = _SUMS.get(name)
+    if parts is not None:
+        total: float = sum(getattr(node, part) for part in parts)
+        return total
     value: float = getattr(node, name)
     return value
 
@@ -494,7 +496,7 @@ def _over(node: Node) -> tuple[Node, str, float, float] | None:
         if limit is None:
             continue
         used = _used(node, name)
-        slack = _COST_EPSILON * limit if name == "cost" else 0
+        slack = _COST_EPSILON * limit if name in _FRACTIONAL else 0
         if used > limit + slack:
             return node, name, limit, used
     return None

@@ -429,9 +429,9 @@ class Reserving:
                 over = over_limit(current, current.limits) or over
             served = served or current.waiters is not None
             current = current.parent
-        node.own_input += input_tokens
-        node.own_output += output_tokens
-        node.own_cached += cached_tokens
+        node.own_input_tokens += input_tokens
+        node.own_output_tokens += output_tokens
+        node.own_cached_tokens += cached_tokens
         node.own_cost += cost
         node.own_requests += extra_requests
         if refused is not None:

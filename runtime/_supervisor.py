@@ -48,7 +48,7 @@ from collections.abc import Callable
 import anyio
 
 from ._admission import chain_refusal
-from ._budget import Budget, Caps, Price
+from ._budget import CHARGED, Budget, Caps, Price, derived
 from ._exceptions import BudgetExceeded
 from ._lease import LOST_WHY, HeldUp, Want
 from ._ledger import Ledger
@@ -333,13 +333,11 @@ class Supervisor(Reserving):
             raise BudgetExceeded(limit, allowed, node.id, node.name, why=LOST_WHY)
         raise self._refuse(node, limit, allowed, LOST_WHY)
 
-    async def charge_waiting(
-        self, node: Node, *, steps: int = 0, tool_calls: int = 0, requests: int = 0
-    ) -> None:
+    async def charge_waiting(self, node: Node, **counts: int) -> None:
         """``charge``, waiting while headroom is held by leases (see ``_ledger``)."""
         while True:
             try:
-                self.charge(node, steps=steps, tool_calls=tool_calls, requests=requests)
+                self.charge(node, **counts)
             except HeldUp:
                 pass
             else:
@@ -375,62 +373,54 @@ class Supervisor(Reserving):
             return BudgetExceeded(cause.limit, cause.allowed, cause.node_id, cause.node_name)
         return BudgetExceeded("no new work", 0, node.id, node.name)
 
-    def charge(self, node: Node, *, steps: int = 0, tool_calls: int = 0, requests: int = 0) -> None:
+    def charge(self, node: Node, **counts: int) -> None:
         """Check-and-increment counters on the whole chain, atomically.
 
+        ``counts``: how much of each counter to charge, by its ``Budget`` field name
+        (``steps=1``, ``tool_calls=1``: the fields ``FIELDS`` says are charged here).
         ``requests``: requests a model built on another sends during one call, after
         the one its reservation counted (each admitted before it is sent; see
         ``Reservation.requests``): counted here, their tokens in the reservation.
         """
         if node.stop_status is not None:
             raise self.stopped(node)
+        if "steps" in counts:
+            self._cap_steps(node, counts["steps"])
+        if node.limited:  # every check first, then every charge: atomic
+            blocked = False
+            for name, amount in counts.items():
+                if name not in CHARGED:
+                    raise _not_charged(name)
+                if not amount:
+                    continue
+                current: Node | None = node
+                while current is not None:
+                    budget = current.limits
+                    if budget is not None:
+                        limit: int | None = getattr(budget, name)
+                        if limit is not None:
+                            used = getattr(current, name) + amount
+                            if used > limit:
+                                self._spent(current, name, limit, Want.of(name, amount))
+                            held = current.held
+                            if held is not None and used + getattr(held, name) > limit:
+                                blocked = self._held_up(current, name, limit)
+                    current = current.parent
+            if blocked:
+                raise HeldUp
+        for name, amount in counts.items():
+            add = _ADD.get(name)
+            if add is None:
+                raise _not_charged(name)
+            add(node, amount)
+
+    def _cap_steps(self, node: Node, steps: int) -> None:
+        """The runtime's default cap on the steps of one execution."""
         caps = self.caps
-        if (
-            steps
-            and caps is not None
-            and caps.steps is not None
-            and node.own_steps + steps > caps.steps
-        ):
+        if caps is not None and caps.steps is not None and node.own_steps + steps > caps.steps:
             error = _over_cap("steps", caps.steps, node)
             self.stop_subtree(node, "budget_exceeded", str(error), error)
             raise error
-        blocked = False
-        current: Node | None = node
-        while current is not None:
-            budget = current.limits
-            if budget is not None:
-                held = current.held
-                if steps and budget.steps is not None:
-                    used = current.steps + steps
-                    if used > budget.steps:
-                        self._spent(current, "steps", budget.steps, Want(steps=steps))
-                    if held is not None and used + held.steps > budget.steps:
-                        blocked = self._held_up(current, "steps", budget.steps)
-                if tool_calls and budget.tool_calls is not None:
-                    used = current.tool_calls + tool_calls
-                    if used > budget.tool_calls:
-                        want = Want(tool_calls=tool_calls)
-                        self._spent(current, "tool_calls", budget.tool_calls, want)
-                    if held is not None and used + held.tool_calls > budget.tool_calls:
-                        blocked = self._held_up(current, "tool_calls", budget.tool_calls)
-                if requests and budget.requests is not None:
-                    used = current.requests + requests
-                    if used > budget.requests:
-                        self._spent(current, "requests", budget.requests, Want(requests=requests))
-                    if held is not None and used + held.requests > budget.requests:
-                        blocked = self._held_up(current, "requests", budget.requests)
-            current = current.parent
-        if blocked:
-            raise HeldUp
-        current = node
-        while current is not None:
-            current.steps += steps
-            current.tool_calls += tool_calls
-            current.requests += requests
-            current = current.parent
-        node.own_tool_calls += tool_calls
-        node.own_steps += steps
-        node.own_requests += requests
 
     # -- observing --------------------------------------------------------------------
 
@@ -507,6 +497,28 @@ def _over_cap(limit: str, allowed: int, node: Node) -> BudgetExceeded:
         f"Runtime(caps=Caps({limit}=...))",
     )
 
+
+def _not_charged(name: str) -> TypeError:
+    return TypeError(f"charge() takes the counters {', '.join(sorted(CHARGED))}, not {name!r}")
+
+
+def _adder(name: str) -> Callable[[Node, int], None]:
+    """The charge of counter ``name`` to a node, its ancestors and its own count
+    (written out, not by ``getattr`` and ``setattr``: a charge is made for every
+    tool call and step)."""
+    add: Callable[[Node, int], None] = derived(
+        "def add(node, amount):\n"
+        "    current = node\n"
+        "    while current is not None:\n"
+        f"        current.{name} += amount\n"
+        "        current = current.parent\n"
+        f"    node.own_{name} += amount\n"
+    )
+    return add
+
+
+#: The charge of each counter ``charge`` takes.
+_ADD = {name: _adder(name) for name in CHARGED}
 
 _CAPPED = {
     "depth": "the depth of a tree",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
-from ._budget import Budget, Usage
+from ._budget import COUNTED, FIELDS, OWN, Budget, Usage, derived
 from ._exceptions import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -81,6 +81,31 @@ class TreeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
         return tuple(node for node in self.nodes if node.parent_id == node_id)
 
 
+_FRACTIONAL = frozenset(field.name for field in FIELDS if not field.whole)
+#: Set each count of a node (``COUNTED``, ``OWN``) to nothing, in its kind (a float
+#: for cost); its usage (``Usage``'s fields), of its subtree and its own.
+_zero = derived(
+    "def zero(node):\n"
+    + "".join(
+        f"    node.{prefix}{name} = {0.0 if name in _FRACTIONAL else 0!r}\n"
+        for prefix, names in (("", COUNTED), ("own_", OWN))
+        for name in names
+    )
+)
+_usage = derived(
+    "def usage(node):\n    return Usage("
+    + ", ".join(f"{name}=node.{name}" for name in Usage.__struct_fields__)
+    + ")\n",
+    Usage=Usage,
+)
+_own_usage = derived(
+    "def own_usage(node):\n    return Usage("
+    + ", ".join(f"{name}=node.own_{name}" for name in Usage.__struct_fields__)
+    + ")\n",
+    Usage=Usage,
+)
+
+
 class Node:
     """One execution in the tree.
 
@@ -91,11 +116,8 @@ class Node:
 
     __slots__ = (
         "actor_id",
-        "agents",
         "attempt",
-        "cached_tokens",
         "children",
-        "cost",
         "deadline",
         "deadline_owner",
         "depth",
@@ -103,39 +125,47 @@ class Node:
         "held",
         "id",
         "in_flight",
-        "input_tokens",
         "lease",
         "leaves",
         "lender",
         "limited",
         "limits",
         "name",
-        "output_tokens",
-        "own_cached",
-        "own_cost",
-        "own_input",
-        "own_output",
-        "own_requests",
-        "own_steps",
-        "own_tool_calls",
         "parent",
-        "requests",
         "reserved_cost",
         "reserved_input",
         "reserved_output",
         "scope",
         "started",
         "status",
-        "steps",
         "stop_error",
         "stop_reason",
         "stop_status",
-        "tool_calls",
         "traces",
         "waiters",
         "waiting",
         "watch",
+        # Its counts (see ``FIELDS``): of its subtree, and of itself alone.
+        *COUNTED,
+        *(f"own_{name}" for name in OWN),
     )
+    # The counts read by name (every one of ``COUNTED`` and ``OWN`` is made and
+    # zeroed from those tables, whether or not it is typed here).
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    requests: int
+    tool_calls: int
+    steps: int
+    agents: int
+    cost: float
+    own_input_tokens: int
+    own_output_tokens: int
+    own_cached_tokens: int
+    own_requests: int
+    own_tool_calls: int
+    own_steps: int
+    own_cost: float
 
     def __init__(
         self,
@@ -172,15 +202,9 @@ class Node:
         self.stop_reason = ""
         #: The refusal that stopped it, when a limit did.
         self.stop_error: BudgetExceeded | None = None
-        # Totals: this node and its whole subtree.
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.cached_tokens = 0
-        self.requests = 0
-        self.tool_calls = 0
-        self.steps = 0
-        self.agents = 0
-        self.cost = 0.0
+        # Its counts: totals of this node and its whole subtree (``<name>``), and
+        # what this node itself consumed, without its descendants (``own_<name>``).
+        _zero(self)
         self.reserved_input = 0
         self.reserved_output = 0
         self.reserved_cost = 0.0
@@ -189,14 +213,6 @@ class Node:
         #: Running executions in this subtree with no running children (this one
         #: included): the ones that may send a model request next.
         self.leaves = 0
-        # What this node itself consumed, without its descendants.
-        self.own_input = 0
-        self.own_output = 0
-        self.own_cached = 0
-        self.own_requests = 0
-        self.own_tool_calls = 0
-        self.own_steps = 0
-        self.own_cost = 0.0
         #: Requests waiting for this node's headroom, first come first served.
         self.waiters: deque[Wait] | None = None
         #: Why this node's own request waits for budget ("" when it does not).
@@ -226,25 +242,13 @@ class Node:
 
     def usage(self) -> Usage:
         """Totals of this node and its subtree."""
-        return Usage(
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            cached_tokens=self.cached_tokens,
-            requests=self.requests,
-            tool_calls=self.tool_calls,
-            cost=self.cost,
-        )
+        usage: Usage = _usage(self)
+        return usage
 
     def own_usage(self) -> Usage:
         """What this node itself consumed, without its descendants."""
-        return Usage(
-            input_tokens=self.own_input,
-            output_tokens=self.own_output,
-            cached_tokens=self.own_cached,
-            requests=self.own_requests,
-            tool_calls=self.own_tool_calls,
-            cost=self.own_cost,
-        )
+        usage: Usage = _own_usage(self)
+        return usage
 
     def __repr__(self) -> str:
         return f"<Node {self.id!r} depth={self.depth} {self.status}>"

@@ -57,7 +57,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
-from fractor.runtime import Event, Runtime
+from fractor.runtime import Budget, Event, Runtime
 
 from .._messages import (
     AssistantMessage,
@@ -72,19 +72,9 @@ from .._messages import (
 
 __all__ = ["Instrumentation", "instrument"]
 
-#: The budget limits recorded on an execution's span (``fractor.budget.<name>``).
-_LIMITS = (
-    "depth",
-    "tokens",
-    "input_tokens",
-    "output_tokens",
-    "requests",
-    "tool_calls",
-    "steps",
-    "agents",
-    "seconds",
-    "cost",
-)
+#: The budget limits recorded on an execution's span (``fractor.budget.<name>``): every
+#: field of ``Budget`` (``runtime._budget.FIELDS`` describes each).
+_LIMITS = tuple(Budget.__struct_fields__)
 
 
 log = structlog.get_logger("fractor.otel")

@@ -92,7 +92,7 @@ async def test_a_lease_starts_empty_on_every_limited_field_of_the_chain() -> Non
     top = sup.open(sup.root, name="top", limits=Budget(tool_calls=5, steps=3))
     lease = sup.ledger.open(sup.open(top, name="remote", limits=None))
     limits = lease.limits()
-    assert lease.fields == ("tokens", "cost", "tool_calls", "steps")
+    assert lease.fields == ("tokens", "tool_calls", "steps", "cost")  # in Budget's order
     assert limits == Budget(tokens=0, cost=0.0, tool_calls=0, steps=0)
     assert isinstance(limits.tokens, int)
     assert isinstance(limits.cost, float)
