@@ -42,7 +42,6 @@ from ._digest import completed, digest, resumable
 from ._execution import Execution
 from ._memory import Fold, Tally, summary_section
 from ._messages import (
-    AssistantMessage,
     Conversation,
     DigestMessage,
     ExecutionTrace,
@@ -185,11 +184,10 @@ class AgentActor(Actor):
     def _delegated(self, task: Task) -> Execution:
         """The execution of a subagent call (its node opened by the parent): one that
         ends itself (``Execution.run``), this actor's only task."""
-        self.execution.clear()
         node = self.context.runtime.supervisor.get(task.node)
         node.actor_id = self.context.id
         execution = self.running = self._new_execution(
-            node, task, self._history(task), conversation=self.messages
+            node, task, self._history(task), ends_itself=True
         )
         return execution
 
@@ -227,8 +225,6 @@ class AgentActor(Actor):
                 return withdrawn(context.id)
         if task.budget is not None and task.budget.cost is not None:
             _check_prices(agent, supervisor.prices, task.budget)
-        # An earlier execution may have died mid-way: never carry its buffer over.
-        self.execution.clear()
         # Read before the node opens: nothing awaits between its opening and the
         # block that closes it on every path.
         behind = await self._resumed(task) if task.resume else ()
@@ -271,7 +267,6 @@ class AgentActor(Actor):
         )
         resumed = execution.resumed = behind[-1].execution_id if behind else ""
         execution.caller = task.caller
-        earlier: list[Execution] = []  # attempts before a restart
         try:
             await execution.run()
             while execution.status == "failed" and self._may_restart():
@@ -284,63 +279,43 @@ class AgentActor(Actor):
                         digest=agent.restart.digest,
                     )
                 # Every attempt's trace is kept and stored: the last one has the
-                # node's id (the Result's), each earlier one an id of its own.
+                # node's id (the Result's), each earlier one an id of its own. Its
+                # trace is built now, with the usage so far; it ends with the last
+                # attempt (``Execution.end``).
                 execution.execution_id = f"{node.id}~{execution.attempt}"
-                self._keep(execution.final_trace())
-                earlier.append(execution)
-                self.execution.clear()  # fresh buffer, same conversation
-                node.attempt = len(earlier) + 1
+                trace = execution.final_trace()
                 if agent.restart.digest:
-                    behind = (*behind, execution.final_trace())
-                execution = self.running = self._new_execution(
+                    behind = (*behind, trace)
+                earlier = (*execution.earlier, execution)
+                node.attempt = len(earlier) + 1
+                execution = self.running = self._new_execution(  # fresh buffer
                     node, task, execution.history, behind=behind
                 )
+                execution.earlier = earlier
                 execution.attempt = node.attempt
                 execution.resumed = resumed
                 await execution.run()
         except BaseException:
+            # Cancelled: the execution ends all the same (invariant 2 holds on this
+            # path too: for a top-level ask, the turn and its synthesized answer
+            # join the conversation, the live one and the stored one alike).
             self.running = None
-            # Cancelled: the buffer is emptied all the same. A delegated child's actor
-            # ends with this cancellation (it has no other task) and nothing reads its
-            # conversation or traces again: its execution is handed to the top-level
-            # one, whose save builds its trace (a cancelled tree of a thousand
-            # children does no more per child than it must).
-            self.execution.clear()
-            if task.node:
-                supervisor.close(node, execution.status, execution.reason)
-                if node.traces is not None:
-                    node.traces += (*earlier, execution)
-                raise
-            # Invariant 2 holds on this path too: the turn and its synthesized answer
-            # join the conversation, the live one and the stored one alike.
-            self._conclude(execution)
-            supervisor.close(node, execution.status, execution.reason)
-            if store is not None:
-                await self._save(store, [*earlier, execution], node)
+            execution.end(cancelled=True)
+            if store is not None and not task.node:
+                await self._save(store, execution)
             raise
-        # Every other path: empty buffer, one final response.
         self.running = None
-        self.execution.clear()
-        text = self._conclude(execution)
-        supervisor.close(node, execution.status, execution.reason)
-        if task.node:
-            if node.traces is not None:
-                node.traces += (*earlier, execution)
-        elif store is not None:
-            await self._save(store, [*earlier, execution], node)
-        return execution.result(text)
+        result = execution.end()
+        assert result is not None  # not cancelled: it has its answer
+        if store is not None and not task.node:
+            await self._save(store, execution)
+        return result
 
-    def _conclude(self, execution: Execution) -> str:
-        """The final response joins the conversation and the trace is kept."""
-        trace = execution.final_trace()
-        self.messages.append(AssistantMessage(content=trace.final_text))
-        self._keep(trace)
-        return trace.final_text
-
-    async def _save(self, store: Store, executions: list[Execution], node: Node) -> None:
-        """Save the persistent sections and the traces of ``executions`` (an ask's
-        attempts) and of every execution of their subtree, in one transaction: no
-        trace is stored without its parent's.
+    async def _save(self, store: Store, execution: Execution) -> None:
+        """Save the persistent sections and the traces the tree of ``execution`` (a
+        top-level one, ended) handed on to its node as its executions ended
+        (``Execution.end``): its attempts and every execution of their subtree, in
+        one transaction: no trace is stored without its parent's.
 
         Shielded: once an execution has ended, its turn is stored even if the actor
         is cancelled meanwhile, and a cancelled execution's turn and traces are
@@ -348,12 +323,15 @@ class AgentActor(Actor):
         as a warning and counted in ``store_failures``; the next save writes the
         whole state again and retries the traces that were not saved.
         """
-        below, node.traces = node.traces, None
+        node = execution.node
+        ended: list[Any] = node.traces or []
+        node.traces = None
+        # The top's attempts, handed on last (after their subtree), are stored first.
+        top = len(execution.earlier) + 1
+        ordered = [*ended[-top:], *ended[:-top]]
         groups = self._unsaved
         try:  # encoding too: whatever fails, the Result is returned
-            group = [trace_record(execution.final_trace()) for execution in executions]
-            if below:
-                group += [trace_record(execution.final_trace()) for execution in below]
+            group = [trace_record(each.final_trace()) for each in ordered]
             groups = [*self._unsaved, group]
             records = [record for each in groups for record in each]
             state = None
@@ -374,7 +352,7 @@ class AgentActor(Actor):
             log.warning(
                 "agent state not saved",
                 agent_id=self.context.id,
-                execution_id=executions[-1].execution_id,
+                execution_id=execution.execution_id,
                 store=repr(store),
                 error=exception_text(exc),
                 unsaved_traces=sum(len(each) for each in self._unsaved),
@@ -383,15 +361,15 @@ class AgentActor(Actor):
         else:
             self._unsaved.clear()
         finally:
-            if below:
-                below.clear()  # the subtree's nodes may outlive this: let go of them
+            ended.clear()  # the subtree's nodes may outlive this: let go of them
 
     def _new_execution(
         self,
         node: Node,
         task: Task,
         history: tuple[Message, ...],
-        conversation: list[Message] | None = None,
+        *,
+        ends_itself: bool = False,
         fold: Fold | None = None,
         behind: tuple[ExecutionTrace, ...] = (),
     ) -> Execution:
@@ -408,8 +386,10 @@ class AgentActor(Actor):
             history=history,
             buffer=self.execution,
             context=context,
+            conversation=self.messages,
             delegated=bool(task.node),
-            conversation=conversation,
+            ends_itself=ends_itself,
+            kept=None if task.node else self.traces,
             fold=fold,
             compacted=self._compacted if fold is not None else None,
             digest=note,
@@ -436,12 +416,6 @@ class AgentActor(Actor):
                 return ()
             traces = tuple(trace for trace in traces if not trace.parent_id)
         return resumable(traces)
-
-    def _keep(self, trace: ExecutionTrace) -> None:
-        """Keep ``trace``, and at most ``trace_limit`` traces in all."""
-        self.traces.append(trace)
-        if len(self.traces) > self.agent.trace_limit:
-            del self.traces[0]
 
     def _may_restart(self) -> bool:
         policy = self.agent.restart

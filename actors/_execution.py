@@ -9,6 +9,11 @@ buffer is emptied and only the final response joins the conversation. If there i
 no final response, one is synthesized from the status, what was done and the last
 useful text, so a caller always gets an answer.
 
+Every execution, top-level or delegated, ends through one method, ``Execution.end``
+(DESIGN.md invariant 2 is enforced there and nowhere else): called by ``run`` for
+an execution that ends itself (a delegated child's, its actor's only task), by the
+agent actor for the others (after their restarts).
+
 Here: the loop of steps and how an execution begins and ends. Its other parts are
 mixins of ``Execution``: ``Calling`` (``_calling.py``) runs each step's tool calls,
 ``Recording`` (``_recording.py``) keeps its step records and events and builds its
@@ -94,13 +99,17 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         "context",
         "conversation",
         "corrections",
+        "delegated",
         "digested",
+        "earlier",
         "ended",
+        "ends_itself",
         "escalation",
         "execution_id",
         "final_text",
         "fold",
         "history",
+        "kept",
         "last_text",
         "node",
         "output",
@@ -135,8 +144,10 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         history: tuple[Message, ...],
         buffer: list[Message],
         context: ActorContext,
+        conversation: list[Message],
         delegated: bool = False,
-        conversation: list[Message] | None = None,
+        ends_itself: bool = False,
+        kept: list[ExecutionTrace] | None = None,
         fold: Fold | None = None,
         compacted: Callable[[Fold, str], tuple[Message, ...]] | None = None,
         digest: DigestMessage | None = None,
@@ -154,12 +165,25 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         self.parent_attempt = parent.attempt if parent is not None else 1
         self.task = task
         self.history = history
+        # A fresh buffer: an earlier execution (or attempt) never carries its over.
+        buffer.clear()
         self.buffer = buffer
         self.context = context
         self.bus = context.runtime.event_bus  # read at every event site
-        #: The conversation of an execution that ends itself (see ``run``): a
-        #: delegated child's, whose actor ends with this one task.
+        #: The agent's conversation, which the final response joins (see ``end``).
         self.conversation = conversation
+        #: A subagent call's execution (its node opened by the parent): its actor
+        #: ends with this one task, and nobody reads the actor's state after it.
+        self.delegated = delegated
+        #: Whether ``run`` ends it (a delegated child with no restarts to try);
+        #: otherwise its agent does, after its restarts (see ``end``).
+        self.ends_itself = ends_itself
+        #: The agent's kept traces, which this execution's joins as it ends (an
+        #: agent that lives on after it; None for a delegated one).
+        self.kept = kept
+        #: The earlier attempts of the same task (restarts), oldest first: they end
+        #: with this one (see ``end``).
+        self.earlier: tuple[Execution, ...] = ()
         self.steps: list[StepRecord] = []
         self.status: Status = "cancelled"
         self.reason = "cancelled before it finished"
@@ -239,10 +263,10 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         stays "cancelled". A stop from the supervisor (a limit of this node or an
         ancestor, the deadline) ends the steps and becomes this execution's status.
 
-        With a ``conversation``, the execution also ends itself, on every path (see
-        ``_end``), and returns its ``Result``. A delegated child with no cancel scope
-        of its own runs ``_steps(alone=True)`` instead, which does all of this in one
-        frame: a cancellation unwinds every frame of every agent in the tree.
+        An execution that ``ends_itself`` also ends, on every path (see ``end``), and
+        returns its ``Result``. A delegated child with no cancel scope of its own
+        runs ``_steps(alone=True)`` instead, which does all of this in one frame: a
+        cancellation unwinds every frame of every agent in the tree.
         """
         tokens = self._begin()
         node = self.node
@@ -267,7 +291,7 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
     def start(self) -> Coroutine[Any, Any, Result | None]:
         """``run()``, or for an execution that ends itself with no cancel scope of its
         own (a delegated child's), the same in one frame (``_steps(alone=True)``)."""
-        if self.own_scope or self.conversation is None:
+        if self.own_scope or not self.ends_itself:
             return self.run()
         return self._steps(alone=True)
 
@@ -291,15 +315,11 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
         node = self.node
         node.scope = None
         self.ended = time.perf_counter()
-        supervisor = self.supervisor
-        self.status, self.reason = supervisor.why_stopped(node)
+        self.status, self.reason = self.supervisor.why_stopped(node)
         if self.observed:  # whoever watched it start sees it end
             self._emit_end()
-        if self.conversation is not None:  # ends itself: see _end (no answer to build)
-            self.buffer.clear()
-            supervisor.close(node, self.status, self.reason)
-            if node.traces is not None:
-                node.traces.append(self)
+        if self.ends_itself:
+            self.end(cancelled=True)
 
     def _finish(self, tokens: tuple[contextvars.Token[Any], ...], stopped: bool) -> Result | None:
         """The steps ended (an answer, a failure, a stop: ``stopped`` if its own scope
@@ -314,25 +334,54 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
             self._stop(*self.supervisor.why_stopped(node))
         if self.observed:
             self._emit_end()
-        if self.conversation is not None:
-            return self.result(self._end())
+        if self.ends_itself:
+            return self.end()
         return None
 
-    def _end(self) -> str:
-        """End a delegated child's execution: empty buffer; the final response joins
-        its conversation; its node closes; its execution goes to the top-level one's
-        save (``Node.traces``), which builds its trace then. The actor ends with this
-        task: nobody reads its conversation or traces again, so a cancelled one
-        (``_cancelled``) builds no answer at all."""
+    def end(self, *, cancelled: bool = False) -> Result | None:
+        """End this execution, once, on every path, top-level or delegated: the one
+        place DESIGN.md invariant 2 is kept. Sync: no cancellation can cut it short
+        (the store write that follows it at the top is shielded, see ``AgentActor``).
+
+        1. The execution buffer is emptied.
+        2. The final response (the model's, or one synthesized) joins the
+           conversation: the turn's user message is already there, so the
+           conversation grew by exactly one turn.
+        3. The node closes with the execution's status.
+        4. The trace is handed on: each attempt's (``earlier``, then this one) joins
+           the agent's kept traces if it lives on, and ``Node.traces`` if the tree's
+           traces are collected there (by the top of a tree with a store, whose
+           agent saves them, or by a host for its subtree's top).
+        5. The one ``Result``; None if ``cancelled``: the cancellation goes on, and
+           the actor's cell answers the pending ask as the actor stops.
+
+        A delegated execution that is cancelled builds no answer at all: its actor
+        ends with this cancellation, so nothing reads its conversation again, and a
+        cancelled tree of a thousand children does no more per child than it must
+        (its trace is built by whoever stores it, if anyone does).
+        """
         node = self.node
         self.buffer.clear()
-        text = self.answer()
-        if self.conversation is not None:
+        kept = self.kept
+        text = None
+        if kept is not None:  # its trace is built now, and its answer with it
+            trace = self.final_trace()
+            kept.extend([attempt.final_trace() for attempt in self.earlier])
+            kept.append(trace)
+            if len(kept) > self.agent.trace_limit:
+                del kept[: len(kept) - self.agent.trace_limit]
+            text = trace.final_text
+        elif not (cancelled and self.delegated):
+            text = self.answer()
+        if text is not None:
             self.conversation.append(AssistantMessage(content=text))
         self.supervisor.close(node, self.status, self.reason)
-        if node.traces is not None:
-            node.traces.append(self)
-        return text
+        traces = node.traces
+        if traces is not None:
+            if self.earlier:
+                traces.extend(self.earlier)
+            traces.append(self)
+        return None if text is None or cancelled else self.result(text)
 
     async def _steps(self, *, alone: bool = False) -> Result | None:
         """The steps, until an answer or a stop; never raises an ``Exception``: a
