@@ -23,7 +23,6 @@ from ._fakes import FunctionModel as FunctionModel
 from ._fakes import ScriptedModel as ScriptedModel
 from ._fakes import ScriptExhausted as ScriptExhausted
 from ._fakes import estimate_tokens as estimate_tokens
-from ._hosts import HostUnavailable as HostUnavailable
 from ._hosts import LocalHosts as LocalHosts
 from ._hosts import RemoteHosts as RemoteHosts
 from ._memory import DEFAULT_SUMMARY_INSTRUCTIONS as DEFAULT_SUMMARY_INSTRUCTIONS
@@ -55,6 +54,10 @@ from ._models import Sink as Sink
 from ._models import StreamingModel as StreamingModel
 from ._output import OutputMode as OutputMode
 from ._persistence import AgentState as AgentState
+from ._placing import ChildReply as ChildReply
+from ._placing import HostUnavailable as HostUnavailable
+from ._placing import Placement as Placement
+from ._placing import Placer as Placer
 from ._policy import RestartPolicy as RestartPolicy
 from ._policy import RetryPolicy as RetryPolicy
 from ._react import MalformedAction as MalformedAction
@@ -115,6 +118,7 @@ __all__ = [
     "AssistantMessage",
     "BudgetResumed",
     "BudgetWaiting",
+    "ChildReply",
     "Compacted",
     "Compaction",
     "Conversation",
@@ -138,6 +142,8 @@ __all__ = [
     "OpenAIModel",
     "OutputMode",
     "OutputSchema",
+    "Placement",
+    "Placer",
     "Progress",
     "ProviderError",
     "ReActModel",

@@ -34,7 +34,6 @@ from fractor.runtime import (
     StoreError,
     Usage,
 )
-from fractor.runtime.lowlevel import HeldUp
 
 from ._agent_ref import Decide, GetApprovals, GetConversation, GetProgress, GetTrace
 from ._approval import approvals_of
@@ -233,12 +232,12 @@ class AgentActor(Actor):
         else:
             budget = agent.budget.merge(task.budget) if agent.budget else task.budget
             try:
-                try:
-                    node = supervisor.open(supervisor.root, name=agent.name, limits=budget)
-                except HeldUp:  # headroom leased to subtrees on other hosts
-                    node = await supervisor.open_waiting(
+                opened = supervisor.try_open(supervisor.root, name=agent.name, limits=budget)
+                if opened is None:  # headroom leased to subtrees on other hosts: wait
+                    opened = await supervisor.open_waiting(
                         supervisor.root, name=agent.name, limits=budget
                     )
+                node = opened
             except BudgetExceeded as exc:
                 # Nothing ran: the turn joins neither the live nor the stored conversation.
                 bus = context.runtime.event_bus

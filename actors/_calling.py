@@ -20,7 +20,6 @@ import anyio
 import msgspec
 
 from fractor.runtime import ActorContext, BudgetExceeded, EventKind, Node, Supervisor
-from fractor.runtime.lowlevel import HeldUp
 
 from ._approval import approvals_of
 from ._delegation import Delegation, refused
@@ -201,11 +200,10 @@ class Calling:
         if tool is None or self.observed or self.agent.approve is not None:
             return None
         try:
-            self.supervisor.charge(self.node, tool_calls=1)
+            if not self.supervisor.try_charge(self.node, tool_calls=1):
+                return None  # leased elsewhere: ``_run_call`` waits for the headroom
         except BudgetExceeded as exc:
             return refused(call, f"tool call refused: {exc}")
-        except HeldUp:
-            return None  # ``_run_call`` waits for the headroom
         start = time.perf_counter()
         kwargs = tool.arguments(call, start)
         if isinstance(kwargs, ToolOutcome):
@@ -286,11 +284,10 @@ class Calling:
     def _run_call_now(self: _Calling, call: ToolCall) -> Awaitable[ToolOutcome]:
         """Charge and run one tool call (see ``_run_call``)."""
         try:
-            self.supervisor.charge(self.node, tool_calls=1)
+            if not self.supervisor.try_charge(self.node, tool_calls=1):
+                return self._run_call_held_up(call)  # leased elsewhere: wait for it
         except BudgetExceeded as exc:
             return _ready(refused(call, f"tool call refused: {exc}"))
-        except HeldUp:
-            return self._run_call_held_up(call)
         if not self.observed:
             return self.agent.toolbox.run(call)
         return self._run_call_observed(call)

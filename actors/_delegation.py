@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from fractor.runtime import BudgetExceeded, Node, PendingReply
-from fractor.runtime.lowlevel import HeldUp, Waiter, new_waiter, park, wake
+from fractor.runtime import BudgetExceeded, Node
+from fractor.runtime.lowlevel import Waiter, new_waiter, park, wake
 
-from ._hosts import HostUnavailable, RemoteHosts
 from ._messages import Result, Task, ToolCall, ToolOutcome, exception_text
-from ._remote import RemoteReply
+from ._placing import HostUnavailable, placer_of
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from ._agent import Agent, AgentRef
     from ._execution import Execution
+    from ._placing import ChildReply
 
 __all__ = ["Delegation", "refused"]
 
@@ -141,28 +141,29 @@ class Delegation:
             return True
         supervisor = execution.supervisor
         try:
-            node = supervisor.open(execution.node, name=subagent.name, limits=subagent.budget)
+            opened = supervisor.try_open(execution.node, name=subagent.name, limits=subagent.budget)
         except BudgetExceeded as exc:
             self.outcomes[index] = refused(call, f"subagent {call.name!r} not started: {exc}")
             return True
-        except HeldUp:
-            return False
+        if opened is None:
+            return False  # headroom leased to a subtree elsewhere: ``run`` waits for it
+        node = opened
         node.actor_id = node.id  # the child actor takes its node's id
         node.traces = execution.node.traces  # where its execution leaves itself
         began = time.perf_counter()
-        hosts = execution.context.runtime.hosts
-        if isinstance(hosts, RemoteHosts):
+        place = placer_of(execution.context.runtime.hosts)  # None: everything runs here
+        if place is not None:
             try:
-                link = hosts.place(execution.node, subagent, supervisor)
+                placement = place(execution.node, subagent, supervisor)
             except HostUnavailable as exc:
                 supervisor.close(node, "failed", str(exc))
                 self.outcomes[index] = refused(call, f"subagent {call.name!r} not started: {exc}")
                 return True
-            if link is not None:
+            if placement is not None:
                 try:
-                    remote = hosts.launch(link, subagent, task, node, supervisor, self.task_group)
+                    remote = placement.launch(subagent, task, node, supervisor, self.task_group)
                 except Exception as exc:
-                    reason = f"not started on host {link.name!r}: {exception_text(exc)}"
+                    reason = f"not started on host {placement.host!r}: {exception_text(exc)}"
                     supervisor.close(node, "failed", reason)
                     self.outcomes[index] = refused(call, f"subagent {call.name!r} {reason}")
                     return True
@@ -173,7 +174,7 @@ class Delegation:
                         child_id=node.id,
                         call_id=call.id,
                         task=task[:200],
-                        host=link.name,
+                        host=placement.host,
                     )
                 self.running[index] = node
                 remote.add_done_callback(
@@ -209,7 +210,7 @@ class Delegation:
         subagent: Agent,
         node: Node,
         began: float,
-        reply: PendingReply | RemoteReply,
+        reply: ChildReply,
     ) -> None:
         """The child's reply (or its stop) has settled: record the outcome."""
         if self.interrupted:

@@ -38,7 +38,6 @@ from fractor.runtime import (
     Supervisor,
     Usage,
 )
-from fractor.runtime.lowlevel import HeldUp
 
 from ._answering import Answering
 from ._calling import Calling, Interrupted
@@ -416,9 +415,7 @@ class Execution(Calling, Recording, Answering, Summarizing, Resuming):
                 specs = output.specs(specs)
                 context = output.history(self.history) + tuple(buffer)
             while True:
-                try:
-                    supervisor.charge(node, steps=1)
-                except HeldUp:  # headroom leased to a subtree on another host
+                if not supervisor.try_charge(node, steps=1):  # leased elsewhere: wait
                     await supervisor.charge_waiting(node, steps=1)
                 if self.observed:
                     self.emit("step_start", step=len(self.steps))

@@ -1,6 +1,7 @@
 """Hosts: where a runtime places subtrees besides its own process.
 
-``Runtime(hosts=...)`` takes a ``RemoteHosts``: ``LocalHosts`` (hosts in this
+``Runtime(hosts=...)`` takes hosts, which the core asks ``place`` (a ``Placer``,
+``_placing``), never their class. ``RemoteHosts`` is one: ``LocalHosts`` (hosts in this
 process, each with a runtime of its own: for tests, and to see a placement work
 before there is a cluster) or ``fractor.actors.integrations.ray.RayHosts`` (each host a Ray
 actor, on this machine or a cluster). Both speak the same bytes (``_remote``) to the
@@ -32,9 +33,9 @@ from fractor.runtime import Node, Runtime, Supervisor
 
 from ._host import AgentHost, HostConfig
 from ._messages import exception_text
+from ._placing import HostUnavailable, Placement
 from ._remote import (
     Events,
-    HostUnavailable,
     Lost,
     RemoteChild,
     RemoteReply,
@@ -52,11 +53,19 @@ if TYPE_CHECKING:
 
     from ._agent import Agent
 
-__all__ = ["HostLink", "HostUnavailable", "LocalHosts", "Placement", "RemoteHosts"]
+__all__ = [
+    "DEFAULT_POOL",
+    "HostLink",
+    "HostUnavailable",
+    "LocalHosts",
+    "PlacementStrategy",
+    "RemoteHosts",
+]
 
 log = structlog.get_logger("fractor.actors.hosts")
 
-Placement = Literal["round_robin", "least_loaded"]
+#: How ``RemoteHosts`` picks a host among the live ones of a pool.
+PlacementStrategy = Literal["round_robin", "least_loaded"]
 _PLACEMENTS = ("round_robin", "least_loaded")
 #: The pool the children of top-level executions are placed in.
 DEFAULT_POOL = "default"
@@ -91,11 +100,13 @@ class HostLink:
 
 
 class RemoteHosts:
-    """Places subtrees on hosts and follows them (a ``fractor.Hosts``). A transport
-    subclasses it: ``_open`` makes the links, ``_receive`` waits for a host's next
-    batch of messages (raising when the host is lost), ``_shutdown`` lets go."""
+    """Places subtrees on hosts and follows them (a ``fractor.Hosts``, and a
+    ``Placer``: the core asks it ``place``). A transport subclasses it: ``_open``
+    makes the links (``HostLink`` subclasses), ``_receive`` waits for a host's next
+    batch of messages (raising when the host is lost), ``_shutdown`` lets go. On the
+    other side of a link, an ``AgentHost`` runs the subtrees."""
 
-    def __init__(self, *, placement: Placement = "round_robin") -> None:
+    def __init__(self, *, placement: PlacementStrategy = "round_robin") -> None:
         if placement not in _PLACEMENTS:
             raise ValueError(f"placement must be one of {_PLACEMENTS}, got {placement!r}")
         self.placement = placement
@@ -164,7 +175,13 @@ class RemoteHosts:
             default_max_tokens=supervisor.default_max_tokens,
         )
 
-    def place(self, parent: Node, agent: Agent, supervisor: Supervisor) -> HostLink | None:
+    def place(self, parent: Node, agent: Agent, supervisor: Supervisor) -> Placement | None:
+        """Where a subagent call of ``agent`` under ``parent`` runs (``Placer``): on
+        the host ``pick`` chooses, or here (None)."""
+        link = self.pick(parent, agent, supervisor)
+        return _OnLink(self, link) if link is not None else None
+
+    def pick(self, parent: Node, agent: Agent, supervisor: Supervisor) -> HostLink | None:
         """The host for a subagent call of ``agent`` under ``parent`` (None: here)."""
         pool = agent.host
         if pool is None:
@@ -288,6 +305,25 @@ class RemoteHosts:
                     del watched[key]
 
 
+class _OnLink:
+    """A subagent call placed on one host of ``hosts`` (a ``Placement``)."""
+
+    __slots__ = ("hosts", "link")
+
+    def __init__(self, hosts: RemoteHosts, link: HostLink) -> None:
+        self.hosts = hosts
+        self.link = link
+
+    @property
+    def host(self) -> str:
+        return self.link.name
+
+    def launch(
+        self, agent: Agent, text: str, node: Node, supervisor: Supervisor, task_group: TaskGroup
+    ) -> RemoteReply:
+        return self.hosts.launch(self.link, agent, text, node, supervisor, task_group)
+
+
 class _LocalLink(HostLink):
     def __init__(self, host: AgentHost, pool: str) -> None:
         super().__init__(host.name, pool)
@@ -316,7 +352,7 @@ class LocalHosts(RemoteHosts):
         count: int = 2,
         *,
         pools: dict[str, int] | None = None,
-        placement: Placement = "round_robin",
+        placement: PlacementStrategy = "round_robin",
     ) -> None:
         super().__init__(placement=placement)
         self.pools = _pools(count, pools)

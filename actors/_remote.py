@@ -35,6 +35,7 @@ from fractor.runtime.lowlevel import Refusal, Tally, Want, new_waiter, park, wak
 
 from ._approval import ApprovalRequest, approvals_of
 from ._messages import ExecutionTrace, Result
+from ._placing import HostUnavailable
 
 if TYPE_CHECKING:
     from fractor.runtime import Supervisor
@@ -214,10 +215,6 @@ def tally(node: Node) -> Tally:
 # -- the stand-in -----------------------------------------------------------------------
 
 
-class HostUnavailable(Exception):
-    """No live host can take a subtree pinned to a pool."""
-
-
 class Lost(msgspec.Struct, frozen=True):
     """(Here only) the subtree's host was lost: why."""
 
@@ -368,7 +365,7 @@ class RemoteChild:
         parent = node.parent
         assert parent is not None
         try:
-            link = self.hosts.place(parent, self.agent, self.supervisor)
+            link = self.hosts.pick(parent, self.agent, self.supervisor)
         except HostUnavailable:
             return False
         if link is None:

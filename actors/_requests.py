@@ -15,7 +15,6 @@ import anyio
 import msgspec
 
 from fractor.runtime import InvalidUsage, Reservation, Usage
-from fractor.runtime.lowlevel import HeldUp
 
 from ._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
 from ._policy import is_retryable, retry_after
@@ -223,9 +222,7 @@ class _Call:
         if self.sent:  # one more request: a counter, checked and charged at once
             execution = self.execution
             supervisor = execution.supervisor
-            try:
-                supervisor.charge(execution.node, requests=1)
-            except HeldUp:  # headroom leased to a subtree on another host
+            if not supervisor.try_charge(execution.node, requests=1):  # leased elsewhere
                 await supervisor.charge_waiting(execution.node, requests=1)
             self.reservation.requests += 1
         self.sent += 1

@@ -38,7 +38,9 @@ __all__ = [
 
 class HeldUp(Exception):
     """A charge must wait: the headroom it needs is held by a lease (or, on a host,
-    the lease ran out and more was asked for). Retry after ``Ledger.changed``."""
+    the lease ran out and more was asked for). Retry after ``Ledger.changed``.
+    Caught only by the supervisor (``Supervisor.try_charge`` and ``try_open`` make it
+    a value, ``charge_waiting`` and ``open_waiting`` a wait): no layer above sees it."""
 
 
 class Tally(msgspec.Struct, frozen=True, kw_only=True, gc=False):

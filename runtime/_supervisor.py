@@ -333,24 +333,41 @@ class Supervisor(Reserving):
             raise BudgetExceeded(limit, allowed, node.id, node.name, why=LOST_WHY)
         raise self._refuse(node, limit, allowed, LOST_WHY)
 
+    # The lease signal ``HeldUp`` is handled here and nowhere else: ``try_charge`` and
+    # ``try_open`` turn it into a value (nothing charged, nothing opened: wait for the
+    # ledger, ``Ledger.changed`` or ``Ledger.notify``), ``charge_waiting`` and
+    # ``open_waiting`` into a wait. The layers above never see it.
+
+    def try_charge(self, node: Node, **counts: int) -> bool:
+        """``charge``, or False (nothing charged) when only headroom leased to subtrees
+        elsewhere stands in the way: ``charge_waiting`` waits for it. Raises
+        ``BudgetExceeded`` when refused."""
+        try:
+            self.charge(node, **counts)
+        except HeldUp:
+            return False
+        return True
+
+    def try_open(self, parent: Node, *, name: str, limits: Budget | None) -> Node | None:
+        """``open``, or None (nothing opened) when only headroom leased to subtrees
+        elsewhere stands in the way: ``open_waiting`` waits for it. Raises
+        ``BudgetExceeded`` when refused."""
+        try:
+            return self.open(parent, name=name, limits=limits)
+        except HeldUp:
+            return None
+
     async def charge_waiting(self, node: Node, **counts: int) -> None:
         """``charge``, waiting while headroom is held by leases (see ``_ledger``)."""
-        while True:
-            try:
-                self.charge(node, **counts)
-            except HeldUp:
-                pass
-            else:
-                return
+        while not self.try_charge(node, **counts):
             await self._wait_for_leases(node)
 
     async def open_waiting(self, parent: Node, *, name: str, limits: Budget | None) -> Node:
         """``open``, waiting while headroom is held by leases (see ``_ledger``)."""
         while True:
-            try:
-                return self.open(parent, name=name, limits=limits)
-            except HeldUp:
-                pass
+            node = self.try_open(parent, name=name, limits=limits)
+            if node is not None:
+                return node
             await self._wait_for_leases(parent)
 
     async def _wait_for_leases(self, node: Node) -> None:

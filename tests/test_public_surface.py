@@ -9,6 +9,7 @@ import pytest
 
 import fractor
 import fractor.actors.cli
+import fractor.actors.hosts
 import fractor.actors.providers
 import fractor.runtime.lowlevel
 from fractor import actors, runtime
@@ -21,7 +22,8 @@ HOMES = {
         "fractor.runtime._waiter",
         "fractor.runtime._lease",
         "fractor.runtime._ledger",
-    )
+    ),
+    "fractor.actors.hosts": ("fractor.actors._",),
 }
 
 
@@ -33,6 +35,7 @@ HOMES = {
         "fractor.actors",
         "fractor.actors.providers",
         "fractor.actors.cli",
+        "fractor.actors.hosts",
     ],
 )
 def test_all_lists_exactly_the_public_names(package: str) -> None:
@@ -89,6 +92,8 @@ def test_actors_surface_names() -> None:
         "ApprovalRequested", "Decide", "GetApprovals",
         # typed answers
         "OutputMode", "OutputSchema",
+        # placing subtrees on hosts, asked of what hosts can do
+        "ChildReply", "Placement", "Placer",
         # tools known once a runtime runs (an MCP server's)
         "Toolset",
     }  # fmt: skip
@@ -105,6 +110,13 @@ def test_subpackage_surface_names() -> None:
         "model_from_string", "redact",
     }  # fmt: skip
     assert set(actors.cli.__all__) == {"main"}
+    # What a new kind of host is written with, from outside the package.
+    assert set(actors.hosts.__all__) == {
+        "DEFAULT_POOL", "AgentHost", "ChildReply", "HostConfig", "HostLink",
+        "HostUnavailable", "LocalHosts", "Placement", "PlacementStrategy", "Placer",
+        "RemoteHosts", "exception_text",
+    }  # fmt: skip
+    assert actors.hosts.Placer is actors.Placer
     # One definition, two homes: what actors re-exports from its subpackages.
     assert actors.providers.model_from_string is actors.model_from_string
     assert actors.watch.__module__ == "fractor.actors.cli._live"

@@ -46,17 +46,22 @@ import msgspec
 import ray
 import sniffio
 
+from fractor.actors.hosts import (
+    DEFAULT_POOL,
+    AgentHost,
+    HostConfig,
+    HostLink,
+    PlacementStrategy,
+    RemoteHosts,
+    exception_text,
+)
 from fractor.runtime import Runtime
 from fractor.runtime.lowlevel import Waiter, new_waiter, park, wake
-
-from .._host import AgentHost, HostConfig
-from .._hosts import DEFAULT_POOL, HostLink, Placement, RemoteHosts
-from .._messages import exception_text
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
-    from .._agent import Agent
+    from fractor.actors import Agent
 
 __all__ = ["HostPool", "RayHosts"]
 
@@ -242,7 +247,7 @@ class RayHosts(RemoteHosts):
         count: int = 2,
         *,
         pools: Mapping[str, HostPool] | None = None,
-        placement: Placement = "round_robin",
+        placement: PlacementStrategy = "round_robin",
         address: str | None = None,
         init: Mapping[str, Any] | None = None,
     ) -> None:

@@ -270,8 +270,11 @@ async def test_a_tool_call_held_up_only_by_a_lease_raises_held_up_and_stops_noth
     sup.charge(local, tool_calls=2)
     with pytest.raises(HeldUp):
         sup.charge(local, tool_calls=1)
+    # The door the layers above use: held up is a value there, never the signal.
+    assert sup.try_charge(local, tool_calls=1) is False
     assert (local.tool_calls, parent.tool_calls) == (2, 2)  # nothing charged
     assert (parent.stop_status, local.stop_status) == (None, None)
+    assert sup.try_charge(local, steps=1) is True
 
 
 async def test_a_tool_call_with_no_settled_room_left_is_refused_and_stops_the_budget() -> None:
@@ -313,6 +316,7 @@ async def test_opening_a_child_held_up_only_by_a_lease_raises_held_up() -> None:
     assert (await sup.ledger.ask(remote, Tally(), Want(agents=2))).agents == 2
     with pytest.raises(HeldUp):
         sup.open(parent, name="local", limits=None)
+    assert sup.try_open(parent, name="local", limits=None) is None
     assert (parent.agents, len(parent.children)) == (1, 1)
 
 
