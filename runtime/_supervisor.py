@@ -243,9 +243,9 @@ class Supervisor(Reserving):
         subtree whose tasks are being cancelled anyway.
         """
         stack = [node]
-        while stack:  # mark every node
+        while stack:  # mark every node still running: a closed node's end is final
             current = stack.pop()
-            if current.stop_status is None:
+            if current.stop_status is None and current.status == "running":
                 current.stop_status, current.stop_reason = status, reason
                 current.stop_error = error
             if current.children:

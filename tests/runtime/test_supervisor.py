@@ -1239,3 +1239,19 @@ async def test_execution_ids_carry_64_random_bits_so_runtimes_sharing_a_store_ne
     number, token = rest.split(".")
     assert (name, number, len(token)) == ("lead", "1", 16)
     assert int(token, 16) >= 0  # hex
+
+
+async def test_a_closed_node_keeps_its_end_when_its_subtree_is_stopped_after() -> None:
+    # A remote child's stand-in closed its node with the host's answer; the parent's
+    # interrupted delegation then stops what it still counted as running (fuzz seed 93,
+    # trio, hosts: the node said completed, 'cancelled', its trace the host's reason).
+    sup = started()
+    top = sup.open(sup.root, name="top", limits=None)
+    child = sup.open(top, name="child", limits=None)
+    grandchild = sup.open(child, name="grandchild", limits=None)
+    sup.close(child, "completed", "the agent's stop condition was met")
+    sup.stop_subtree(child, "cancelled", "cancelled", cancel=False)
+    assert (child.status, child.stop_reason) == ("completed", "the agent's stop condition was met")
+    assert child.stop_status is None
+    # What still runs below it is stopped all the same.
+    assert grandchild.stop_status == "cancelled"
