@@ -220,10 +220,8 @@ class _Call:
 
     async def send(self, model: Model, request: ModelRequest) -> ModelResponse:
         if self.sent:  # one more request: a counter, checked and charged at once
-            execution = self.execution
-            supervisor = execution.supervisor
-            if not supervisor.try_charge(execution.node, requests=1):  # leased elsewhere
-                await supervisor.charge_waiting(execution.node, requests=1)
+            execution = self.execution  # (waits only while leased elsewhere)
+            await execution.supervisor.charge_waiting(execution.node, requests=1)
             self.reservation.requests += 1
         self.sent += 1
         response = await model.request(request)
