@@ -79,11 +79,14 @@ async def test_a_stream_yields_text_and_tool_calls_as_they_happen_then_the_resul
         conversation = await ref.conversation()
 
     kinds = [type(e).__name__ for e in events]
+    # The answer's four pieces, merged while the consumer is behind (a loaded machine).
+    pieces = len(kinds) - 3
+    assert 1 <= pieces <= 4, kinds
     assert kinds == [
         "TextDelta",  # the step that calls the tool says so first (trace, not answer)
         "ToolCallStarted",
         "ToolCallFinished",
-        *["TextDelta"] * 4,
+        *["TextDelta"] * pieces,
     ]
     started, finished = events[1], events[2]
     assert isinstance(started, ToolCallStarted)
@@ -92,7 +95,7 @@ async def test_a_stream_yields_text_and_tool_calls_as_they_happen_then_the_resul
     assert finished.result == "notes on tides"
     assert not finished.is_error
     answer = [e for e in events[3:] if isinstance(e, TextDelta)]
-    assert [e.step for e in answer] == [1, 1, 1, 1]
+    assert [e.step for e in answer] == [1] * pieces
     assert "".join(e.text for e in answer) == "Tides follow the moon."
     assert all(e.depth == 1 and e.agent == "guide" for e in answer)  # the agent asked
     assert result.status == "completed"
