@@ -75,10 +75,13 @@ _PER_MESSAGE = 4
 
 
 def conversation_tokens(messages: list[Message] | tuple[Message, ...]) -> int:
-    """An estimate of the tokens of ``messages``: a token per four characters and
-    four per message (providers count their own way: this decides when to fold)."""
-    chars = sum(len(message.content) for message in messages)
-    return _tokens_of(chars) + _PER_MESSAGE * len(messages)
+    """An estimate of the tokens of ``messages``: a token per four characters of each
+    message (rounded up) and four per message (providers count their own way: this
+    decides when to fold). Per message, so that counting a conversation as it grows
+    (``Tally``) gives what counting it whole does."""
+    return sum(_tokens_of(len(message.content)) for message in messages) + _PER_MESSAGE * len(
+        messages
+    )
 
 
 def _tokens(text: str) -> int:

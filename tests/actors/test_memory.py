@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fractor.actors import (
@@ -451,6 +451,8 @@ def test_memory_must_be_a_compaction() -> None:
     keep=st.integers(0, 3),
     failing=st.booleans(),
 )
+# Counted as it grew, the estimate rounded each part up: 108 where the whole said 107.
+@example(sizes=[92, 186], threshold=108, keep=0, failing=False)
 async def test_invariant_2_holds_in_its_compacted_form(
     sizes: list[int], threshold: int, keep: int, failing: bool
 ) -> None:
