@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 import structlog
 
-from fractor.runtime import ActorContext, Event, EventKind, Node, NodeSnapshot, Supervisor, Usage
+from fractor.runtime import ActorContext, EventKind, Node, NodeSnapshot, Supervisor, Usage
 
+from ._events import agent_event
 from ._messages import (
     ExecutionTrace,
     ModelResponse,
@@ -224,8 +225,8 @@ class Recording:
         node = self.node
         parent = node.parent
         bus = self.context.runtime.event_bus
-        event = Event(
-            kind=kind,
+        event = agent_event(
+            kind,
             at=bus.now(),
             agent=self.agent.name,
             agent_id=self.agent_id,
