@@ -21,8 +21,11 @@ budget, in this order:
    taking it all and the others waiting for it.
 
 Everything here is synchronous arithmetic on the nodes (and the record of one
-waiting request, ``Wait``); the supervisor does the charging, the waiting and the
-stopping. ``impossible`` says what cannot be true in a model's reported usage,
+waiting request, ``Wait``); the supervisor does the waiting and the stopping
+(``Supervisor.reserve``, ``settle``). ``hold`` counts a request and holds its
+headroom on the chain, ``want_of`` says what a request waiting on a leased subtree
+asks the tree above for, and ``overshoot`` words a limit that settled usage went
+past. ``impossible`` says what cannot be true in a model's reported usage,
 ``over_limit`` which limit settled usage went past (an estimate fell short), and
 ``requests_room`` how many requests a model reports beyond those admitted (a retry
 loop of its own) the chain has room for: counters never pass a limit.
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from ._budget import Budget, Price, Usage
 from ._exceptions import BudgetExceeded
+from ._lease import Want
 from ._waiter import Waiter
 
 if TYPE_CHECKING:
@@ -49,10 +53,14 @@ __all__ = [
     "ahead",
     "chain_refusal",
     "free_output",
+    "hold",
     "impossible",
+    "no_price",
     "over_limit",
+    "overshoot",
     "refusal",
     "requests_room",
+    "want_of",
     "why_waiting",
 ]
 
@@ -362,3 +370,61 @@ def impossible(usage: Usage, reservation: Reservation) -> str:
     if cap is not None and usage.output_tokens > cap:
         return f"{usage.output_tokens:,} output tokens for a request capped at {cap:,}"
     return ""
+
+
+def hold(
+    node: Node,
+    input_tokens: int,
+    price: Price | None,
+    wanted: int,
+    cap: int | None,
+    output: int,
+    limited_by: Node | None = None,
+    limit: str = "",
+) -> Reservation:
+    """Count the request and hold its headroom on the whole chain."""
+    cost = price.cost(input_tokens, output) if price is not None else 0.0
+    current: Node | None = node
+    while current is not None:
+        current.requests += 1
+        current.in_flight += 1
+        current.reserved_input += input_tokens
+        current.reserved_output += output
+        current.reserved_cost += cost
+        current = current.parent
+    node.own_requests += 1
+    return Reservation(input_tokens, output, cost, cap, price, limited_by, limit, wanted)
+
+
+def want_of(need: Need) -> Want:
+    """What a request waiting on a leased subtree's limits needs, field by field."""
+    return Want(
+        tokens=need.input + need.output,
+        input_tokens=need.input,
+        output_tokens=need.output,
+        cost=need.cost(need.output),
+        requests=1,
+        detail=need.detail(),
+    )
+
+
+def overshoot(over: tuple[Node, str, float, float]) -> BudgetExceeded:
+    """The refusal for a limit that usage went past (``over_limit``: a request, here
+    or on a host, used more than its estimate)."""
+    owner, field, allowed, used = over
+    amount = f"{used:,}" if isinstance(used, int) else f"{used:.6g}"
+    return BudgetExceeded(
+        field,
+        allowed,
+        owner.id,
+        owner.name,
+        why=f"{amount} used: a request used more than its estimate",
+    )
+
+
+def no_price(node: Node, model: str) -> ValueError:
+    """A cost budget applies but the model has no price."""
+    return ValueError(
+        f"Budget.cost is set (budget of {node.name} {node.id!r}) but no price is known "
+        f"for model {model!r}: pass Runtime(prices={{{model!r}: Price(...)}})"
+    )

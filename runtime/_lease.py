@@ -6,20 +6,20 @@ about it: the subtree's ``Tally`` (what it used, what it holds in flight), the
 ``Want`` of an operation waiting there for more, a ``Refusal`` (a
 ``BudgetExceeded``, whole); and on each node here, ``Held``: what the leases below
 it hold. ``HeldUp`` is the signal of a charge that must wait for held headroom.
+
+Nothing here knows the tree: a node holds a ``Lease``, a ``Held`` and a ``Lender``
+(``_tree``), so they sit below it; the ledger above both keeps its own asks.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol, TypeVar
 
 import msgspec
 
 from ._budget import FIELDS, LEASED, Budget, Usage
 from ._exceptions import BudgetExceeded
-
-if TYPE_CHECKING:
-    from ._ledger import _Ask
-    from ._tree import Node, NodeSnapshot
+from ._snapshots import NodeSnapshot
 
 __all__ = [
     "LEASED",
@@ -31,9 +31,12 @@ __all__ = [
     "Refusal",
     "Tally",
     "Want",
-    "reserved_of",
+    "reserved",
     "zero",
 ]
+
+#: The node a lender is asked for (``Node``: the tree sits above the leases).
+_N_contra = TypeVar("_N_contra", contravariant=True)
 
 
 class HeldUp(Exception):
@@ -66,7 +69,8 @@ class Tally(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return value
 
     def reserved(self, field: str) -> float:
-        return reserved_of(self, field)
+        """What the subtree's requests in flight hold of leased field ``field``."""
+        return reserved(field, self.reserved_input, self.reserved_output, self.reserved_cost)
 
 
 class Want(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -133,10 +137,11 @@ class Refusal(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         )
 
 
-class Lender(Protocol):
-    """Where a host's subtree asks for more headroom when its lease runs out."""
+class Lender(Protocol[_N_contra]):
+    """Where a host's subtree asks for more headroom when its lease runs out (a
+    ``Lender[Node]`` on the subtree's top node there)."""
 
-    def want(self, node: Node, want: Want) -> None:
+    def want(self, node: _N_contra, want: Want) -> None:
         """Ask (without waiting) for at least ``want`` more; the answer comes later
         as ``Ledger.extend`` or ``Ledger.refuse``."""
 
@@ -176,7 +181,6 @@ class Lease:
     """The lease of one remote subtree, on its node here."""
 
     __slots__ = (
-        "asking",
         "depth",
         "fields",
         "granted",
@@ -207,8 +211,6 @@ class Lease:
         #: grant and is not asking) on the chain.
         self.live = False
         self.holding = False
-        #: The ask waiting for headroom, if any: (want, waiter, answer).
-        self.asking: _Ask | None = None
         self.lost = False
 
     def limits(self) -> Budget:
@@ -222,16 +224,17 @@ class Lease:
 LOST_WHY = "no room left: what is held is leased to a host that was lost"
 
 
-def reserved_of(holder: Tally | Node, name: str) -> float:
-    """What requests in flight hold of field ``name``, on a node or in a tally."""
+def reserved(name: str, input: int, output: int, cost: float) -> float:
+    """What requests in flight holding ``input``, ``output`` tokens and ``cost`` (on a
+    node, or in a tally) hold of field ``name``."""
     if name == "tokens":
-        return holder.reserved_input + holder.reserved_output
+        return input + output
     if name == "input_tokens":
-        return holder.reserved_input
+        return input
     if name == "output_tokens":
-        return holder.reserved_output
+        return output
     if name == "cost":
-        return holder.reserved_cost
+        return cost
     return 0
 
 

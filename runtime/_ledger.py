@@ -33,22 +33,25 @@ On the host, the top node of the subtree has a ``lender``: where its own admissi
 would stop the subtree because the lease ran out, it asks the lender (once nothing
 of its own in flight there could come back) and waits; ``extend`` applies the new
 limits, and a refusal stops the subtree with the reason given here.
+
+The ledger is a part of the supervisor that knows nothing of it: it is handed the
+root of the tree, the runtime's caps, and what to call to serve the requests waiting
+on a chain whose holds changed (``serve``) and to stop a subtree (``stop``).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from ._budget import FIELDS, LEASED, Budget, Usage
+from ._admission import overshoot
+from ._budget import FIELDS, LEASED, Budget, Caps, Usage
 from ._exceptions import BudgetExceeded
-from ._lease import LOST_WHY, Held, Lease, Tally, Want, reserved_of, zero
+from ._lease import LOST_WHY, Held, Lease, Tally, Want, reserved, zero
+from ._snapshots import EndStatus
+from ._tree import Node, stopped
 from ._waiter import Waiter, new_waiter, park, wake
-
-if TYPE_CHECKING:
-    from ._supervisor import Supervisor
-    from ._tree import Node
 
 __all__ = ["GROWTH", "Ledger"]
 
@@ -73,9 +76,25 @@ class _Ask:
 class Ledger:
     """The leases of one supervisor's tree (see the module's docstring)."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.supervisor = supervisor
+    def __init__(
+        self,
+        root: Node,
+        caps: Caps | None,
+        *,
+        serve: Callable[[Node], None],
+        stop: Callable[[Node, EndStatus, str, BudgetExceeded], None],
+    ) -> None:
+        #: The root of the tree, and the runtime's bounds on any tree (the cap on
+        #: the agents under one top-level execution is a limit a lease grants).
+        self._root = root
+        self._caps = caps
+        #: Serve the requests (and the asks) waiting on a node's chain.
+        self._serve_chain = serve
+        #: Stop a node's subtree: ``stop(node, status, reason, error)``.
+        self._stop = stop
         self._asks: deque[_Ask] = deque()
+        #: The ask each lease waits on, if any.
+        self._asking: dict[Lease, _Ask] = {}
         self._serving = False
         self._freed: list[Node] = []
         self._changed: list[Waiter] = []
@@ -88,11 +107,10 @@ class Ledger:
     def open(self, node: Node) -> Lease:
         """Make ``node`` (just opened, with no execution here) the top of a remote
         subtree: its lease starts empty; the subtree asks for what it needs."""
-        supervisor = self.supervisor
         fields = tuple(
             name
             for name in LEASED
-            if any(_limit(supervisor, current, name) is not None for current in node.chain())
+            if any(self._limit(current, name) is not None for current in node.chain())
         )
         depth: int | None = None
         for current in node.chain():
@@ -100,7 +118,7 @@ class Ledger:
             if budget is not None and budget.depth is not None:
                 room = current.depth + budget.depth - node.depth
                 depth = room if depth is None else min(depth, room)
-        caps = supervisor.caps
+        caps = self._caps
         if caps is not None and caps.depth is not None:
             room = caps.depth - node.depth
             depth = room if depth is None else min(depth, room)
@@ -123,8 +141,8 @@ class Ledger:
             if got.answer is None:
                 got.answer = BudgetExceeded("no new work", 0, node.id, node.name)
                 lease = node.lease
-                if lease is not None and lease.asking is got:
-                    lease.asking = None
+                if lease is not None and self._asking.get(lease) is got:
+                    del self._asking[lease]
                 self.serve()
             raise
         answer = got.answer
@@ -147,7 +165,7 @@ class Ledger:
         ask = _Ask(node, want, new_waiter(), lease.fields)
         if not lease.live:
             raise BudgetExceeded("no new work", 0, node.id, node.name)
-        lease.asking = ask
+        self._asking[lease] = ask
         self._asks.append(ask)
         self.changed_at(node)  # what it gave back may serve others; and it is served
         answer = ask.answer
@@ -188,8 +206,9 @@ class Ledger:
                 setattr(node, _OWN[name], getattr(node, _OWN[name]) + delta)
         node.own_steps += tally.own_steps - last.own_steps
         self._hold(node, lease)
-        if over is not None:
-            self.supervisor.stop_over(over)
+        if over is not None:  # a remote estimate fell short
+            error = overshoot(over)
+            self._stop(over[0], "budget_exceeded", str(error), error)
         self.changed_at(node)
 
     def end(self, node: Node, tally: Tally | None, *, lost: bool = False) -> None:
@@ -201,7 +220,7 @@ class Ledger:
             return
         if tally is not None:
             self.report(node, tally)
-        ask = lease.asking
+        ask = self._asking.pop(lease, None)
         if ask is not None and ask.answer is None:
             ask.answer = BudgetExceeded("no new work", 0, node.id, node.name)
             wake(ask.waiter)
@@ -237,7 +256,7 @@ class Ledger:
     def changed_at(self, node: Node) -> None:
         """Holds or limits on ``node``'s chain changed: serve whoever waits for them."""
         self._wake_changed()
-        self.supervisor.serve_chain(node)  # its requests, then the asks
+        self._serve_chain(node)  # its requests, then the asks
 
     def _wake_changed(self) -> None:
         waiters, self._changed = self._changed, []
@@ -254,7 +273,7 @@ class Ledger:
 
     def refuse(self, node: Node, error: BudgetExceeded) -> None:
         """The tree above refused ``node``'s ask: stop its subtree with that reason."""
-        self.supervisor.stop_subtree(node, "budget_exceeded", str(error), error)
+        self._stop(node, "budget_exceeded", str(error), error)
         self.changed_at(node)
 
     # -- the arithmetic -----------------------------------------------------------
@@ -307,7 +326,7 @@ class Ledger:
         if freed:  # what waiting asks gave back may serve requests and charges here
             self._wake_changed()
             for node in freed:
-                self.supervisor.serve_chain(node)
+                self._serve_chain(node)
 
     def _give_back(self, ask: _Ask) -> bool:
         """A waiting ask's lease gives back what it does not hold in flight, of every
@@ -333,11 +352,10 @@ class Ledger:
         node = ask.node
         lease = node.lease
         assert lease is not None
-        supervisor = self.supervisor
         want = ask.want
         try:
             if node.stop_status is not None:
-                raise supervisor.stopped(node)
+                raise stopped(node)
             if not lease.live:
                 raise BudgetExceeded("no new work", 0, node.id, node.name)
             grants = {}
@@ -348,7 +366,7 @@ class Ledger:
                     continue  # not asked for: it keeps what it holds
                 grant = math.inf
                 for current in node.chain():
-                    limit = _limit(supervisor, current, name)
+                    limit = self._limit(current, name)
                     if limit is None:
                         continue
                     settled = limit - _used(current, name)
@@ -362,9 +380,9 @@ class Ledger:
                             left=settled if name in _MEASURED else None,
                             need_detail=want.detail if name in _MEASURED else "",
                         )
-                        supervisor.stop_subtree(current, "budget_exceeded", str(error), error)
+                        self._stop(current, "budget_exceeded", str(error), error)
                         raise error
-                    free = settled - reserved_of(current, name) - _held(current, name)
+                    free = settled - _reserved(current, name) - _held(current, name)
                     if free + (_COST_EPSILON * limit if name in _FRACTIONAL else 0) < need:
                         held = current.held
                         # Held by others that may give it back (not by this lease,
@@ -376,7 +394,7 @@ class Ledger:
                         lost = held is not None and held.lost and getattr(held.lost, name)
                         why = LOST_WHY if lost else "no room left"
                         error = BudgetExceeded(name, limit, current.id, current.name, why=why)
-                        supervisor.stop_subtree(current, "budget_exceeded", str(error), error)
+                        self._stop(current, "budget_exceeded", str(error), error)
                         raise error
                     held = current.held
                     parts = current.leaves - current.in_flight - (held.holding if held else 0)
@@ -387,7 +405,7 @@ class Ledger:
                 grants[name] = grant
         except BudgetExceeded as error:
             ask.answer = error
-            lease.asking = None
+            self._asking.pop(lease, None)
             return error
         if wait is not None:
             return wait
@@ -396,7 +414,7 @@ class Ledger:
                 lease.granted[name] += grant
         self._hold(node, lease)
         self._count(node, lease, "holding", 1)
-        lease.asking = None
+        self._asking.pop(lease, None)
         limits = lease.limits()
         ask.answer = limits
         self.asks += 1
@@ -421,6 +439,21 @@ class Ledger:
                 held = current.held = Held()
             for name, delta in deltas.items():
                 setattr(held, name, getattr(held, name) + delta)
+
+    def _limit(self, node: Node, name: str) -> float | None:
+        """``node``'s limit on field ``name`` (a runtime cap counts for agents)."""
+        budget = node.limits
+        value: float | None = getattr(budget, name) if budget is not None else None
+        if name == "agents":
+            caps = self._caps
+            if (
+                caps is not None
+                and caps.agents is not None
+                and node.parent is self._root
+                and (value is None or caps.agents < value)
+            ):
+                value = caps.agents
+        return value
 
     @staticmethod
     def _count(node: Node, lease: Lease, flag: str, on: int) -> None:
@@ -454,20 +487,9 @@ _SUMS = {field.name: field.parts for field in FIELDS if field.parts}
 _OWN = {name: f"own_{name}" for name in _USAGE}
 
 
-def _limit(supervisor: Supervisor, node: Node, name: str) -> float | None:
-    """``node``'s limit on field ``name`` (a runtime cap counts for agents)."""
-    budget = node.limits
-    value: float | None = getattr(budget, name) if budget is not None else None
-    if name == "agents":
-        caps = supervisor.caps
-        if (
-            caps is not None
-            and caps.agents is not None
-            and node.parent is supervisor.root
-            and (value is None or caps.agents < value)
-        ):
-            value = caps.agents
-    return value
+def _reserved(node: Node, name: str) -> float:
+    """What requests in flight on ``node`` hold of field ``name``."""
+    return reserved(name, node.reserved_input, node.reserved_output, node.reserved_cost)
 
 
 def _used(node: Node, name: str) -> float:

@@ -1,28 +1,30 @@
-r"""The supervisor's tree: one ``Node`` per execution, and the snapshots it hands out.
+r"""The supervisor's tree: one ``Node`` per execution.
 
 A node holds its execution's place in the tree (parent, children, depth), its limits
 (a ``Budget``, a deadline), its usage (totals of its subtree and its own), what
-requests in flight hold of its headroom, the requests waiting for it, and how it
-ended. Only the ``Supervisor`` mutates nodes; everyone else sees ``NodeSnapshot``\ s.
+requests in flight and leases of subtrees elsewhere hold of its headroom, and how it
+ended. Only the ``Supervisor`` (and its ledger) mutates nodes; everyone else sees
+``NodeSnapshot``\ s (``_snapshots``). The requests waiting for a node's headroom are
+the supervisor's, not the node's.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal, Protocol
-
-import msgspec
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._budget import COUNTED, FIELDS, OWN, Budget, Usage, derived
 from ._exceptions import BudgetExceeded
+from ._lease import Held, Lease, Lender
+
+# The snapshots are defined below the tree (a lease carries them); named here too,
+# where the runtime looks them up.
+from ._snapshots import EndStatus, NodeSnapshot, NodeStatus, TreeSnapshot
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._admission import Wait
     from ._events import Event
-    from ._lease import Held, Lease, Lender
 
 __all__ = [
     "Cancellable",
@@ -31,54 +33,14 @@ __all__ = [
     "NodeSnapshot",
     "NodeStatus",
     "TreeSnapshot",
+    "stopped",
 ]
-
-EndStatus = Literal["completed", "budget_exceeded", "timed_out", "cancelled", "failed"]
-NodeStatus = Literal["running"] | EndStatus
 
 
 class Cancellable(Protocol):
     """A cancel scope, or a reference to an actor whose task can be cancelled."""
 
     def cancel(self) -> None: ...
-
-
-class NodeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """One node of the tree, as it was when the snapshot was taken."""
-
-    id: str
-    parent_id: str | None
-    depth: int
-    name: str
-    actor_id: str
-    status: NodeStatus
-    stop_reason: str
-    usage: Usage
-    own_usage: Usage
-    steps: int
-    agents: int
-    limits: Budget | None
-    started: float
-    seconds: float
-    #: Why its model request waits for budget ("" when it does not wait).
-    waiting: str = ""
-    #: The host it runs on, for a node of a subtree placed on another host ("": here).
-    host: str = ""
-
-
-class TreeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """The whole tree: live nodes and recently finished ones, parents before children."""
-
-    nodes: tuple[NodeSnapshot, ...]
-
-    def node(self, node_id: str) -> NodeSnapshot:
-        for node in self.nodes:
-            if node.id == node_id:
-                return node
-        raise KeyError(f"no node {node_id!r} in this snapshot")
-
-    def children(self, node_id: str) -> tuple[NodeSnapshot, ...]:
-        return tuple(node for node in self.nodes if node.parent_id == node_id)
 
 
 _FRACTIONAL = frozenset(field.name for field in FIELDS if not field.whole)
@@ -142,7 +104,6 @@ class Node:
         "stop_reason",
         "stop_status",
         "traces",
-        "waiters",
         "waiting",
         "watch",
         # Its counts (see ``FIELDS``): of its subtree, and of itself alone.
@@ -213,8 +174,6 @@ class Node:
         #: Running executions in this subtree with no running children (this one
         #: included): the ones that may send a model request next.
         self.leaves = 0
-        #: Requests waiting for this node's headroom, first come first served.
-        self.waiters: deque[Wait] | None = None
         #: Why this node's own request waits for budget ("" when it does not).
         self.waiting = ""
         #: Where the executions of this subtree leave themselves when they end, for
@@ -227,7 +186,7 @@ class Node:
         #: Set on the node of a subtree that runs on another host: its lease.
         self.lease: Lease | None = None
         #: Set on a host's top node of a leased subtree: where it asks for more.
-        self.lender: Lender | None = None
+        self.lender: Lender[Node] | None = None
         #: Who watches this subtree's events (a stream of one ask): set on a node,
         #: inherited by the nodes opened below it. Called with each event of the
         #: subtree, whether or not anyone subscribes to the runtime's events.
@@ -252,3 +211,11 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.id!r} depth={self.depth} {self.status}>"
+
+
+def stopped(node: Node) -> BudgetExceeded:
+    """The refusal for new work on a node that is already stopped."""
+    cause = node.stop_error
+    if cause is not None:
+        return BudgetExceeded(cause.limit, cause.allowed, cause.node_id, cause.node_name)
+    return BudgetExceeded("no new work", 0, node.id, node.name)
