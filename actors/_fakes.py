@@ -1,7 +1,7 @@
 """The fake models: ``ScriptedModel``, ``FunctionModel`` and ``CycleModel``.
 
-Each implements ``StreamingModel`` (``actors._models``) and serves turns built with
-the functions of ``actors._turns``:
+Each implements ``StreamingModel`` (``actors._models``, which re-exports them) and
+serves turns built with the functions of ``actors._turns``:
 
 - ``ScriptedModel``: a fixed list of turns, served in order.
 - ``FunctionModel``: a function of the request, for concurrent and nested scripts.
@@ -21,7 +21,7 @@ import itertools
 import re
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, TypeAlias, cast
+from typing import TypeAlias, cast
 
 import anyio.lowlevel
 import msgspec
@@ -31,17 +31,23 @@ from fractor.runtime import FractorError
 from ._messages import AssistantMessage, ModelRequest, ModelResponse, ToolResultMessage, Usage
 from ._turns import NO_USAGE, Failure, Streamed, Turn
 
-if TYPE_CHECKING:
-    from ._models import Sink
-
 __all__ = [
     "CycleModel",
     "FunctionModel",
     "ModelFunction",
     "ScriptExhausted",
     "ScriptedModel",
+    "Sink",
     "estimate_tokens",
 ]
+
+Sink: TypeAlias = Callable[[str], None]
+"""What a streaming model hands each piece of text to, as it arrives. It never blocks
+(and never awaits): a slow consumer is the caller's to buffer.
+
+``StreamingModel`` (``actors._models``) takes one; it is written here, with the
+fakes that take one too, because ``actors._models`` re-exports the fakes: a
+module below it cannot name a type of it."""
 
 _json_encoder = msgspec.json.Encoder()
 #: What every message costs on top of its text (role markers, separators).

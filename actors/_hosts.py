@@ -5,7 +5,9 @@
 process, each with a runtime of its own: for tests, and to see a placement work
 before there is a cluster) or ``fractor.actors.integrations.ray.RayHosts`` (each host a Ray
 actor, on this machine or a cluster). Both speak the same bytes (``_remote``) to the
-same ``AgentHost`` (``_host``); only the transport differs.
+same ``AgentHost`` (``_host``); only the transport differs. This module builds on
+both: a ``HostLink`` and the ``RemoteChild`` standing in for a placed subtree are
+``_remote``'s, told what they need of their hosts, never importing them.
 
 **Placement.** A subagent call is placed on a host when its agent names a pool
 (``Agent(host="gpu")``: a host of that pool, wherever its parent runs here), or when
@@ -36,6 +38,7 @@ from ._messages import exception_text
 from ._placing import HostUnavailable, Placement
 from ._remote import (
     Events,
+    HostLink,
     Lost,
     RemoteChild,
     RemoteReply,
@@ -69,34 +72,6 @@ PlacementStrategy = Literal["round_robin", "least_loaded"]
 _PLACEMENTS = ("round_robin", "least_loaded")
 #: The pool the children of top-level executions are placed in.
 DEFAULT_POOL = "default"
-
-
-class HostLink:
-    """One host as the driver sees it: its subtrees running there, and how to reach
-    it (the transport's subclass starts subtrees and sends messages)."""
-
-    def __init__(self, name: str, pool: str) -> None:
-        self.name = name
-        self.pool = pool
-        #: Its subtrees still running, by run id.
-        self.runs: dict[int, RemoteChild] = {}
-        #: Why it was lost ("" while it is alive).
-        self.lost = ""
-        #: Subtrees placed on it so far.
-        self.placed = 0
-
-    def start(self, run_id: int, agent: Agent, data: bytes) -> None:
-        raise NotImplementedError
-
-    def send(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    def finished(self, run_id: int) -> None:
-        self.runs.pop(run_id, None)
-
-    def __repr__(self) -> str:
-        state = f" lost: {self.lost}" if self.lost else ""
-        return f"<host {self.name!r} pool={self.pool!r} running={len(self.runs)}{state}>"
 
 
 class RemoteHosts:
@@ -214,7 +189,9 @@ class RemoteHosts:
     ) -> RemoteReply:
         """Run ``agent`` on ``text`` on ``link``'s host as the subtree of ``node`` (just
         opened here), followed by a ``RemoteChild`` in ``task_group``."""
-        child = RemoteChild(self, agent, text, node, supervisor)
+        child = RemoteChild(
+            agent, text, node, supervisor, runtime=self.runtime, place_again=self.place_again
+        )
         self.start_on(child, link)
         task_group.start_soon(child.run, name=f"remote {node.id}")
         return child.reply
@@ -256,6 +233,39 @@ class RemoteHosts:
         child.link, child.run_id = link, run_id
         link.runs[run_id] = child
         link.placed += 1
+
+    def place_again(self, child: RemoteChild, lost: Lost) -> bool:
+        """``child``'s host was lost: run its subtree again on another host if its
+        agent's restart policy allows (``max_restarts`` placements at most); what the
+        lost one held stays counted as spent. True if it was placed again."""
+        node = child.node
+        agent = child.agent
+        if child.placed_again >= agent.restart.max_restarts or node.stop_status is not None:
+            return False
+        parent = node.parent
+        assert parent is not None
+        try:
+            link = self.pick(parent, agent, child.supervisor)
+        except HostUnavailable:
+            return False
+        if link is None:
+            return False
+        child.placed_again += 1
+        runtime = self.runtime
+        if runtime is not None and runtime.event_bus.active:
+            runtime.event_bus.emit(
+                "restart",
+                agent=agent.name,
+                agent_id=node.id,
+                execution_id=node.id,
+                parent_id=parent.id,
+                depth=node.depth,
+                reason=lost.reason,
+                restarts=child.placed_again,
+                host=link.name,
+            )
+        self.start_on(child, link)
+        return True
 
     async def _pump(self, link: HostLink) -> None:
         """Hand each message of ``link``'s host to its subtree's stand-in, until the

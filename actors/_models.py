@@ -11,8 +11,10 @@ Real providers plug in behind the protocol (``fractor.actors.providers``); the t
 and benchmarks use the fakes (as httpx ships ``MockTransport`` next to its
 transports): ``ScriptedModel``, ``FunctionModel`` and ``CycleModel`` in
 ``actors._fakes``, serving turns built with ``reply``, ``call``, ``calls``,
-``streamed`` and ``fail`` (``actors._turns``). Both are re-exported here, as is
-``estimate_tokens``, the token estimate the fakes report usage with.
+``streamed`` and ``fail`` (``actors._turns``). Both are re-exported here, as are
+``estimate_tokens``, the token estimate the fakes report usage with, and ``Sink``,
+what a streaming model hands its text to (written beside the fakes, which take one
+too: this module imports them, so they import nothing of it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ._fakes import FunctionModel as FunctionModel
 from ._fakes import ModelFunction as ModelFunction
 from ._fakes import ScriptedModel as ScriptedModel
 from ._fakes import ScriptExhausted as ScriptExhausted
+from ._fakes import Sink as Sink
 from ._fakes import estimate_tokens as estimate_tokens
 from ._messages import ModelRequest, ModelResponse
 from ._turns import Failure as Failure
@@ -88,11 +91,6 @@ class Model(Protocol):
     def estimate_tokens(self, request: ModelRequest) -> int: ...
 
     async def aclose(self) -> None: ...
-
-
-Sink: TypeAlias = Callable[[str], None]
-"""What a streaming model hands each piece of text to, as it arrives. It never blocks
-(and never awaits): a slow consumer is the caller's to buffer."""
 
 
 class StreamingModel(Model, Protocol):

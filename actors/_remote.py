@@ -1,12 +1,16 @@
-"""A subagent whose subtree runs on another host: its messages, and its stand-in here.
+"""A subagent whose subtree runs on another host: its messages, the link to its host,
+and its stand-in here.
 
 When the runtime has hosts (``Runtime(hosts=...)``, see ``_hosts``) and places a
 subagent call on one, the call's node is opened here as for any child (its budget
 checked here), and then a ``RemoteChild`` stands in for the child actor: it starts
-the subtree on its host and follows it until its one ``Result`` comes back. What
-crosses is fractor's own messages as msgspec bytes (``Down``: the task, lease
-grants and refusals, a stop, approval decisions; ``Up``: lease asks, snapshots,
-approval requests, the ``Result`` with its traces), never a pickled conversation.
+the subtree on its host (through a ``HostLink``) and follows it until its one
+``Result`` comes back. What crosses is fractor's own messages as msgspec bytes
+(``Down``: the task, lease grants and refusals, a stop, approval decisions; ``Up``:
+lease asks, snapshots, approval requests, the ``Result`` with its traces), never a
+pickled conversation. The hosts (``_hosts``) build on this module, never the
+reverse: they hand a stand-in what it needs of them (the driver's runtime, and how
+to place its subtree again when its host is lost).
 
 The stand-in keeps every promise of a local child:
 
@@ -38,10 +42,9 @@ from ._messages import ExecutionTrace, Result
 from ._placing import HostUnavailable
 
 if TYPE_CHECKING:
-    from fractor.runtime import Supervisor
+    from fractor.runtime import Runtime, Supervisor
 
     from ._agent import Agent
-    from ._hosts import HostLink, RemoteHosts
 
 __all__ = [
     "Ask",
@@ -52,6 +55,7 @@ __all__ = [
     "Down",
     "Events",
     "Grant",
+    "HostLink",
     "HostUnavailable",
     "Nodes",
     "RemoteChild",
@@ -212,7 +216,35 @@ def tally(node: Node) -> Tally:
     )
 
 
-# -- the stand-in -----------------------------------------------------------------------
+# -- the link and the stand-in ---------------------------------------------------------
+
+
+class HostLink:
+    """One host as the driver sees it: its subtrees running there, and how to reach
+    it (the transport's subclass starts subtrees and sends messages)."""
+
+    def __init__(self, name: str, pool: str) -> None:
+        self.name = name
+        self.pool = pool
+        #: Its subtrees still running, by run id.
+        self.runs: dict[int, RemoteChild] = {}
+        #: Why it was lost ("" while it is alive).
+        self.lost = ""
+        #: Subtrees placed on it so far.
+        self.placed = 0
+
+    def start(self, run_id: int, agent: Agent, data: bytes) -> None:
+        raise NotImplementedError
+
+    def send(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def finished(self, run_id: int) -> None:
+        self.runs.pop(run_id, None)
+
+    def __repr__(self) -> str:
+        state = f" lost: {self.lost}" if self.lost else ""
+        return f"<host {self.name!r} pool={self.pool!r} running={len(self.runs)}{state}>"
 
 
 class Lost(msgspec.Struct, frozen=True):
@@ -266,31 +298,49 @@ class _Shipped:
         return trace
 
 
+#: How a stand-in whose host was lost asks its hosts to place its subtree again:
+#: True if they did (``RemoteHosts.place_again``).
+PlaceAgain = Callable[["RemoteChild", "Lost"], bool]
+
+
 class RemoteChild:
-    """Stands in for a child actor whose subtree runs on ``link``'s host."""
+    """Stands in for a child actor whose subtree runs on ``link``'s host.
+
+    Its hosts start it (``link`` and ``run_id`` are theirs to set) and give it what
+    it needs of them: ``runtime``, the driver's (the approvals its subtree asks
+    for wait there), and ``place_again``, asked when its host is lost."""
 
     __slots__ = (
         "agent",
         "asked",
         "done",
-        "hosts",
         "inbox",
         "link",
         "lost",
         "node",
         "parent_attempt",
+        "place_again",
         "placed_again",
         "reply",
         "run_id",
+        "runtime",
         "supervisor",
         "text",
         "waiter",
     )
 
     def __init__(
-        self, hosts: RemoteHosts, agent: Agent, text: str, node: Node, supervisor: Supervisor
+        self,
+        agent: Agent,
+        text: str,
+        node: Node,
+        supervisor: Supervisor,
+        *,
+        runtime: Runtime | None,
+        place_again: PlaceAgain,
     ) -> None:
-        self.hosts = hosts
+        self.runtime = runtime
+        self.place_again = place_again
         self.agent = agent
         self.text = text
         self.link: HostLink | None = None
@@ -355,38 +405,6 @@ class RemoteChild:
             raise
         self.reply.set_result(self._finish())
 
-    def _place_again(self, lost: Lost) -> bool:
-        """Its host was lost: run the subtree again on another host if its agent's
-        restart policy allows (``max_restarts`` placements at most); what the lost one
-        held stays counted as spent."""
-        node = self.node
-        if self.placed_again >= self.agent.restart.max_restarts or node.stop_status is not None:
-            return False
-        parent = node.parent
-        assert parent is not None
-        try:
-            link = self.hosts.pick(parent, self.agent, self.supervisor)
-        except HostUnavailable:
-            return False
-        if link is None:
-            return False
-        self.placed_again += 1
-        runtime = self.hosts.runtime
-        if runtime is not None and runtime.event_bus.active:
-            runtime.event_bus.emit(
-                "restart",
-                agent=self.agent.name,
-                agent_id=node.id,
-                execution_id=node.id,
-                parent_id=parent.id,
-                depth=node.depth,
-                reason=lost.reason,
-                restarts=self.placed_again,
-                host=link.name,
-            )
-        self.hosts.start_on(self, link)
-        return True
-
     def _stop(self, status: str, reason: str) -> None:
         error = self.node.stop_error
         refusal = Refusal.of(error) if error is not None else None
@@ -419,7 +437,7 @@ class RemoteChild:
                 if lease is not None and message.nodes:
                     lease.nodes = message.nodes
             elif isinstance(message, Lost):
-                if not self._place_again(message):
+                if not self.place_again(self, message):
                     self.lost = message
             elif isinstance(message, Ask):
                 try:
@@ -440,7 +458,7 @@ class RemoteChild:
         """List an approval the subtree asked for under the top-level agent above it
         (the host named its place in the whole tree: ``Start.above``); its decision
         goes down to the host."""
-        runtime = self.hosts.runtime
+        runtime = self.runtime
         if runtime is None:
             return
         chain = list(self.node.chain())[:-1]  # up to the top-level agent's node
@@ -457,8 +475,8 @@ class RemoteChild:
 
     def _withdraw(self, request_id: str) -> None:
         self.asked.discard(request_id)
-        if self.hosts.runtime is not None:
-            approvals_of(self.hosts.runtime).withdraw(request_id)
+        if self.runtime is not None:
+            approvals_of(self.runtime).withdraw(request_id)
 
     def _finish(self) -> Result:
         """Close the node with how the subtree ended, and keep its traces."""

@@ -13,7 +13,6 @@ link. ``RayHosts`` is written from these names alone.
 from ._host import AgentHost as AgentHost
 from ._host import HostConfig as HostConfig
 from ._hosts import DEFAULT_POOL as DEFAULT_POOL
-from ._hosts import HostLink as HostLink
 from ._hosts import LocalHosts as LocalHosts
 from ._hosts import PlacementStrategy as PlacementStrategy
 from ._hosts import RemoteHosts as RemoteHosts
@@ -22,6 +21,7 @@ from ._placing import ChildReply as ChildReply
 from ._placing import HostUnavailable as HostUnavailable
 from ._placing import Placement as Placement
 from ._placing import Placer as Placer
+from ._remote import HostLink as HostLink
 
 __all__ = [
     "DEFAULT_POOL",

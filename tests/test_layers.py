@@ -5,9 +5,16 @@ Every ``.py`` module of ``fractor`` (``runtime/``, ``actors/``, ``benchmarks/``)
 relative, at module level or inside a function. The check fails, naming the modules
 and the line, on:
 
-1. **A circle**: modules that import each other, directly or through others. Imports
-   under ``if TYPE_CHECKING:`` never run, so they form no circle and are left out of
-   this check only: the two rules below apply to them too.
+1. **A circle**: modules that import each other, directly or through others, counting
+   every import: at module level, inside a function, and under ``if TYPE_CHECKING:``.
+   An import for types only never runs, but a reader follows it all the same: two
+   modules that name each other's types are one concept in two files, and neither
+   can be read (nor changed) without the other. One circle is by design and stays:
+   **the kernel's actor core** (``CORE``: an actor, its cell, its reference and the
+   runtime that spawns them are one mechanism), and only within those modules.
+   Circles being taken apart while this is written (``BEING_REMOVED``) are
+   tolerated for now, each only while it stays within its modules: a circle that
+   grows, or two that join, fail as a new one does.
 2. **An upward import.** The layers, lowest first::
 
        runtime  <  actors (the core)  <  actors.providers  <  actors.integrations
@@ -79,17 +86,58 @@ class Import:
     type_only: bool  # under ``if TYPE_CHECKING:``
 
     def __str__(self) -> str:
-        return f"{self.importer} imports {self.target} (line {self.line})"
+        kind = " for types only" if self.type_only else ""
+        return f"{self.importer} imports {self.target} (line {self.line}){kind}"
 
 
 # -- the checker ----------------------------------------------------------------------
 
 
-def check(modules: Mapping[str, Module]) -> list[str]:
-    """Every problem of ``modules`` (by dotted name), one sentence each."""
+#: The kernel's actor core: the one circle allowed for good. ``Actor`` is started and
+#: stopped by its ``Cell``, which the ``Runtime`` creates and an ``ActorRef`` sends
+#: to; each names the others (for types, at least) by the nature of the mechanism.
+CORE = frozenset(
+    {
+        "fractor.runtime._actor",
+        "fractor.runtime._cell",
+        "fractor.runtime._ref",
+        "fractor.runtime._runtime",
+    }
+)
+
+#: TEMPORARY (issue 27): circles being taken apart now, each tolerated only while it
+#: stays within these modules (a circle taking in one more module fails). Empty this
+#: when they are gone; nothing else may be added here.
+BEING_REMOVED: tuple[frozenset[str], ...] = (
+    # The agent core: the agent, its actor and the execution's parts.
+    frozenset(
+        f"fractor.actors.{name}"
+        for name in (
+            "_agent",
+            "_agent_actor",
+            "_agent_ref",
+            "_answering",
+            "_calling",
+            "_delegation",
+            "_execution",
+            "_memory",
+            "_placing",
+            "_recording",
+            "_requests",
+            "_toolbox",
+        )
+    ),
+)
+
+
+def check(
+    modules: Mapping[str, Module], tolerated: tuple[frozenset[str], ...] = BEING_REMOVED
+) -> list[str]:
+    """Every problem of ``modules`` (by dotted name), one sentence each; a circle
+    within ``CORE`` or within one of ``tolerated`` is none."""
     imports = [found for name in sorted(modules) for found in imports_of(name, modules)]
     return [
-        *circles(imports),
+        *circles(imports, (CORE, *tolerated)),
         *upward(imports, modules),
         *private(imports, modules),
         *heavy(modules),
@@ -145,13 +193,15 @@ class _Visitor(ast.NodeVisitor):
         self.found.append((node.module or "", node.level, names, node.lineno, self.type_only))
 
 
-def circles(imports: list[Import]) -> Iterator[str]:
-    """Each circle of run-time imports, as one path around it."""
+def circles(imports: list[Import], allowed: tuple[frozenset[str], ...] = ()) -> Iterator[str]:
+    """Each circle of imports (for types only included), as one path around it,
+    unless all its modules are within one of ``allowed``."""
     edges: dict[str, dict[str, Import]] = {}
     for found in imports:
-        if not found.type_only:
-            edges.setdefault(found.importer, {}).setdefault(found.target, found)
+        edges.setdefault(found.importer, {}).setdefault(found.target, found)
     for component in _strongly_connected(edges):
+        if any(component <= modules for modules in allowed):
+            continue
         start = min(component)
         path = _path_back(start, component, edges)
         steps = "; ".join(str(edges[a][b]) for a, b in itertools.pairwise(path))
@@ -317,6 +367,39 @@ BROKEN = {
         "import circle fractor.actors._a -> fractor.actors._b -> fractor.actors._c"
         " -> fractor.actors._a",
     ),
+    "a circle through an import for types only": (
+        {
+            "fractor.actors._agent": "from ._execution import Execution",
+            "fractor.actors._execution": TYPE_ONLY + "from ._agent import Agent",
+        },
+        "import circle fractor.actors._agent -> fractor.actors._execution -> "
+        "fractor.actors._agent: fractor.actors._agent imports fractor.actors._execution "
+        "(line 1); fractor.actors._execution imports fractor.actors._agent (line 3) "
+        "for types only",
+    ),
+    "a circle of imports for types only": (
+        {
+            "fractor.actors._host": TYPE_ONLY + "from ._hosts import HostLink",
+            "fractor.actors._hosts": TYPE_ONLY + "from ._host import AgentHost",
+        },
+        "import circle fractor.actors._host -> fractor.actors._hosts -> fractor.actors._host",
+    ),
+    "the kernel's actor core taking in one more module": (
+        {
+            "fractor.runtime._actor": "from ._cell import Cell",
+            "fractor.runtime._cell": "from ._mailbox import Mailbox",
+            "fractor.runtime._mailbox": TYPE_ONLY + "from ._actor import Actor",
+        },
+        "import circle fractor.runtime._actor -> fractor.runtime._cell -> "
+        "fractor.runtime._mailbox -> fractor.runtime._actor",
+    ),
+    "a circle outside the kernel's actor core": (
+        {
+            "fractor.runtime._supervisor": "from ._tree import Node",
+            "fractor.runtime._tree": TYPE_ONLY + "from ._supervisor import Supervisor",
+        },
+        "import circle fractor.runtime._supervisor -> fractor.runtime._tree",
+    ),
     "the kernel importing the agents": (
         {"fractor.runtime._x": "import fractor.actors"},
         "upward import: fractor.runtime._x imports fractor.actors (line 1): "
@@ -382,9 +465,16 @@ BROKEN = {
 }
 
 SOUND = {
-    "imports both ways, one of them for types only": {
-        "fractor.actors._agent": "from ._execution import Execution",
-        "fractor.actors._execution": TYPE_ONLY + "from ._agent import Agent",
+    "the kernel's actor core importing each other, for types and at run time": {
+        "fractor.runtime._actor": TYPE_ONLY + "from ._cell import Cell\n    from . import _runtime",
+        "fractor.runtime._cell": "from ._actor import Actor\nfrom ._ref import ActorRef",
+        "fractor.runtime._ref": TYPE_ONLY + "from ._runtime import Runtime",
+        "fractor.runtime._runtime": "from ._actor import Actor\nfrom ._cell import Cell",
+    },
+    "two modules in one direction, the lower naming no type of the higher": {
+        "fractor.actors._models": "from ._fakes import ScriptedModel",
+        "fractor.actors._fakes": "from ._messages import ModelRequest",
+        "fractor.actors._messages": "",
     },
     "a surface re-exporting from a subpackage's private module": {
         "fractor.actors": "from .cli._live import watch",
@@ -413,15 +503,67 @@ SOUND = {
 }
 
 
+# The synthetic graphs are checked with nothing tolerated (``BEING_REMOVED`` empties).
+
+
 @pytest.mark.parametrize(("sources", "expected"), BROKEN.values(), ids=BROKEN.keys())
 def test_the_checker_reports_a_broken_rule(sources: dict[str, str], expected: str) -> None:
-    problems = check(graph(sources))
+    problems = check(graph(sources), tolerated=())
     assert any(expected in problem for problem in problems), problems
 
 
 @pytest.mark.parametrize("sources", SOUND.values(), ids=SOUND.keys())
 def test_the_checker_accepts_a_sound_graph(sources: dict[str, str]) -> None:
-    assert check(graph(sources)) == []
+    assert check(graph(sources), tolerated=()) == []
+
+
+#: A circle of three modules, as one being taken apart would be listed.
+_LISTED = frozenset({"fractor.actors._a", "fractor.actors._b", "fractor.actors._c"})
+
+
+def test_a_circle_being_removed_is_tolerated_only_within_its_modules() -> None:
+    circle = {
+        "fractor.actors._a": "from ._b import B",
+        "fractor.actors._b": TYPE_ONLY + "from ._a import A",
+    }
+    assert check(graph(circle), tolerated=(_LISTED,)) == []
+    # It takes in a module not listed: reported, whole.
+    grown = {
+        **circle,
+        "fractor.actors._b": "from ._d import D",
+        "fractor.actors._d": "import fractor.actors._a",
+    }
+    (problem,) = check(graph(grown), tolerated=(_LISTED,))
+    assert problem.startswith(
+        "import circle fractor.actors._a -> fractor.actors._b -> fractor.actors._d -> "
+        "fractor.actors._a"
+    ), problem
+    # Two tolerated circles that join are one circle neither list holds.
+    other = frozenset({"fractor.actors._x", "fractor.actors._y"})
+    joined = {
+        **circle,
+        "fractor.actors._c": "from ._x import X",
+        "fractor.actors._x": "from ._y import Y\nfrom ._a import A",
+        "fractor.actors._y": "from ._x import X",
+        "fractor.actors._a": "from ._b import B\nfrom ._c import C",
+    }
+    assert check(graph(joined), tolerated=(_LISTED, other)) != []
+    # A new circle elsewhere is reported however much is tolerated.
+    new = {
+        **circle,
+        "fractor.actors._p": "from ._q import Q",
+        "fractor.actors._q": "from ._p import P",
+    }
+    (problem,) = check(graph(new), tolerated=(_LISTED,))
+    assert problem.startswith("import circle fractor.actors._p -> fractor.actors._q"), problem
+
+
+def test_only_circles_being_removed_are_tolerated() -> None:
+    # Each listed circle is one that was there when the list was made, apart from the
+    # kernel's core and from the others; the list only shrinks.
+    assert all(CORE.isdisjoint(listed) for listed in BEING_REMOVED)
+    assert all(a.isdisjoint(b) for a, b in itertools.combinations(BEING_REMOVED, 2))
+    assert len(BEING_REMOVED) <= 1
 
 
 # -- the repository ---------------------------------------------------------------------
@@ -436,13 +578,12 @@ def test_the_walk_sees_every_module_and_its_imports() -> None:
         "fractor.actors.cli._run",
     } <= set(modules)
     edges = {(i.importer, i.target, i.type_only) for n in modules for i in imports_of(n, modules)}
-    assert ("fractor.actors._agent", "fractor.actors._execution", False) in edges
-    assert ("fractor.actors._execution", "fractor.actors._agent", True) in edges
-    assert ("fractor.actors._delegation", "fractor.runtime.lowlevel", False) in edges
-    assert ("fractor.actors._calling", "fractor.actors._delegation", False) in edges
-    assert ("fractor.actors._delegation", "fractor.actors._execution", True) in edges
-    assert ("fractor.actors._calling", "fractor.actors._execution", True) in edges
-    assert ("fractor.actors", "fractor.actors.cli._live", False) in edges
+    # Imports of every kind are seen: absolute and relative, at run time and for
+    # types only (the kernel's actor core has both; its circle is the one allowed).
+    assert ("fractor.runtime._cell", "fractor.runtime._actor", False) in edges
+    assert ("fractor.runtime._actor", "fractor.runtime._cell", True) in edges
+    assert ("fractor.actors._remote", "fractor.runtime.lowlevel", False) in edges
+    assert ("fractor.actors._hosts", "fractor.actors._remote", False) in edges
     assert ("fractor", "fractor.actors", False) in edges
 
 
