@@ -140,7 +140,7 @@ class AgentActor(Actor):
         ``execute``'s, one frame less for every agent a cancellation unwinds."""
         if isinstance(message, Task):
             if message.node and not self.agent.restart.max_restarts:
-                return self._delegated(message).start()
+                return self._delegated(message).run()
             return self.execute(message)
         return self._look(message)
 

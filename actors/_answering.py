@@ -1,12 +1,12 @@
 """How an execution of an agent with an ``output_type`` takes its answer
-(``Answering``, a mixin of ``Execution``; the definition's side is ``OutputSpec`` in
-``actors._output``).
+(``Answers``, a part the ``Execution`` holds; the definition's side is ``OutputSpec``
+in ``actors._output``).
 
-- A step with no tool calls: its text is the answer (``_typed_reply``). A bad one
+- A step with no tool calls: its text is the answer (``Answers.reply``). A bad one
   (not JSON, the wrong shape) joins the execution buffer with a user message that
   says what was wrong, and the steps go on.
 - A step whose calls include the final-answer tool (``output_mode="tool"``,
-  ``_answer_calls``): the first call whose arguments match is the answer, and the
+  ``Answers.answer_calls``): the first call whose arguments match is the answer, and the
   step's other calls are not run (each answered so, in the trace). When none
   matches, each final-answer call is answered with what was wrong (a tool error the
   model reads) and the step's other calls run as usual. A final-answer call runs
@@ -24,79 +24,58 @@ subagent; ``Result.output`` holds the value.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from ._messages import (
     AssistantMessage,
     Message,
     ModelResponse,
-    Status,
-    StepRecord,
     ToolCall,
     ToolOutcome,
     Usage,
     UserMessage,
 )
-from ._output import FINAL_ANSWER
+from ._output import FINAL_ANSWER, answers
 from ._recording import NOT_RUN
 
 if TYPE_CHECKING:
-    from fractor.runtime import EventKind
-
     from ._output import OutputSpec
+    from ._recording import Recorder
 
-__all__ = ["Answering"]
+__all__ = ["Answers"]
+
+#: How the step's other calls run (``ToolRunner.run_tools``): each outcome at its index.
+RunTools = Callable[[tuple[ToolCall, ...], list[ToolOutcome]], Awaitable[None]]
 
 
-class _Answering(Protocol):
-    """What taking a typed answer uses of a running ``Execution``."""
+class Answers:
+    """The typed answer of one execution (see the module): what ``spec`` asks for,
+    the answer once taken (``value``, and ``text``, its JSON) or why there is none
+    (``failure``), and how many bad answers were sent back (``corrections``).
 
-    output: Any
-    corrections: int
-    concluded: bool
-    final_text: str
-    step_outcomes: list[ToolOutcome] | None
+    ``concluded`` is set once the answer (or the last bad one) ends the execution:
+    the execution then reads ``failure`` (its stop reason if not empty), ``value``
+    and ``text``. Steps are recorded through ``recorder``, which says the events.
+    """
 
-    @property
-    def observed(self) -> bool: ...
+    __slots__ = ("concluded", "corrections", "failure", "recorder", "spec", "text", "value")
 
-    def emit(self, kind: EventKind, **detail: Any) -> None: ...
+    def __init__(self, spec: OutputSpec, recorder: Recorder) -> None:
+        self.spec = spec
+        self.recorder = recorder
+        self.value: Any = None
+        self.text = ""
+        self.failure = ""
+        self.corrections = 0
+        self.concluded = False
 
-    def _record(
+    def in_calls(self, calls: tuple[ToolCall, ...]) -> bool:
+        """Whether a step's calls include the final-answer tool's (``mode="tool"``)."""
+        return self.spec.tool is not None and answers(calls)
+
+    def reply(
         self,
-        input_messages: int,
-        response: ModelResponse,
-        usage: Usage,
-        outcomes: Sequence[ToolOutcome],
-        model_seconds: float,
-        tools_seconds: float,
-        error: str = "",
-    ) -> StepRecord: ...
-
-    def _stop(self, status: Status, reason: str) -> None: ...
-
-    async def _run_tools(
-        self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
-    ) -> None: ...
-
-    def _answered(self, output: OutputSpec, value: Any) -> None: ...
-
-    def _correct(
-        self, output: OutputSpec, problem: str, messages: tuple[Message, ...]
-    ) -> tuple[Message, ...] | None: ...
-
-
-class Answering:
-    """The typed answers of an ``Execution`` (see the module)."""
-
-    __slots__ = ()
-    #: The outcomes of the step in flight (a slot of ``Execution``).
-    step_outcomes: list[ToolOutcome] | None
-
-    def _typed_reply(
-        self: _Answering,
-        output: OutputSpec,
         response: ModelResponse,
         usage: Usage,
         input_messages: int,
@@ -105,64 +84,63 @@ class Answering:
         """A step with no tool calls, recorded: None when the execution ends (the
         answer is taken, or the last correction was spent), else the messages that
         go back to the model (its reply and what was wrong with it)."""
-        value, problem = output.parse_text(response.text)
-        self._record(input_messages, response, usage, (), model_seconds, 0.0, problem)
+        spec = self.spec
+        value, problem = spec.parse_text(response.text)
+        self.recorder.record(input_messages, response, usage, (), model_seconds, 0.0, problem)
         if not problem:
-            self._answered(output, value)
+            self._answered(value)
             return None
         said = AssistantMessage(content=response.text)
-        return self._correct(
-            output, problem, (said, UserMessage(content=output.correction(problem)))
-        )
+        return self._correct(problem, (said, UserMessage(content=spec.correction(problem))))
 
-    async def _answer_calls(
-        self: _Answering, output: OutputSpec, calls: tuple[ToolCall, ...]
+    async def answer_calls(
+        self, calls: tuple[ToolCall, ...], run_tools: RunTools
     ) -> list[ToolOutcome]:
         """The outcomes of a step whose calls include the final-answer tool (see the
-        module); ``concluded`` says whether the execution ends with it."""
-        outcomes = self.step_outcomes = [NOT_RUN] * len(calls)
+        module), the others run with ``run_tools`` if the step goes on;
+        ``concluded`` says whether the execution ends with it."""
+        spec = self.spec
+        outcomes = self.recorder.step_outcomes = [NOT_RUN] * len(calls)
         first = ""
         for index, call in enumerate(calls):
             if call.name != FINAL_ANSWER:
                 continue
-            value, problem = output.parse_arguments(call.arguments)
+            value, problem = spec.parse_arguments(call.arguments)
             if not problem:
                 outcomes[index] = _outcome(call, "accepted as the final answer", False)
                 _not_run(calls, outcomes, "the final answer was given in the same step")
-                self._answered(output, value)
+                self._answered(value)
                 return outcomes
-            outcomes[index] = _outcome(call, output.tool_error(problem), True)
+            outcomes[index] = _outcome(call, spec.tool_error(problem), True)
             first = first or problem
-        if self._correct(output, first, ()) is None:
+        if self._correct(first, ()) is None:
             _not_run(calls, outcomes, "the execution failed: its answer did not match")
             return outcomes
         others = [(index, call) for index, call in enumerate(calls) if outcomes[index] is NOT_RUN]
         if others:
             done = [NOT_RUN] * len(others)
-            await self._run_tools(tuple(call for _, call in others), done)
+            await run_tools(tuple(call for _, call in others), done)
             for (index, _), outcome in zip(others, done, strict=True):
                 outcomes[index] = outcome
         return outcomes
 
-    def _answered(self: _Answering, output: OutputSpec, value: Any) -> None:
-        self.output = value
-        self.final_text = output.encode(value)
+    def _answered(self, value: Any) -> None:
+        self.value = value
+        self.text = self.spec.encode(value)
         self.concluded = True
-        self._stop("completed", "final answer")
 
-    def _correct(
-        self: _Answering, output: OutputSpec, problem: str, messages: tuple[Message, ...]
-    ) -> tuple[Message, ...] | None:
+    def _correct(self, problem: str, messages: tuple[Message, ...]) -> tuple[Message, ...] | None:
         """``messages`` for the model to read, or None past the last correction (the
-        execution fails, saying why)."""
-        reason = output.failure(problem)
-        if self.corrections >= output.retries:
+        execution fails, saying why: ``failure``)."""
+        reason = self.spec.failure(problem)
+        if self.corrections >= self.spec.retries:
             self.concluded = True
-            self._stop("failed", reason)
+            self.failure = reason
             return None
         self.corrections += 1
-        if self.observed:
-            self.emit("retry", attempt=self.corrections, error=reason[:300], delay=0.0)
+        recorder = self.recorder
+        if recorder.observed:
+            recorder.emit("retry", attempt=self.corrections, error=reason[:300], delay=0.0)
         return messages
 
 

@@ -1,5 +1,5 @@
-"""How an execution runs the tool calls of one step (``Calling``, a mixin of
-``Execution``): each call with an id of its own (a model's slip repaired),
+"""How an execution runs the tool calls of one step (``ToolRunner``, a part the
+``Execution`` holds): each call with an id of its own (a model's slip repaired),
 concurrently on a bounded number of workers, subagent calls as child
 actors in the step's task group (``Delegation``), each call charged with the
 supervisor first; with events when someone observes the tree, and without a frame
@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextvars
 import functools
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
 
-from fractor.runtime import ActorContext, BudgetExceeded, EventKind, Node, Supervisor
+from fractor.runtime import ActorContext, BudgetExceeded
 
 from ._approval import approvals_of
 from ._delegation import Delegation, refused
@@ -29,10 +29,11 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from ._agent import Agent
-    from ._execution import Execution
+    from ._recording import Emit, Recorder
+    from ._toolbox import Toolbox
     from ._tools import Tool
 
-__all__ = ["Calling", "Interrupted", "ProgressReporter", "progress_reporter"]
+__all__ = ["Interrupted", "ProgressReporter", "ToolRunner", "progress_reporter"]
 
 #: Reports a tool call's progress: ``(progress, total or None, message)``.
 ProgressReporter = Callable[[float, float | None, str], None]
@@ -53,50 +54,55 @@ def progress_reporter() -> ProgressReporter | None:
 
 
 class Interrupted(Exception):
-    """A step's task group was cancelled by the supervisor (see ``_run_with_subagents``)."""
+    """A step's task group was cancelled by the supervisor (see ``ToolRunner.run_tools``)."""
 
 
-class _Calling(Protocol):
-    """What the tool calls use of a running ``Execution``."""
+class ToolRunner:
+    """The tool calls of an execution's steps (see the module): a part the
+    ``Execution`` holds, made from its agent's ``toolbox``, ``subagents``,
+    ``concurrency`` bound and ``approve`` rule, the execution's ``recorder`` (its
+    node, supervisor and events) and its actor's ``context`` (to spawn children, and
+    the runtime's approvals).
 
-    agent: Agent
-    agent_id: str
-    node: Node
-    supervisor: Supervisor
-    context: ActorContext
-    #: The tool call ids of this execution so far (see ``_unique``).
-    call_ids: set[str]
+    ``escalation`` is set when a subagent that escalates failed: the execution then
+    fails with it, after the step.
+    """
 
-    @property
-    def observed(self) -> bool: ...
+    __slots__ = (
+        "approve",
+        "call_ids",
+        "concurrency",
+        "context",
+        "escalation",
+        "node",
+        "recorder",
+        "subagents",
+        "supervisor",
+        "toolbox",
+    )
 
-    def emit(self, kind: EventKind, **detail: Any) -> None: ...
+    def __init__(
+        self,
+        toolbox: Toolbox,
+        subagents: Mapping[str, Agent],
+        concurrency: int,
+        approve: Callable[[ToolCall], bool] | None,
+        recorder: Recorder,
+        context: ActorContext,
+    ) -> None:
+        self.toolbox = toolbox
+        self.subagents = subagents
+        self.concurrency = concurrency
+        self.approve = approve
+        self.recorder = recorder
+        self.node = recorder.node
+        self.supervisor = recorder.supervisor
+        self.context = context
+        #: The tool call ids of this execution so far (see ``unique``).
+        self.call_ids: set[str] = set()
+        self.escalation = ""
 
-    def _start_workers(
-        self, tg: TaskGroup, calls: list[tuple[int, ToolCall]], outcomes: list[ToolOutcome]
-    ) -> None: ...
-
-    async def _run_with_subagents(
-        self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
-    ) -> None: ...
-
-    def _run_call(self, call: ToolCall) -> Awaitable[ToolOutcome]: ...
-
-    async def _run_call_approved(self, call: ToolCall) -> ToolOutcome: ...
-
-    def _run_call_now(self, call: ToolCall) -> Awaitable[ToolOutcome]: ...
-
-    async def _run_call_held_up(self, call: ToolCall) -> ToolOutcome: ...
-
-    async def _run_call_observed(self, call: ToolCall) -> ToolOutcome: ...
-
-
-class Calling:
-    """The tool calls of an ``Execution``'s steps (see the module)."""
-
-    __slots__ = ()
-
-    def _ids_unique(self: _Calling, calls: tuple[ToolCall, ...]) -> bool:
+    def ids_unique(self, calls: tuple[ToolCall, ...]) -> bool:
         """Whether every call has an id not used before in this execution (and
         remember them): each tool result must name the one call it answers."""
         seen = self.call_ids
@@ -112,7 +118,7 @@ class Calling:
             return True
         return False
 
-    def _unique(self: _Calling, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+    def unique(self, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
         """``calls`` with a missing or repeated id replaced by a new one (a model's
         slip: providers need every result to follow its own call)."""
         seen = self.call_ids
@@ -128,18 +134,16 @@ class Calling:
             fixed.append(tool_call)
         return tuple(fixed)
 
-    async def _run_tools(
-        self: _Calling, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
-    ) -> None:
+    async def run_tools(self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]) -> None:
         """Run every call of one step concurrently, each outcome at its call's index.
 
-        Tool calls run on at most ``tool_concurrency`` workers that share one
-        iterator over them (taking the next call never awaits), so the bound costs no
-        lock and no more tasks than it allows. Subagent calls need no worker: each is
-        a child actor in this step's task group (see ``Delegation``), at most
-        ``tool_concurrency`` of them at once.
+        Tool calls run on at most ``concurrency`` workers that share one iterator
+        over them (taking the next call never awaits), so the bound costs no lock
+        and no more tasks than it allows. Subagent calls need no worker: each is a
+        child actor in this step's task group (see ``Delegation``), at most
+        ``concurrency`` of them at once.
         """
-        subagents = self.agent.subagents_by_name
+        subagents = self.subagents
         if subagents and any(call.name in subagents for call in calls):
             await self._run_with_subagents(calls, outcomes)
             return
@@ -147,25 +151,25 @@ class Calling:
             self._start_workers(tg, list(enumerate(calls)), outcomes)
 
     def _start_workers(
-        self: _Calling,
+        self,
         tg: TaskGroup,
         calls: list[tuple[int, ToolCall]],
         outcomes: list[ToolOutcome],
     ) -> None:
         pending = iter(calls)
-        run_call = self._run_call
+        run_call = self.run_call
 
         async def worker() -> None:
             for index, call in pending:
                 outcomes[index] = await run_call(call)
 
-        for _ in range(min(len(calls), self.agent.tool_concurrency)):
+        for _ in range(min(len(calls), self.concurrency)):
             tg.start_soon(worker)
 
     async def _run_with_subagents(
-        self: _Calling, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
+        self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
     ) -> None:
-        subagents = self.agent.subagents_by_name
+        subagents = self.subagents
         tools = [(i, call) for i, call in enumerate(calls) if call.name not in subagents]
         delegated = [(i, call) for i, call in enumerate(calls) if call.name in subagents]
         # The children live in this block: whatever interrupts the step (a stop of
@@ -181,27 +185,37 @@ class Calling:
                 node.scope = tg.cancel_scope
                 if tools:
                     self._start_workers(tg, tools, outcomes)
-                delegation = Delegation(cast("Execution", self), tg, delegated, outcomes)
+                delegation = Delegation(
+                    self.recorder,
+                    self.context,
+                    subagents,
+                    self.concurrency,
+                    tg,
+                    delegated,
+                    outcomes,
+                )
                 await delegation.run()
         finally:
             node.scope = outer
-            if delegation is not None and delegation.interrupted:
-                delegation.close_abandoned()
+            if delegation is not None:
+                if delegation.interrupted:
+                    delegation.close_abandoned()
+                self.escalation = self.escalation or delegation.escalation
         if tg.cancel_scope.cancelled_caught:
             raise Interrupted  # the supervisor stopped this node: the step ends here
 
-    def _direct(
-        self: _Calling, call: ToolCall
+    def direct(
+        self, call: ToolCall
     ) -> tuple[Tool[..., Any], dict[str, Any], float] | ToolOutcome | None:
         """For a tool the step may await itself (``Tool.direct``) when nothing observes
         the tree: the call charged and its arguments validated, or the outcome that
         answers it at once (refused, invalid arguments); None for any other call."""
-        tool = self.agent.toolbox.direct.get(call.name)
-        if tool is None or self.observed or self.agent.approve is not None:
+        tool = self.toolbox.direct.get(call.name)
+        if tool is None or self.recorder.observed or self.approve is not None:
             return None
         try:
             if not self.supervisor.try_charge(self.node, tool_calls=1):
-                return None  # leased elsewhere: ``_run_call`` waits for the headroom
+                return None  # leased elsewhere: ``run_call`` waits for the headroom
         except BudgetExceeded as exc:
             return refused(call, f"tool call refused: {exc}")
         start = time.perf_counter()
@@ -210,18 +224,19 @@ class Calling:
             return kwargs
         return tool, kwargs, start
 
-    def _run_call(self: _Calling, call: ToolCall) -> Awaitable[ToolOutcome]:
+    def run_call(self, call: ToolCall) -> Awaitable[ToolOutcome]:
         """Charge and run one tool call (after a person's approval, if it needs one).
         Not a coroutine of its own when nothing observes the tree and no approval is
         needed: it hands back the tool's, one frame less per call."""
-        approve = self.agent.approve
+        approve = self.approve
         if approve is not None and approve(call):
             return self._run_call_approved(call)
         return self._run_call_now(call)
 
-    async def _run_call_approved(self: _Calling, call: ToolCall) -> ToolOutcome:
+    async def _run_call_approved(self, call: ToolCall) -> ToolOutcome:
         """Hold ``call`` until a person decides (see ``_approval``): run it approved,
         answer it denied. The wait ends with the execution, as any await does."""
+        recorder = self.recorder
         approvals = approvals_of(self.context.runtime)
         forwarder = None
         lent = next((node for node in self.node.chain() if node.lender is not None), None)
@@ -237,14 +252,13 @@ class Calling:
                     attempts=0,
                     approval="denied: not available on another host",
                 )
-        bus = self.context.runtime.event_bus
         request, pending = approvals.open(
-            self.node, self.agent.name, self.agent_id, call, bus.now()
+            self.node, recorder.agent, recorder.agent_id, call, recorder.bus.now()
         )
         if forwarder is not None:
             forwarder.ask(request)
-        if self.observed:
-            self.emit(
+        if recorder.observed:
+            recorder.emit(
                 "approval_request",
                 id=request.id,
                 tool=call.name,
@@ -257,8 +271,8 @@ class Calling:
         finally:
             if forwarder is not None and not pending.done.is_set():
                 forwarder.withdraw(request.id)  # ended first: the driver forgets it
-        if self.observed:
-            self.emit(
+        if recorder.observed:
+            recorder.emit(
                 "approval_decision",
                 id=request.id,
                 tool=call.name,
@@ -281,35 +295,36 @@ class Calling:
         outcome = await self._run_call_now(call)
         return msgspec.structs.replace(outcome, approval="approved", waited=waited)
 
-    def _run_call_now(self: _Calling, call: ToolCall) -> Awaitable[ToolOutcome]:
-        """Charge and run one tool call (see ``_run_call``)."""
+    def _run_call_now(self, call: ToolCall) -> Awaitable[ToolOutcome]:
+        """Charge and run one tool call (see ``run_call``)."""
         try:
             if not self.supervisor.try_charge(self.node, tool_calls=1):
                 return self._run_call_held_up(call)  # leased elsewhere: wait for it
         except BudgetExceeded as exc:
             return _ready(refused(call, f"tool call refused: {exc}"))
-        if not self.observed:
-            return self.agent.toolbox.run(call)
+        if not self.recorder.observed:
+            return self.toolbox.run(call)
         return self._run_call_observed(call)
 
-    async def _run_call_held_up(self: _Calling, call: ToolCall) -> ToolOutcome:
+    async def _run_call_held_up(self, call: ToolCall) -> ToolOutcome:
         """A call whose charge waits for headroom leased to a subtree elsewhere."""
         try:
             await self.supervisor.charge_waiting(self.node, tool_calls=1)
         except BudgetExceeded as exc:
             return refused(call, f"tool call refused: {exc}")
-        if not self.observed:
-            return await self.agent.toolbox.run(call)
+        if not self.recorder.observed:
+            return await self.toolbox.run(call)
         return await self._run_call_observed(call)
 
-    async def _run_call_observed(self: _Calling, call: ToolCall) -> ToolOutcome:
-        self.emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])
-        reporting = _reporter.set(functools.partial(_report_progress, self, call))
+    async def _run_call_observed(self, call: ToolCall) -> ToolOutcome:
+        emit = self.recorder.emit
+        emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])
+        reporting = _reporter.set(functools.partial(_report_progress, emit, call))
         try:
-            outcome = await self.agent.toolbox.run(call)
+            outcome = await self.toolbox.run(call)
         finally:
             _reporter.reset(reporting)
-        self.emit(
+        emit(
             "tool_end",
             tool=call.name,
             call_id=call.id,
@@ -325,9 +340,9 @@ async def _ready(outcome: ToolOutcome) -> ToolOutcome:
 
 
 def _report_progress(
-    execution: _Calling, call: ToolCall, progress: float, total: float | None, message: str
+    emit: Emit, call: ToolCall, progress: float, total: float | None, message: str
 ) -> None:
-    execution.emit(
+    emit(
         "tool_progress",
         tool=call.name,
         call_id=call.id,

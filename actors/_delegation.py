@@ -1,10 +1,11 @@
 """The subagent calls of one step: each a child actor whose one ``Result`` comes back as
 the call's tool result (DESIGN.md section 1, "Subagents").
 
-A parent execution hands the subagent calls of a step to a ``Delegation``: it opens
-each child's node in the supervisor's tree, spawns the child with ``spawn_soon`` in
-the step's task group and parks until the children have answered. Only final
-responses come back; a child's internals never reach its parent.
+A parent execution's tool runner hands the subagent calls of a step to a
+``Delegation``: it opens each child's node in the supervisor's tree, spawns the
+child with ``spawn_soon`` in the step's task group and parks until the children
+have answered. Only final responses come back; a child's internals never reach its
+parent.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import collections
 import functools
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from fractor.runtime import BudgetExceeded, Node
+from fractor.runtime import ActorContext, BudgetExceeded, Node
 from fractor.runtime.lowlevel import Waiter, new_waiter, park, wake
 
 from ._messages import Result, Task, ToolCall, ToolOutcome, exception_text
@@ -26,8 +28,8 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from ._agent import Agent, AgentRef
-    from ._execution import Execution
     from ._placing import ChildReply
+    from ._recording import Recorder
 
 __all__ = ["Delegation", "refused"]
 
@@ -49,24 +51,41 @@ class Delegation:
     """
 
     __slots__ = (
-        "execution",
+        "context",
+        "escalation",
         "interrupted",
+        "limit",
+        "node",
         "outcomes",
         "pending",
+        "recorder",
         "running",
         "stopped",
+        "subagents",
+        "supervisor",
         "task_group",
         "waiter",
     )
 
     def __init__(
         self,
-        execution: Execution,
+        recorder: Recorder,
+        context: ActorContext,
+        subagents: Mapping[str, Agent],
+        limit: int,
         task_group: TaskGroup,
         calls: list[tuple[int, ToolCall]],
         outcomes: list[ToolOutcome],
     ) -> None:
-        self.execution = execution
+        #: The parent execution's records (its node, supervisor and events), its
+        #: actor's context (which spawns the children), its subagents by name, and
+        #: how many children may run at once.
+        self.recorder = recorder
+        self.node = recorder.node
+        self.supervisor = recorder.supervisor
+        self.context = context
+        self.subagents = subagents
+        self.limit = limit
         self.task_group = task_group
         self.pending = collections.deque(calls)
         self.outcomes = outcomes
@@ -77,11 +96,12 @@ class Delegation:
         self.waiter: Waiter | None = None
         #: Set once the step is interrupted: replies that settle later are not read.
         self.interrupted = False
+        #: Why the parent fails after this step: a subagent that escalates failed.
+        self.escalation = ""
 
     async def run(self) -> None:
-        execution = self.execution
-        supervisor = execution.supervisor
-        limit = execution.agent.tool_concurrency
+        supervisor = self.supervisor
+        limit = self.limit
         running = self.running
         try:
             while True:
@@ -109,7 +129,7 @@ class Delegation:
             # cancellation (a stop of this node marked them already); each closes its
             # own node as it ends, and ``close_abandoned`` closes what did not run.
             self.interrupted = True
-            status, reason = supervisor.why_stopped(execution.node)
+            status, reason = supervisor.why_stopped(self.node)
             for node in self.abandoned():
                 if node.stop_status is None:
                     supervisor.stop_subtree(node, status, reason, cancel=False)
@@ -120,7 +140,7 @@ class Delegation:
 
     def close_abandoned(self) -> None:
         """After an interrupted step: close the nodes of children that never ran."""
-        supervisor = self.execution.supervisor
+        supervisor = self.supervisor
         for node in self.abandoned():
             if node.status == "running":
                 supervisor.close(node, *supervisor.why_stopped(node))
@@ -128,8 +148,7 @@ class Delegation:
     def _launch(self, index: int, call: ToolCall) -> bool:
         """Start one child (or answer the call at once); False when its node must
         wait for headroom leased to a subtree elsewhere (nothing was started)."""
-        execution = self.execution
-        subagent = execution.agent.subagents_by_name[call.name]
+        subagent = self.subagents[call.name]
         try:
             task = _decode_task(call.arguments).task
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -139,9 +158,10 @@ class Delegation:
                 'Expected arguments: {"task": "<what the subagent should do>"}',
             )
             return True
-        supervisor = execution.supervisor
+        supervisor = self.supervisor
+        parent = self.node
         try:
-            opened = supervisor.try_open(execution.node, name=subagent.name, limits=subagent.budget)
+            opened = supervisor.try_open(parent, name=subagent.name, limits=subagent.budget)
         except BudgetExceeded as exc:
             self.outcomes[index] = refused(call, f"subagent {call.name!r} not started: {exc}")
             return True
@@ -149,12 +169,13 @@ class Delegation:
             return False  # headroom leased to a subtree elsewhere: ``run`` waits for it
         node = opened
         node.actor_id = node.id  # the child actor takes its node's id
-        node.traces = execution.node.traces  # where its execution leaves itself
+        node.traces = parent.traces  # where its execution leaves itself
         began = time.perf_counter()
-        place = placer_of(execution.context.runtime.hosts)  # None: everything runs here
+        recorder = self.recorder
+        place = placer_of(self.context.runtime.hosts)  # None: everything runs here
         if place is not None:
             try:
-                placement = place(execution.node, subagent, supervisor)
+                placement = place(parent, subagent, supervisor)
             except HostUnavailable as exc:
                 supervisor.close(node, "failed", str(exc))
                 self.outcomes[index] = refused(call, f"subagent {call.name!r} not started: {exc}")
@@ -167,8 +188,8 @@ class Delegation:
                     supervisor.close(node, "failed", reason)
                     self.outcomes[index] = refused(call, f"subagent {call.name!r} {reason}")
                     return True
-                if execution.observed:
-                    execution.emit(
+                if recorder.observed:
+                    recorder.emit(
                         "spawn",
                         child=subagent.name,
                         child_id=node.id,
@@ -182,7 +203,7 @@ class Delegation:
                 )
                 return True
         try:
-            child: AgentRef = execution.context.spawn_soon(
+            child: AgentRef = self.context.spawn_soon(
                 subagent, task_group=self.task_group, id=node.id
             )
             reply = child.actor.ask_nowait(Task(text=task, node=node.id))
@@ -193,8 +214,8 @@ class Delegation:
                 call, f"subagent {call.name!r} failed: {exception_text(exc)}"
             )
             return True
-        if execution.observed:
-            execution.emit(
+        if recorder.observed:
+            recorder.emit(
                 "spawn", child=subagent.name, child_id=node.id, call_id=call.id, task=task[:200]
             )
         self.running[index] = node
@@ -235,7 +256,7 @@ class Delegation:
         else:
             result: Result = reply.result()
             if result.status == "failed" and subagent.escalate:
-                self.execution.escalation = (
+                self.escalation = (
                     f"subagent {call.name!r} failed and escalated: {result.stop_reason}"
                 )
             outcome = ToolOutcome(

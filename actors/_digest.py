@@ -13,24 +13,23 @@ deadline or a failure). Built from their traces, never from raw messages:
 - ``completed(traces)``: the calls that completed (no error, not interrupted), by
   name and arguments. When the new attempt asks for one of them again, its result
   is answered from there (``ToolOutcome.reused``), as often as it completed before:
-  no second run, no second charge (``Resuming``, a mixin of ``Execution``).
+  no second run, no second charge (``run_reusing``, which an execution's step calls).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
-
-from fractor.runtime import EventKind
 
 from ._messages import DigestMessage, ExecutionTrace, ToolCall, ToolOutcome
 
 if TYPE_CHECKING:
     from ._messages import StepRecord
+    from ._recording import Emit
 
-__all__ = ["Resuming", "Reuse", "completed", "digest", "resumable"]
+__all__ = ["Reuse", "completed", "digest", "resumable", "reusable", "run_reusing"]
 
 #: Characters of a tool result or a text a digest shows, and of the whole digest.
 _RESULT = 400
@@ -147,62 +146,50 @@ def completed(traces: Sequence[ExecutionTrace]) -> Reuse:
     return reuse
 
 
-class _Resuming(Protocol):
-    reuse: Reuse | None
-
-    @property
-    def observed(self) -> bool: ...
-
-    def emit(self, kind: EventKind, **detail: Any) -> None: ...
-
-    async def _run_tools(
-        self, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
-    ) -> None: ...
+def reusable(reuse: Reuse, calls: tuple[ToolCall, ...]) -> bool:
+    """Whether an earlier attempt's result answers one of ``calls``."""
+    if not reuse:
+        return False
+    return any(_key(call) in reuse for call in calls)
 
 
-class Resuming:
-    """The tool calls of a step when earlier attempts' results may answer some."""
-
-    __slots__ = ()
-
-    def _reusable(self: _Resuming, calls: tuple[ToolCall, ...]) -> bool:
-        reuse = self.reuse
-        if not reuse:
-            return False
-        return any(_key(call) in reuse for call in calls)
-
-    async def _run_reusing(
-        self: _Resuming, calls: tuple[ToolCall, ...], outcomes: list[ToolOutcome]
-    ) -> None:
-        """Answer the calls that completed before from their results, run the rest."""
-        reuse = self.reuse
-        assert reuse is not None
-        rest: list[int] = []
-        for index, call in enumerate(calls):
-            earlier = reuse.get(_key(call))
-            if not earlier:
-                rest.append(index)
-                continue
-            found = earlier.pop(0)
-            outcomes[index] = msgspec.structs.replace(
-                found, call=call, seconds=0.0, attempts=0, reused=True, approval="", waited=0.0
+async def run_reusing(
+    reuse: Reuse,
+    calls: tuple[ToolCall, ...],
+    outcomes: list[ToolOutcome],
+    run_tools: Callable[[tuple[ToolCall, ...], list[ToolOutcome]], Awaitable[None]],
+    emit: Emit | None,
+) -> None:
+    """The tool calls of a step when earlier attempts' results may answer some:
+    answer the calls that completed before from ``reuse`` (each result used once),
+    run the rest with ``run_tools``; each outcome at its call's index. ``emit``
+    says the events of the calls answered so (None: nobody observes them)."""
+    rest: list[int] = []
+    for index, call in enumerate(calls):
+        earlier = reuse.get(_key(call))
+        if not earlier:
+            rest.append(index)
+            continue
+        found = earlier.pop(0)
+        outcomes[index] = msgspec.structs.replace(
+            found, call=call, seconds=0.0, attempts=0, reused=True, approval="", waited=0.0
+        )
+        if emit is not None:
+            arguments = call.arguments[:200]
+            emit("tool_start", tool=call.name, call_id=call.id, arguments=arguments)
+            emit(
+                "tool_end",
+                tool=call.name,
+                call_id=call.id,
+                is_error=False,
+                seconds=0.0,
+                result=found.content[:200],
+                reused=True,
             )
-            if self.observed:
-                arguments = call.arguments[:200]
-                self.emit("tool_start", tool=call.name, call_id=call.id, arguments=arguments)
-                self.emit(
-                    "tool_end",
-                    tool=call.name,
-                    call_id=call.id,
-                    is_error=False,
-                    seconds=0.0,
-                    result=found.content[:200],
-                    reused=True,
-                )
-        if rest:
-            some = [outcomes[index] for index in rest]
-            try:
-                await self._run_tools(tuple(calls[index] for index in rest), some)
-            finally:  # interrupted too: the calls that completed are the step's
-                for index, outcome in zip(rest, some, strict=True):
-                    outcomes[index] = outcome
+    if rest:
+        some = [outcomes[index] for index in rest]
+        try:
+            await run_tools(tuple(calls[index] for index in rest), some)
+        finally:  # interrupted too: the calls that completed are the step's
+            for index, outcome in zip(rest, some, strict=True):
+                outcomes[index] = outcome

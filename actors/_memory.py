@@ -9,7 +9,7 @@ agent's own; an adapter's inner model) reads ``instructions`` as its system prom
 and, in one user message, the summary so far and the turns to fold; its text becomes
 the summary section (one ``SystemMessage``, right after the agent's instructions).
 
-The request belongs to the execution (``Execution._summarize``): checked and charged
+The request belongs to the execution (``Summarizer``, a part it holds): checked and charged
 by the supervisor like any other, under its deadline, traced as its
 ``SummaryRecord``, announced as a ``compaction`` event. It is optional work: sent
 only with room for itself and the step it is done for, and sent once (never retried:
@@ -26,11 +26,11 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from fractor.runtime import BudgetExceeded, EventKind, Node, Supervisor, Usage
+from fractor.runtime import BudgetExceeded
 
 from ._messages import (
     AssistantMessage,
@@ -39,22 +39,24 @@ from ._messages import (
     SummaryRecord,
     SystemMessage,
     ToolResultMessage,
+    ToolSpec,
     UserMessage,
     exception_text,
     safe_text,
 )
 from ._models import Model
-from ._requests import EMPTY_USAGE, send
+from ._recording import EMPTY_USAGE
+from ._requests import send
 
 if TYPE_CHECKING:
-    from ._agent import Agent
-    from ._execution import Execution
+    from ._policy import RetryPolicy
+    from ._recording import Recorder
 
 __all__ = [
     "DEFAULT_SUMMARY_INSTRUCTIONS",
     "Compaction",
     "Fold",
-    "Summarizing",
+    "Summarizer",
     "Tally",
     "clear_results",
     "conversation_tokens",
@@ -244,109 +246,110 @@ def _text(content: str) -> str:
     return content
 
 
-class _Summarizing(Protocol):
-    """What the summarization uses of a running ``Execution``."""
+class Summarizer:
+    """The summarization request an execution begins with when its agent folds old
+    turns (see the module): a part the ``Execution`` holds when it has a ``fold`` to
+    do. ``compacted`` folds the turns into the agent's sections once the summary
+    came, and gives the execution's new history; ``record`` is the summarization's
+    ``SummaryRecord`` once sent (or refused, or cut off).
+    """
 
-    agent: Agent
-    node: Node
-    supervisor: Supervisor
-    history: tuple[Message, ...]
-    buffer: list[Message]
-    fold: Fold | None
-    compacted: Callable[[Fold, str], tuple[Message, ...]] | None
-    summarization: SummaryRecord | None
-    sink: Callable[[str], None] | None
-    charged: Usage
+    __slots__ = ("compacted", "fold", "memory", "model", "record")
 
-    @property
-    def observed(self) -> bool: ...
+    def __init__(
+        self,
+        fold: Fold,
+        memory: Compaction,
+        model: Model,
+        compacted: Callable[[Fold, str], tuple[Message, ...]],
+    ) -> None:
+        self.fold = fold
+        self.memory = memory
+        #: The agent's model: the summarizer's by default (an adapter's inner one),
+        #: and the estimate of the step the summary is done for.
+        self.model = model
+        self.compacted = compacted
+        self.record: SummaryRecord | None = None
 
-    def emit(self, kind: EventKind, **detail: Any) -> None: ...
-
-    def _summarized(self, fold: Fold, model: str, began: float, text: str, error: str) -> None: ...
-
-
-class Summarizing:
-    """The summarization request an ``Execution`` begins with when its agent folds
-    old turns (a mixin: see the module)."""
-
-    __slots__ = ()
-    # Set by Execution; declared for the assignments below.
-    sink: Callable[[str], None] | None
-    summarization: SummaryRecord | None
-
-    async def _summarize(self: _Summarizing) -> None:
-        """Send the fold's summarization request; on success the agent's sections
-        are compacted (``compacted``) and the history is theirs. Never raises an
-        ``Exception`` but a stop of the supervisor's (``BudgetExceeded``)."""
+    async def run(
+        self,
+        recorder: Recorder,
+        history: tuple[Message, ...],
+        buffer: list[Message],
+        specs: tuple[ToolSpec, ...],
+        retry: RetryPolicy,
+    ) -> tuple[Message, ...] | None:
+        """Send the fold's summarization request (through ``recorder``, the
+        execution's, whose node it is charged to); on success the agent's sections
+        are compacted and the new ``history`` is returned, else None (nothing
+        changed). Never raises an ``Exception`` but a stop of the supervisor's
+        (``BudgetExceeded``)."""
         fold = self.fold
-        assert fold is not None
-        assert self.compacted is not None
-        memory = self.agent.memory
-        assert memory is not None
-        model = memory.model or _inner(self.agent.model)
+        memory = self.memory
+        model = memory.model or _inner(self.model)
         request = fold.request
         began = time.perf_counter()
-        self.charged = EMPTY_USAGE
+        recorder.charged = EMPTY_USAGE
         refused = None
-        node = self.node
+        node = recorder.node
         if node.limited or node.stop_status is not None:
             # Optional work: only with room for itself and the step it is done for.
             folded = {id(message) for message in fold.messages}
-            kept = tuple(m for m in self.history if id(m) not in folded)
-            step = ModelRequest(messages=(*kept, *self.buffer), tools=self.agent.specs)
-            refused = self.supervisor.would_refuse(
+            kept = tuple(m for m in history if id(m) not in folded)
+            step = ModelRequest(messages=(*kept, *buffer), tools=specs)
+            refused = recorder.supervisor.would_refuse(
                 node,
                 input_estimate=model.estimate_tokens(request)
-                + self.agent.model.estimate_tokens(step)
+                + self.model.estimate_tokens(step)
                 + memory.max_tokens,
                 max_tokens=request.max_tokens,
                 model=model.name,
                 requests=2,
             )
         text = error = ""
-        sink, self.sink = self.sink, None  # the summary is not the agent's text
+        sink, recorder.sink = recorder.sink, None  # the summary is not the agent's text
         try:
             if refused is not None:
                 error = f"refused: {refused}"
             else:
                 # Once: a retry would spend the room checked for the step, and a
                 # summarizer that keeps failing would pay the retry policy every ask.
-                response = await send(cast("Execution", self), model, request, once=True)
+                response = await send(recorder, model, request, retry, once=True)
                 text = safe_text(response.text).strip()
                 if not text:
                     error = f"the summarizer answered no text ({response.finish_reason})"
         except BudgetExceeded as exc:  # the budget was spent meanwhile: a stop
-            self._summarized(fold, model.name, began, "", f"refused: {exc}")
+            self._summarized(recorder, model.name, began, "", f"refused: {exc}")
             raise
         except Exception as exc:
             error = f"the summarization request failed: {exception_text(exc)}"
         except BaseException:  # cut off: a deadline, a stop, a cancellation
-            self._summarized(fold, model.name, began, "", "cut off before the summary came")
+            self._summarized(recorder, model.name, began, "", "cut off before the summary came")
             raise
         finally:
-            self.sink = sink
-        if not error:
-            self.history = self.compacted(fold, text)
-        self._summarized(fold, model.name, began, text, error)
+            recorder.sink = sink
+        compacted = None if error else self.compacted(fold, text)
+        self._summarized(recorder, model.name, began, text, error)
+        return compacted
 
     def _summarized(
-        self: _Summarizing, fold: Fold, model: str, began: float, text: str, error: str
+        self, recorder: Recorder, model: str, began: float, text: str, error: str
     ) -> None:
         """Keep the summarization's record and say how it went."""
+        fold = self.fold
         covered = fold.covered + (0 if error else fold.turns)
-        record = self.summarization = SummaryRecord(
+        record = self.record = SummaryRecord(
             turns=fold.turns,
             covered=covered,
             input_messages=len(fold.request.messages),
             summary=text,
-            usage=self.charged,
+            usage=recorder.charged,
             seconds=time.perf_counter() - began,
             model=model,
             error=error,
         )
-        if self.observed:
-            self.emit(
+        if recorder.observed:
+            recorder.emit(
                 "compaction",
                 ok=not error,
                 turns=fold.turns,

@@ -1,45 +1,48 @@
-"""What an execution keeps of itself: its step records, its events, its trace, its
-answer, a snapshot of it as it runs (``Recording``, a mixin of ``Execution``), and
-the answer synthesized when it stopped without one (``synthesize``).
+"""What an execution keeps of itself as it runs (``Recorder``, a part the
+``Execution`` holds): its step records, the step in flight (for the trace of an
+execution cut short, and for a snapshot of it as it runs), what that step's model
+requests were charged and streamed, and its events; and the answer synthesized when
+an execution stopped without one (``synthesize``).
 
-The methods here only read the execution's state and build frozen values from it
-(``StepRecord``, ``ExecutionTrace``, ``Result``, ``Progress``), except ``_record``,
-which appends the step it records, and ``emit``, which hands an event to whoever
-observes the execution. They are typed by ``_Running``, the part of an
-``Execution`` they use.
+The recorder builds frozen values (``StepRecord``) from what it is given and what it
+keeps; the execution builds its trace, its ``Result`` and its ``Progress`` from it.
 """
 
 from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-import msgspec
 import structlog
 
-from fractor.runtime import ActorContext, EventKind, Node, NodeSnapshot, Supervisor, Usage
+from fractor.runtime import EventKind, Node, Supervisor, Usage
 
 from ._events import agent_event
 from ._messages import (
-    ExecutionTrace,
     ModelResponse,
-    Progress,
-    Result,
     Status,
     StepRecord,
-    SummaryRecord,
     ToolCall,
     ToolOutcome,
     exception_text,
 )
 
 if TYPE_CHECKING:
-    from ._agent import Agent
-    from ._memory import Fold
+    from fractor.runtime import EventBus
 
-__all__ = ["NOT_RUN", "Recording", "bind_log_context", "synthesize"]
+__all__ = ["EMPTY_USAGE", "NOT_RUN", "Emit", "Recorder", "bind_log_context", "synthesize"]
+
+#: What a step's requests were charged before its first one (compared by identity).
+EMPTY_USAGE = Usage()
+
+
+class Emit(Protocol):
+    """How a part says an event of its execution: ``emit("kind", **detail)``
+    (``Recorder.emit``)."""
+
+    def __call__(self, kind: EventKind, /, **detail: Any) -> None: ...
 
 
 def synthesize(
@@ -107,67 +110,106 @@ def bind_log_context(
     return tuple(bound.values())
 
 
-class _Running(Protocol):
-    """What the records read of a running ``Execution``."""
+class Recorder:
+    """The records of one execution as it runs: its steps, the step in flight, what
+    that step's model requests were charged and what its model streamed, and its
+    events (see the module).
 
-    agent: Agent
-    agent_id: str
-    execution_id: str
-    attempt: int
-    task: str
-    node: Node
-    supervisor: Supervisor
-    context: ActorContext
-    steps: list[StepRecord]
-    status: Status
-    reason: str
-    final_text: str
-    last_text: str
-    #: The typed answer (``Agent(output_type=...)``), once the model gave a valid one.
-    output: Any
-    started: float
-    ended: float
-    step_began: float
-    step_input: int
-    step_asked: tuple[ModelResponse, Usage, float, float] | None
-    step_outcomes: list[ToolOutcome] | None
-    streamed: list[str]
-    charged: Usage
-    built: ExecutionTrace | None
-    parent_attempt: int
-    summarization: SummaryRecord | None
-    fold: Fold | None
-    digested: bool
-    resumed: str
+    A part the ``Execution`` holds (and hands to its other parts: the tool runner,
+    the typed answer, the summarization, each model request's ``send``). It knows
+    its execution's place (``node``, under ``supervisor``) and name, never the
+    execution itself: how the execution ended (``reason``, ``ended``) is passed to
+    what reads it.
+    """
+
+    __slots__ = (
+        "agent",
+        "agent_id",
+        "bus",
+        "charged",
+        "node",
+        "sink",
+        "step_asked",
+        "step_began",
+        "step_input",
+        "step_outcomes",
+        "steps",
+        "streamed",
+        "supervisor",
+    )
+
+    def __init__(
+        self, agent: str, agent_id: str, node: Node, supervisor: Supervisor, bus: EventBus
+    ) -> None:
+        #: The agent's name and the actor's id, as every event says them.
+        self.agent = agent
+        self.agent_id = agent_id
+        self.node = node
+        self.supervisor = supervisor
+        self.bus = bus  # read at every event site
+        self.steps: list[StepRecord] = []
+        #: The step in flight, kept so that an interrupted execution's trace shows it
+        #: (see ``all_steps``): when its request began (0.0 once the step is
+        #: recorded), its input, then the model's answer, its usage, the model's
+        #: seconds and when the tools began, and the tool outcomes so far (None: the
+        #: step's one tool call, run with no list of outcomes).
+        self.step_began = 0.0
+        self.step_input = 0
+        self.step_asked: tuple[ModelResponse, Usage, float, float] | None = None
+        self.step_outcomes: list[ToolOutcome] | None = None
+        #: What the current step's model requests were charged, all attempts included
+        #: (``send`` adds each up; compared by identity with ``EMPTY_USAGE``).
+        self.charged = EMPTY_USAGE
+        #: The text the model has streamed so far in the current request, in pieces.
+        self.streamed: list[str] = []
+        #: Where a streaming model hands its text (``streamed_text``; None: the model
+        #: does not stream, or its text is not the agent's, as a summary's is not).
+        self.sink: Callable[[str], None] | None = None
 
     @property
-    def usage(self) -> Usage: ...
+    def observed(self) -> bool:
+        """Whether anyone sees the execution's events: the runtime's subscribers (or
+        its log), or the watcher of a streamed ask above it."""
+        return self.bus.active or self.node.watch is not None
 
-    @property
-    def observed(self) -> bool: ...
+    def emit(self, kind: EventKind, /, **detail: Any) -> None:
+        """One event of the execution: to the runtime's subscribers when it has any,
+        and to the watcher of the streamed ask above it, if there is one."""
+        node = self.node
+        parent = node.parent
+        bus = self.bus
+        event = agent_event(
+            kind,
+            at=bus.now(),
+            agent=self.agent,
+            agent_id=self.agent_id,
+            execution_id=node.id,
+            parent_id=parent.id if parent is not None else "",
+            depth=node.depth,
+            detail=detail,
+        )
+        if bus.active:
+            bus.deliver(event)
+        watch = node.watch
+        if watch is not None:
+            watch(event)
 
-    def emit(self, kind: EventKind, **detail: Any) -> None: ...
+    def streamed_text(self, text: str) -> None:
+        """The sink of a streaming model: keep the piece (for a snapshot, and for the
+        trace if the request is cut) and show it to whoever watches."""
+        self.streamed.append(text)
+        if self.bus.active or self.node.watch is not None:
+            self.emit("text", text=text, step=len(self.steps))
 
-    def all_steps(self) -> list[StepRecord]: ...
+    def begin(self, input_messages: int) -> None:
+        """A step's model request is about to be sent, with ``input_messages``."""
+        self.step_began = time.perf_counter()
+        self.step_input = input_messages
+        self.step_asked = None
+        self.charged = EMPTY_USAGE
 
-    def answer(self, steps: Sequence[StepRecord] | None = None) -> str: ...
-
-    def _parent_link(self) -> str: ...
-
-    def _interrupted_step(self) -> StepRecord: ...
-
-    def _nodes(self) -> tuple[NodeSnapshot, ...]: ...
-
-
-class Recording:
-    """The records of an ``Execution`` (see the module)."""
-
-    __slots__ = ()
-    #: The trace, once built (see ``final_trace``): a slot of ``Execution``.
-    built: ExecutionTrace | None
-
-    def _record(
-        self: _Running,
+    def record(
+        self,
         input_messages: int,
         response: ModelResponse,
         usage: Usage,
@@ -176,6 +218,7 @@ class Recording:
         tools_seconds: float,
         error: str = "",
     ) -> StepRecord:
+        """Record the step in flight, which ended, and say so."""
         record = StepRecord(
             index=len(self.steps),
             input_messages=input_messages,
@@ -190,7 +233,7 @@ class Recording:
         )
         self.steps.append(record)
         self.step_began = 0.0
-        if self.observed:
+        if self.bus.active or self.node.watch is not None:
             self.emit(
                 "step_end",
                 step=record.index,
@@ -200,18 +243,17 @@ class Recording:
             )
         return record
 
-    def _record_failed_request(
-        self: _Running, input_messages: int, began: float, exc: Exception
-    ) -> None:
+    def record_failed_request(self, exc: Exception) -> None:
+        """Record the step in flight, whose model request failed with ``exc``."""
         self.steps.append(
             StepRecord(
                 index=len(self.steps),
-                input_messages=input_messages,
+                input_messages=self.step_input,
                 response_text="".join(self.streamed),  # what came before it failed
                 tool_calls=(),
                 outcomes=(),
                 usage=self.charged,
-                model_seconds=time.perf_counter() - began,
+                model_seconds=time.perf_counter() - self.step_began,
                 tools_seconds=0.0,
                 finish_reason="error",
                 error=exception_text(exc),
@@ -219,57 +261,15 @@ class Recording:
         )
         self.step_began = 0.0
 
-    def emit(self: _Running, kind: EventKind, **detail: Any) -> None:
-        """One event of this execution: to the runtime's subscribers when it has any,
-        and to the watcher of the streamed ask above it, if there is one."""
-        node = self.node
-        parent = node.parent
-        bus = self.context.runtime.event_bus
-        event = agent_event(
-            kind,
-            at=bus.now(),
-            agent=self.agent.name,
-            agent_id=self.agent_id,
-            execution_id=node.id,
-            parent_id=parent.id if parent is not None else "",
-            depth=node.depth,
-            detail=detail,
-        )
-        if bus.active:
-            bus.deliver(event)
-        watch = node.watch
-        if watch is not None:
-            watch(event)
-
-    def _emit_end(self: _Running) -> None:
-        """The events of the execution's end: how a limit or the deadline stopped it,
-        if one did, then its status."""
-        node = self.node
-        if self.status in ("budget_exceeded", "timed_out"):
-            kind: EventKind = "budget_exceeded" if self.status == "budget_exceeded" else "deadline"
-            self.emit(kind, reason=self.reason)
-        self.emit(
-            "execution_end",
-            status=self.status,
-            reason=self.reason,
-            steps=len(self.steps),
-            tokens=node.input_tokens + node.output_tokens,
-            answer=self.answer()[:200],  # the task's answer, as execution_start its task
-        )
-
-    def _stop(self: _Running, status: Status, reason: str) -> None:
-        self.status = status
-        self.reason = reason
-
-    def all_steps(self: _Running) -> list[StepRecord]:
+    def all_steps(self, reason: str, ended: float) -> list[StepRecord]:
         """The steps recorded, then the step that was in flight when the execution
-        stopped, if one was, marked as interrupted."""
+        stopped (``ended``, for ``reason``), if one was, marked as interrupted."""
         if not self.step_began:
             return self.steps
-        return [*self.steps, self._interrupted_step()]
+        return [*self.steps, self._interrupted_step(reason, ended)]
 
-    def _interrupted_step(self: _Running) -> StepRecord:
-        ended = self.ended or time.perf_counter()
+    def _interrupted_step(self, reason: str, ended: float) -> StepRecord:
+        ended = ended or time.perf_counter()
         asked = self.step_asked
         if asked is None:  # the model had not answered (or the budget was awaited)
             return StepRecord(
@@ -282,7 +282,7 @@ class Recording:
                 model_seconds=ended - self.step_began,
                 tools_seconds=0.0,
                 finish_reason="error",
-                error=f"interrupted before the model answered: {self.reason}",
+                error=f"interrupted before the model answered: {reason}",
                 interrupted=True,
             )
         response, usage, model_seconds, tools_began = asked
@@ -309,118 +309,23 @@ class Recording:
             model_seconds=model_seconds,
             tools_seconds=seconds,
             finish_reason=response.finish_reason,
-            error=f"interrupted while its tool calls ran: {self.reason}",
+            error=f"interrupted while its tool calls ran: {reason}",
             interrupted=True,
         )
 
-    def answer(self: _Running, steps: Sequence[StepRecord] | None = None) -> str:
-        """The final response: the model's, or one synthesized from ``steps`` (by
-        default ``all_steps()``)."""
-        if self.final_text and self.status == "completed":
-            return self.final_text
-        return synthesize(
-            self.status,
-            self.reason,
-            self.all_steps() if steps is None else steps,
-            self.last_text,
-            self.agent.subagents_by_name,
-        )
-
-    def result(self: _Running, text: str) -> Result:
-        return Result(
-            text=text,
-            status=self.status,
-            stop_reason=self.reason,
-            usage=self.usage,
-            agent_id=self.agent_id,
-            execution_id=self.execution_id,
-            steps=len(self.steps) + (1 if self.step_began else 0),
-            output=self.output if self.status == "completed" else None,
-        )
-
-    def progress(self: _Running, *, queued: int, turns: int) -> Progress:
-        """A snapshot of this execution as it runs (see ``AgentActor.control``)."""
-        node = self.node
+    def in_flight(self) -> tuple[ToolCall, ...] | None:
+        """The tool calls of the step in flight not answered yet, or None when no
+        step's tools are running (its model request is out, or no step is)."""
         asked = self.step_asked
-        phase: Literal["summary", "model", "tools"] = "model"
-        in_flight: tuple[ToolCall, ...] = ()
-        if self.fold is not None and self.summarization is None:
-            phase = "summary"  # its compaction's request is out
-        elif self.step_began and asked is not None:
-            phase = "tools"
-            calls = asked[0].tool_calls
-            done = self.step_outcomes
-            if done is None:  # the step's one tool call
-                in_flight = calls
-            else:
-                in_flight = tuple(
-                    [call for call, outcome in zip(calls, done, strict=True) if outcome is NOT_RUN]
-                )
-        return Progress(
-            agent_id=self.agent_id,
-            running=True,
-            execution_id=self.execution_id,
-            task=self.task,
-            attempt=self.attempt,
-            steps=tuple(self.steps),
-            phase=phase,
-            in_flight=in_flight,
-            streamed="".join(self.streamed) if phase == "model" else "",
-            usage=node.usage(),
-            seconds=time.perf_counter() - self.started,
-            queued=queued,
-            conversation_turns=turns,
-            nodes=self._nodes() if node.status == "running" else (),
+        if not self.step_began or asked is None:
+            return None
+        calls = asked[0].tool_calls
+        done = self.step_outcomes
+        if done is None:  # the step's one tool call
+            return calls
+        return tuple(
+            [call for call, outcome in zip(calls, done, strict=True) if outcome is NOT_RUN]
         )
-
-    def _nodes(self: _Running) -> tuple[NodeSnapshot, ...]:
-        """This execution's node and its subtree's, as the supervisor sees them now."""
-        supervisor = self.supervisor
-        nodes: list[NodeSnapshot] = []
-        supervisor.snapshot_nodes(nodes, self.node, supervisor.now())
-        return (*nodes, *supervisor.subtree(self.node))
-
-    def final_trace(self: _Running) -> ExecutionTrace:
-        """The trace of this ended execution, with its final response (built once;
-        its links again if an attempt of its parent has been renamed meanwhile)."""
-        built = self.built
-        parent_id = self._parent_link()
-        attempt_of = "" if self.execution_id == self.node.id else self.node.id
-        if built is None:
-            steps = self.all_steps()
-            built = self.built = ExecutionTrace(
-                execution_id=self.execution_id,
-                agent_id=self.agent_id,
-                task=self.task,
-                steps=tuple(steps),
-                status=self.status,
-                stop_reason=self.reason,
-                final_text=self.answer(steps),
-                usage=self.usage,
-                seconds=(self.ended or time.perf_counter()) - self.started,
-                parent_id=parent_id,
-                agent_name=self.agent.name,
-                attempt=self.attempt,
-                attempt_of=attempt_of,
-                summarization=self.summarization,
-                digest=self.digested,
-                resumed=self.resumed,
-            )
-        elif built.parent_id != parent_id or built.execution_id != self.execution_id:
-            built = self.built = msgspec.structs.replace(
-                built, parent_id=parent_id, execution_id=self.execution_id, attempt_of=attempt_of
-            )
-        return built
-
-    def _parent_link(self: _Running) -> str:
-        """The execution that delegated this one: its parent node's, or when that
-        node's task was attempted again since, the attempt that delegated it."""
-        parent = self.node.parent
-        if parent is None or parent.parent is None:
-            return ""
-        if self.parent_attempt == parent.attempt:
-            return parent.id
-        return f"{parent.id}~{self.parent_attempt}"
 
 
 def interrupted_call(call: ToolCall, seconds: float) -> ToolOutcome:

@@ -18,26 +18,31 @@ from fractor.runtime import InvalidUsage, Reservation, Usage
 
 from ._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
 from ._policy import is_retryable, retry_after
+from ._recording import EMPTY_USAGE, Recorder
 
 if TYPE_CHECKING:
-    from ._execution import Execution
     from ._models import Model, Send, StreamingModel
+    from ._policy import RetryPolicy
 
 __all__ = ["EMPTY_USAGE", "admitting", "ascii_arguments", "safe_response", "send"]
 
-#: What a step's requests were charged before its first one (compared by identity).
-EMPTY_USAGE = Usage()
 #: Characters per output token, for the estimate of a stream that was cut.
 _CHARS_PER_TOKEN = 4
 
 
 async def send(
-    execution: Execution, model: Model, request: ModelRequest, *, once: bool = False
+    recorder: Recorder,
+    model: Model,
+    request: ModelRequest,
+    retry: RetryPolicy,
+    *,
+    once: bool = False,
 ) -> ModelResponse:
-    """One model request under the budget: reserve (waiting for headroom if others
-    hold it), send, settle; with the agent's retries.
+    """One model request of an execution (whose ``recorder`` knows its node and
+    keeps its step in flight) under the budget: reserve (waiting for headroom if
+    others hold it), send, settle; with the agent's ``retry`` policy.
 
-    Every attempt is charged (``execution.charged`` adds them up): a failed one what
+    Every attempt is charged (``recorder.charged`` adds them up): a failed one what
     the error reported or its input estimate, a cancelled one its input estimate.
     A reply cut at a cap that the budget's sharing set (not the request's own) is
     asked again with room for at least twice as much, waiting for it if needed;
@@ -47,9 +52,8 @@ async def send(
     with room for itself and the step it is done for): no retry and no second ask;
     its error, or its reply as it came, is the caller's to take.
     """
-    agent = execution.agent
-    supervisor = execution.supervisor
-    node = execution.node
+    supervisor = recorder.supervisor
+    node = recorder.node
     wanted = request.max_tokens
     # The input estimate is the budget's pre-check: with no budget on the chain it is
     # made only if the request fails (what it is charged then), never per request (it
@@ -68,68 +72,68 @@ async def send(
                 node, input_estimate=estimate, max_tokens=wanted, model=name, at_least=at_least
             )
         except anyio.WouldBlock:
-            reservation = await _wait_for_budget(execution, estimate, wanted, name, at_least)
+            reservation = await _wait_for_budget(recorder, estimate, wanted, name, at_least)
         sent = request
         if reservation.max_tokens != wanted:
             sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
         error: Exception
-        sink = execution.sink
-        observed = execution.observed
+        sink = recorder.sink
+        observed = recorder.observed
         if observed:
             # An observer recording contents gets the messages (a reference: no copy).
-            contents = {"messages": request.messages} if execution.bus.contents else {}
-            execution.emit(
+            contents = {"messages": request.messages} if recorder.bus.contents else {}
+            recorder.emit(
                 "request_start",
-                step=len(execution.steps),
+                step=len(recorder.steps),
                 attempt=attempt + 1,
                 model=name,
                 purpose=request.purpose,
                 **contents,
             )
         # A model built on another, inside this call, has its requests admitted.
-        call = _Call(execution, reservation)
+        call = _Call(recorder, reservation)
         try:
             calling = _CALL.set(call)
             try:
                 if sink is None:
                     response = await model.request(sent)
                 else:
-                    execution.streamed.clear()  # each attempt streams from its start
+                    recorder.streamed.clear()  # each attempt streams from its start
                     response = await cast("StreamingModel", model).stream(sent, sink)
             finally:
                 _CALL.reset(calling)
         except Exception as exc:
             reported = _reported(exc) or call.used
-            _charge(execution, reservation, reported, name, lazy)
+            _charge(recorder, reservation, reported, name, lazy)
             error = exc
             if observed:
-                _request_end(execution, name, reported, error=exception_text(exc))
+                _request_end(recorder, name, reported, error=exception_text(exc))
         except BaseException:
             # Cut off (a deadline, a stop): what it read was spent, and what it streamed.
-            spent = _cut(execution, reservation, lazy) or call.used
-            _charge(execution, reservation, spent, name, lazy)
+            spent = _cut(recorder, reservation, lazy) or call.used
+            _charge(recorder, reservation, spent, name, lazy)
             if observed:
-                _request_end(execution, name, None, error="cut off before the model answered")
+                _request_end(recorder, name, None, error="cut off before the model answered")
             raise
         else:
             if observed:
-                _request_end(execution, name, response.usage, response=response)
+                _request_end(recorder, name, response.usage, response=response)
             try:
                 charged = supervisor.settle(
                     node, reservation, response.usage, model=name, estimate=lazy
                 )
             except InvalidUsage as exc:
                 error = exc
-                execution.charged = execution.charged + exc.charged
+                recorder.charged = recorder.charged + exc.charged
             else:
-                spent = execution.charged
-                execution.charged = charged if spent is EMPTY_USAGE else spent + charged
+                spent = recorder.charged
+                recorder.charged = charged if spent is EMPTY_USAGE else spent + charged
                 if once or response.finish_reason != "length" or reservation.limited_by is None:
                     return response
                 # Cut by the budget's sharing, not by its own cap: ask again.
                 at_least = min(reservation.wanted, 2 * reservation.output)
-                if execution.observed:
-                    execution.emit(
+                if recorder.observed:
+                    recorder.emit(
                         "retry",
                         attempt=attempt + 1,
                         error=f"reply cut at {reservation.output} tokens by the budget "
@@ -139,21 +143,21 @@ async def send(
                     )
                 continue
         attempt += 1
-        if once or attempt > agent.retry.retries or not is_retryable(error):
+        if once or attempt > retry.retries or not is_retryable(error):
             raise error
         asked = retry_after(error)
-        delay = agent.retry.delay(attempt, at_least=asked)
+        delay = retry.delay(attempt, at_least=asked)
         if supervisor.now() + delay >= node.deadline:
             # No sleep that the deadline would cut: the execution times out now.
-            _no_time_to_retry(execution, delay, asked)
+            _no_time_to_retry(recorder, delay, asked)
             raise error
-        if execution.observed:
-            execution.emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
+        if recorder.observed:
+            recorder.emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
         await anyio.sleep(delay)
 
 
 def _request_end(
-    execution: Execution,
+    recorder: Recorder,
     model: str,
     usage: Usage | None,
     *,
@@ -164,7 +168,7 @@ def _request_end(
     tool calls it asked for, by id and name), or its error; the response itself for
     an observer that records contents."""
     if response is None:
-        execution.emit(
+        recorder.emit(
             "request_end",
             model=model,
             input_tokens=usage.input_tokens if usage is not None else 0,
@@ -173,7 +177,7 @@ def _request_end(
             error=error[:300],
         )
         return
-    execution.emit(
+    recorder.emit(
         "request_end",
         model=model,
         response_model=response.model,
@@ -181,12 +185,12 @@ def _request_end(
         output_tokens=response.usage.output_tokens,
         finish_reason=response.finish_reason,
         tool_calls=[[call.id, call.name] for call in response.tool_calls],
-        **({"response": response} if execution.bus.contents else {}),
+        **({"response": response} if recorder.bus.contents else {}),
     )
 
 
 def _charge(
-    execution: Execution,
+    recorder: Recorder,
     reservation: Reservation,
     usage: Usage | None,
     model: str,
@@ -195,12 +199,12 @@ def _charge(
     """Settle a request that failed or was cut off: what its error reported (if
     that cannot be true, the whole reservation), or its input estimate."""
     try:
-        charged = execution.supervisor.settle(
-            execution.node, reservation, usage, model=model, estimate=estimate
+        charged = recorder.supervisor.settle(
+            recorder.node, reservation, usage, model=model, estimate=estimate
         )
     except InvalidUsage as exc:  # the request failed already: that error stands
         charged = exc.charged
-    execution.charged = execution.charged + charged
+    recorder.charged = recorder.charged + charged
 
 
 class _Call:
@@ -208,10 +212,10 @@ class _Call:
     another that sends requests of its own inside it (a ``ReActModel`` a user's model
     calls directly) has each one after the first admitted before it is sent."""
 
-    __slots__ = ("execution", "reservation", "sent", "used")
+    __slots__ = ("recorder", "reservation", "sent", "used")
 
-    def __init__(self, execution: Execution, reservation: Reservation) -> None:
-        self.execution = execution
+    def __init__(self, recorder: Recorder, reservation: Reservation) -> None:
+        self.recorder = recorder
         self.reservation = reservation
         #: Requests sent through ``send`` so far: the first is the reservation's own.
         self.sent = 0
@@ -220,8 +224,8 @@ class _Call:
 
     async def send(self, model: Model, request: ModelRequest) -> ModelResponse:
         if self.sent:  # one more request: a counter, checked and charged at once
-            execution = self.execution  # (waits only while leased elsewhere)
-            await execution.supervisor.charge_waiting(execution.node, requests=1)
+            recorder = self.recorder  # (waits only while leased elsewhere)
+            await recorder.supervisor.charge_waiting(recorder.node, requests=1)
             self.reservation.requests += 1
         self.sent += 1
         response = await model.request(request)
@@ -250,11 +254,11 @@ def admitting(model: Model) -> Send:
     return functools.partial(call.send, model)
 
 
-def _no_time_to_retry(execution: Execution, delay: float, asked: float) -> None:
+def _no_time_to_retry(recorder: Recorder, delay: float, asked: float) -> None:
     """The retry of a failed request would come after the execution's deadline:
     stop its node ``timed_out`` now, saying why (the request's error ends the step,
     and the execution reads its status from the node)."""
-    node = execution.node
+    node = recorder.node
     owner = node.deadline_owner or node
     seconds = owner.limits.seconds if owner.limits is not None else None
     shown = f"{seconds:g} s " if seconds is not None else ""
@@ -263,20 +267,20 @@ def _no_time_to_retry(execution: Execution, delay: float, asked: float) -> None:
         f"deadline of {shown}would pass before the retry of a failed model request "
         f"({delay:.3g} s away: {why}; budget of {owner.name} {owner.id!r})"
     )
-    execution.supervisor.stop_subtree(node, "timed_out", reason, cancel=False)
+    recorder.supervisor.stop_subtree(node, "timed_out", reason, cancel=False)
 
 
 async def _wait_for_budget(
-    execution: Execution, estimate: int, max_tokens: int | None, model: str, at_least: int | None
+    recorder: Recorder, estimate: int, max_tokens: int | None, model: str, at_least: int | None
 ) -> Reservation:
     """Wait for headroom that requests in flight hold; visible as events, in the
     tree (the node's ``waiting``) and in the runtime's statistics."""
-    observed = execution.observed
+    observed = recorder.observed
     began = time.perf_counter()
-    on_wait = (lambda why: execution.emit("budget_wait", reason=why)) if observed else None
+    on_wait = (lambda why: recorder.emit("budget_wait", reason=why)) if observed else None
     try:
-        return await execution.supervisor.reserve(
-            execution.node,
+        return await recorder.supervisor.reserve(
+            recorder.node,
             input_estimate=estimate,
             max_tokens=max_tokens,
             model=model,
@@ -285,7 +289,7 @@ async def _wait_for_budget(
         )
     finally:
         if observed:
-            execution.emit("budget_resume", seconds=time.perf_counter() - began)
+            recorder.emit("budget_resume", seconds=time.perf_counter() - began)
 
 
 def ascii_arguments(calls: tuple[ToolCall, ...]) -> bool:
@@ -304,12 +308,12 @@ def safe_response(response: ModelResponse) -> ModelResponse:
 
 
 def _cut(
-    execution: Execution, reservation: Reservation, estimate: Callable[[], int] | None
+    recorder: Recorder, reservation: Reservation, estimate: Callable[[], int] | None
 ) -> Usage | None:
     """What a request cut off mid-stream spent: its input estimate and an estimate
     of the text received (within the request's output cap); ``None`` (the input
     estimate) when nothing was streamed."""
-    streamed = execution.streamed
+    streamed = recorder.streamed
     if not streamed:
         return None
     read = reservation.input or (estimate() if estimate is not None else 0)
