@@ -253,7 +253,7 @@ class ToolRunner:
                     approval="denied: not available on another host",
                 )
         request, pending = approvals.open(
-            self.node, recorder.agent, recorder.agent_id, call, recorder.bus.now()
+            self.node, recorder.agent_name, recorder.agent_id, call, recorder.bus.now()
         )
         if forwarder is not None:
             forwarder.ask(request)

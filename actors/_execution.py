@@ -423,7 +423,8 @@ class Execution:
                 history = await summarizer.run(
                     recorder, self.history, self.buffer, self.agent.specs, retry
                 )
-                self.history = self.history if history is None else history
+                if history is not None:  # compacted: the summary replaces the old turns
+                    self.history = history
             context = self._context()
             while True:
                 if not supervisor.try_charge(node, steps=1):  # leased elsewhere: wait

@@ -123,8 +123,8 @@ class Recorder:
     """
 
     __slots__ = (
-        "agent",
         "agent_id",
+        "agent_name",
         "bus",
         "charged",
         "node",
@@ -139,10 +139,10 @@ class Recorder:
     )
 
     def __init__(
-        self, agent: str, agent_id: str, node: Node, supervisor: Supervisor, bus: EventBus
+        self, agent_name: str, agent_id: str, node: Node, supervisor: Supervisor, bus: EventBus
     ) -> None:
         #: The agent's name and the actor's id, as every event says them.
-        self.agent = agent
+        self.agent_name = agent_name
         self.agent_id = agent_id
         self.node = node
         self.supervisor = supervisor
@@ -181,7 +181,7 @@ class Recorder:
         event = agent_event(
             kind,
             at=bus.now(),
-            agent=self.agent,
+            agent=self.agent_name,
             agent_id=self.agent_id,
             execution_id=node.id,
             parent_id=parent.id if parent is not None else "",
