@@ -17,6 +17,27 @@ from ._agent_ref import GetTrace as GetTrace
 from ._approval import ApprovalError as ApprovalError
 from ._approval import ApprovalPolicy as ApprovalPolicy
 from ._approval import ApprovalRequest as ApprovalRequest
+from ._events import ApprovalAsked as ApprovalAsked
+from ._events import ApprovalDecision as ApprovalDecision
+from ._events import BudgetResume as BudgetResume
+from ._events import BudgetWait as BudgetWait
+from ._events import CompactionEnd as CompactionEnd
+from ._events import DeadlineReached as DeadlineReached
+from ._events import ExecutionEnd as ExecutionEnd
+from ._events import ExecutionStart as ExecutionStart
+from ._events import LimitReached as LimitReached
+from ._events import ModelText as ModelText
+from ._events import Refused as Refused
+from ._events import RequestEnd as RequestEnd
+from ._events import RequestStart as RequestStart
+from ._events import Restart as Restart
+from ._events import Retry as Retry
+from ._events import Spawn as Spawn
+from ._events import StepEnd as StepEnd
+from ._events import StepStart as StepStart
+from ._events import ToolEnd as ToolEnd
+from ._events import ToolProgress as ToolProgress
+from ._events import ToolStart as ToolStart
 from ._execution import StopCondition as StopCondition
 from ._fakes import CycleModel as CycleModel
 from ._fakes import FunctionModel as FunctionModel
@@ -76,6 +97,7 @@ from ._streaming import SubagentFinished as SubagentFinished
 from ._streaming import SubagentStarted as SubagentStarted
 from ._streaming import TextDelta as TextDelta
 from ._streaming import ToolCallFinished as ToolCallFinished
+from ._streaming import ToolCallProgress as ToolCallProgress
 from ._streaming import ToolCallStarted as ToolCallStarted
 from ._toolbox import Toolbox as Toolbox
 from ._toolbox import Toolset as Toolset
@@ -110,21 +132,29 @@ __all__ = [
     "AgentState",
     "AgentStream",
     "AnthropicModel",
+    "ApprovalAsked",
     "ApprovalDecided",
+    "ApprovalDecision",
     "ApprovalError",
     "ApprovalPolicy",
     "ApprovalRequest",
     "ApprovalRequested",
     "AssistantMessage",
+    "BudgetResume",
     "BudgetResumed",
+    "BudgetWait",
     "BudgetWaiting",
     "ChildReply",
     "Compacted",
     "Compaction",
+    "CompactionEnd",
     "Conversation",
     "CycleModel",
+    "DeadlineReached",
     "Decide",
     "DigestMessage",
+    "ExecutionEnd",
+    "ExecutionStart",
     "ExecutionTrace",
     "FinishReason",
     "FunctionModel",
@@ -133,12 +163,14 @@ __all__ = [
     "GetProgress",
     "GetTrace",
     "HostUnavailable",
+    "LimitReached",
     "LocalHosts",
     "MalformedAction",
     "Message",
     "Model",
     "ModelRequest",
     "ModelResponse",
+    "ModelText",
     "OpenAIModel",
     "OutputMode",
     "OutputSchema",
@@ -147,17 +179,25 @@ __all__ = [
     "Progress",
     "ProviderError",
     "ReActModel",
+    "Refused",
     "RemoteHosts",
+    "RequestEnd",
+    "RequestStart",
+    "Restart",
     "RestartPolicy",
     "Restarted",
     "Result",
+    "Retry",
     "RetryPolicy",
     "Retrying",
     "ScriptExhausted",
     "ScriptedModel",
     "Sink",
+    "Spawn",
     "Status",
+    "StepEnd",
     "StepRecord",
+    "StepStart",
     "StopCondition",
     "Stopped",
     "StreamEvent",
@@ -172,11 +212,15 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolCallFinished",
+    "ToolCallProgress",
     "ToolCallStarted",
     "ToolDefinitionError",
+    "ToolEnd",
     "ToolOutcome",
+    "ToolProgress",
     "ToolResultMessage",
     "ToolSpec",
+    "ToolStart",
     "Toolbox",
     "Toolset",
     "Usage",

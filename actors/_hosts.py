@@ -298,7 +298,7 @@ class RemoteHosts:
         replace = msgspec.structs.replace
         watched = self._watched
         for event in message.events:
-            event = replace(event, at=now, detail={**event.detail, "host": link.name})
+            event = replace(event, at=now, detail=replace(event.detail, host=link.name))
             if bus.active:
                 bus.publish(event)
             if not watched:

@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import msgspec
 
-from fractor.runtime import Budget, BudgetExceeded, Event, Node, NodeSnapshot, Usage
+from fractor.runtime import Budget, BudgetExceeded, Node, NodeSnapshot, Usage
 from fractor.runtime.lowlevel import Refusal, Tally, Want, new_waiter, park, wake
 
 from ._approval import ApprovalRequest, approvals_of
+from ._events import WireEvent
 from ._messages import ExecutionTrace, Result
 from ._placing import HostUnavailable
 
@@ -164,7 +165,7 @@ class Done(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 class Events(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Up: events of the host's subtrees whose trees observe theirs, in order."""
 
-    events: tuple[Event, ...]
+    events: tuple[WireEvent, ...]  # each detail decoded as its kind's class
     run: int = 0
 
 

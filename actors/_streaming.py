@@ -13,8 +13,9 @@
     print(run.result.status)
 
 The stream yields typed events (frozen Structs, a tagged union on ``kind``):
-``TextDelta`` (the model's text as it is generated), ``ToolCallStarted`` and
-``ToolCallFinished``, ``SubagentStarted`` and ``SubagentFinished``, ``BudgetWaiting``
+``TextDelta`` (the model's text as it is generated), ``ToolCallStarted``,
+``ToolCallProgress`` (what a running tool reports of its progress: an MCP server's)
+and ``ToolCallFinished``, ``SubagentStarted`` and ``SubagentFinished``, ``BudgetWaiting``
 and ``BudgetResumed``, ``Retrying`` (text after it starts over), ``Restarted`` (a
 failed execution runs again), ``Compacted`` (old turns folded into the summary
 first), ``Stopped`` (a budget limit or the deadline), and ``ApprovalRequested`` /
@@ -58,8 +59,31 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 import anyio
 import msgspec
 
-from fractor.runtime import Event, Usage
+from fractor.runtime import ActorStop, Event, EventDetail, Usage
 
+from ._events import (
+    ApprovalAsked,
+    ApprovalDecision,
+    BudgetResume,
+    BudgetWait,
+    CompactionEnd,
+    DeadlineReached,
+    ExecutionEnd,
+    ExecutionStart,
+    LimitReached,
+    ModelText,
+    Refused,
+    RequestEnd,
+    RequestStart,
+    Restart,
+    Retry,
+    Spawn,
+    StepEnd,
+    StepStart,
+    ToolEnd,
+    ToolProgress,
+    ToolStart,
+)
 from ._messages import Result, Status, Task
 
 if TYPE_CHECKING:
@@ -80,6 +104,7 @@ __all__ = [
     "SubagentStarted",
     "TextDelta",
     "ToolCallFinished",
+    "ToolCallProgress",
     "ToolCallStarted",
     "withdrawn",
 ]
@@ -113,6 +138,17 @@ class ToolCallStarted(_Base, frozen=True, kw_only=True, tag="tool_start"):
     call_id: str
     #: The call's JSON arguments (the first 200 characters).
     arguments: str = ""
+
+
+class ToolCallProgress(_Base, frozen=True, kw_only=True, tag="tool_progress"):
+    """What a running tool reported of its progress (an MCP server's progress
+    notifications): ``progress`` out of ``total`` (None: not known), and a message."""
+
+    tool: str
+    call_id: str
+    progress: float
+    total: float | None = None
+    message: str = ""
 
 
 class ToolCallFinished(_Base, frozen=True, kw_only=True, tag="tool_end"):
@@ -207,6 +243,7 @@ StreamEvent: TypeAlias = (
     | ApprovalRequested
     | TextDelta
     | ToolCallStarted
+    | ToolCallProgress
     | ToolCallFinished
     | SubagentStarted
     | SubagentFinished
@@ -345,9 +382,8 @@ class AgentStream:
     # -- what the execution's tree reports, in the actors' tasks: never waits ---------
 
     def _watch(self, event: Event) -> None:
-        kind = event.kind
         if not self._root:
-            if kind != "execution_start":
+            if type(event.detail) is not ExecutionStart:
                 return
             self._root, self._root_depth = event.execution_id, event.depth
             if self._closed:  # left once its agent took it, before it began: stop it now
@@ -383,27 +419,27 @@ class AgentStream:
 
     def _convert(self, event: Event) -> StreamEvent | None:
         """The stream's event for ``event`` (None: not one the stream shows)."""
-        kind = event.kind
+        detail = event.detail
+        cls = type(detail)
         below = event.depth - self._root_depth  # 0: the execution asked
-        if below and not self._subagents and kind not in _SUBAGENT_EDGES:
+        if below and not self._subagents and cls not in _SUBAGENT_EDGES:
             return None
-        shown = _SHOWN.get(kind)
+        shown = SHOWN.get(cls)
         if shown is None:
-            return None
+            return None  # one of IGNORED
         kind_of, names = shown
         if kind_of is None:  # the start or end of an execution: a subagent's only
             if not below:
                 return None
-            kind_of = SubagentStarted if kind == "execution_start" else SubagentFinished
-        detail = event.detail
-        fields = {name: detail[name] for name in names if name in detail}
+            kind_of = SubagentStarted if cls is ExecutionStart else SubagentFinished
+        fields = {name: getattr(detail, name) for name in names}
         fields.update(
             agent=event.agent, execution_id=event.execution_id, depth=event.depth, at=event.at
         )
         if kind_of is SubagentStarted:
             fields["parent_id"] = event.parent_id
         elif kind_of is Stopped:
-            fields["status"] = "budget_exceeded" if kind == "budget_exceeded" else "timed_out"
+            fields["status"] = "budget_exceeded" if cls is LimitReached else "timed_out"
         return msgspec.convert(fields, kind_of)
 
     def _answered(self, reply: PendingReply) -> None:
@@ -456,28 +492,36 @@ def withdrawn(agent_id: str) -> Result:
 
 #: The events of a subagent that a stream shows without ``subagents=True``: its start
 #: and end, and the approvals it waits for (someone must answer them).
-_SUBAGENT_EDGES = frozenset(
-    {"execution_start", "execution_end", "approval_request", "approval_decision"}
+_SUBAGENT_EDGES: frozenset[type[EventDetail]] = frozenset(
+    {ExecutionStart, ExecutionEnd, ApprovalAsked, ApprovalDecision}
 )
 
-#: For each kind of runtime event a stream shows: its type here (None: a subagent's
-#: start or end) and the details it keeps.
-_SHOWN: dict[str, tuple[type[StreamEvent] | None, tuple[str, ...]]] = {
-    "text": (TextDelta, ("text", "step")),
-    "tool_start": (ToolCallStarted, ("tool", "call_id", "arguments")),
-    "tool_end": (ToolCallFinished, ("tool", "call_id", "is_error", "result", "seconds")),
-    "execution_start": (None, ("task",)),
-    "execution_end": (None, ("status", "reason")),
-    "budget_wait": (BudgetWaiting, ("reason",)),
-    "budget_resume": (BudgetResumed, ("seconds",)),
-    "retry": (Retrying, ("attempt", "error", "delay")),
-    "restart": (Restarted, ("restarts", "reason", "digest")),
-    "compaction": (Compacted, ("ok", "turns", "covered", "error")),
-    "budget_exceeded": (Stopped, ("reason",)),
-    "deadline": (Stopped, ("reason",)),
-    "approval_request": (ApprovalRequested, ("id", "tool", "call_id", "arguments", "path")),
-    "approval_decision": (
+#: For each kind of runtime event a stream shows (its detail's class): its type here
+#: (None: a subagent's start or end) and the details it keeps.
+SHOWN: dict[type[EventDetail], tuple[type[StreamEvent] | None, tuple[str, ...]]] = {
+    ModelText: (TextDelta, ("text", "step")),
+    ToolStart: (ToolCallStarted, ("tool", "call_id", "arguments")),
+    ToolProgress: (ToolCallProgress, ("tool", "call_id", "progress", "total", "message")),
+    ToolEnd: (ToolCallFinished, ("tool", "call_id", "is_error", "result", "seconds")),
+    ExecutionStart: (None, ("task",)),
+    ExecutionEnd: (None, ("status", "reason")),
+    BudgetWait: (BudgetWaiting, ("reason",)),
+    BudgetResume: (BudgetResumed, ("seconds",)),
+    Retry: (Retrying, ("attempt", "error", "delay")),
+    Restart: (Restarted, ("restarts", "reason", "digest")),
+    CompactionEnd: (Compacted, ("ok", "turns", "covered", "error")),
+    LimitReached: (Stopped, ("reason",)),
+    DeadlineReached: (Stopped, ("reason",)),
+    ApprovalAsked: (ApprovalRequested, ("id", "tool", "call_id", "arguments", "path")),
+    ApprovalDecision: (
         ApprovalDecided,
         ("id", "tool", "call_id", "approved", "reason", "waited"),
     ),
 }
+
+#: The kinds a stream does not show, on purpose: the tree's structure and the model's
+#: requests (a subagent shows as its start and end), a refusal (the ask answers it),
+#: an actor's stop.
+IGNORED: frozenset[type[EventDetail]] = frozenset(
+    {StepStart, StepEnd, RequestStart, RequestEnd, Spawn, Refused, ActorStop}
+)

@@ -16,8 +16,10 @@ from ._codec import decode_json as decode_json
 from ._codec import decode_msgpack as decode_msgpack
 from ._codec import encode_json as encode_json
 from ._codec import encode_msgpack as encode_msgpack
+from ._events import ActorStop as ActorStop
 from ._events import Event as Event
 from ._events import EventBus as EventBus
+from ._events import EventDetail as EventDetail
 from ._events import EventKind as EventKind
 from ._events import Subscription as Subscription
 from ._exceptions import ActorError as ActorError
@@ -53,6 +55,7 @@ __all__ = [
     "ActorContext",
     "ActorError",
     "ActorRef",
+    "ActorStop",
     "ActorStopped",
     "AskTimeout",
     "Budget",
@@ -62,6 +65,7 @@ __all__ = [
     "Envelope",
     "Event",
     "EventBus",
+    "EventDetail",
     "EventKind",
     "FailurePolicy",
     "FractorError",

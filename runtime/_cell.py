@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from anyio import TaskHandle
 
 from ._actor import Actor, ActorContext
+from ._events import ActorStop
 from ._exceptions import RuntimeClosed, UnknownMessage
 from ._mailbox import Mailbox
 from ._ref import ActorRef, PendingReply
@@ -258,12 +259,11 @@ class Cell:
         bus = self.runtime.event_bus
         if bus.active:
             bus.emit(
-                "stop",
+                ActorStop(reason=reason),
                 agent=self.name,
                 agent_id=self.id,
                 parent_id=self.parent_id or "",
                 depth=self.depth,
-                reason=reason,
             )
         if self._finished is not None:
             self._finished.set()

@@ -1,16 +1,31 @@
 """Events: what happens in the tree, for observers and for the logs.
 
-Every event is a frozen ``Event`` Struct naming its kind, the node (execution) and
-agent it is about, and a few details. Two ways to see them, both off by default so
-that an unobserved runtime pays one attribute check per event site:
+Every event is a frozen ``Event`` Struct: the envelope (when, which agent and node)
+around a typed ``detail``, one frozen Struct per kind of event (``EventDetail``'s
+subclasses, a tagged union on ``kind``). A kind is defined once, as its class: the
+kernel defines the envelope, the base of every detail and the kinds it emits itself
+(``ActorStop``); the agent layer defines its own (``fractor.actors``: ``ToolStart``,
+``StepEnd``, ...). The kernel knows no agent kind: what it needs to know of one is a
+property of its class (``EventDetail.asks``). ``event.kind`` is the kind's name
+(``"tool_start"``); observers dispatch on the detail's class::
+
+    match event.detail:
+        case ToolStart(tool=tool, arguments=arguments): ...
+
+(``event.detail["tool"]`` and ``event.detail.get("tool")`` read a field by its name
+too, as the details' dicts did before they were typed.)
+
+Two ways to see them, both off by default so that an unobserved runtime pays one
+attribute check per event site:
 
 - ``async with rt.events() as events: async for event in events: ...`` subscribes.
   Each subscriber has its own bounded buffer: a slow observer never stalls the
   agents. When its buffer is full, new events are **dropped for that subscriber
   only** and counted in ``Subscription.missed``; the next event it does receive
   carries the running count in ``Event.missed`` so a gap is never silent. An event
-  that asks something of its observer (``ASKING``: a tool call waiting for a
-  person's decision) is never dropped: it waits past the buffer, in order.
+  that asks something of its observer (``Event.asks``: its class says so; a tool
+  call waiting for a person's decision) is never dropped: it waits past the buffer,
+  in order.
 - ``Runtime(log_events=True)`` also writes every event through structlog (logger
   ``fractor.events``) at info level, with ``agent_id``, ``parent_id``, ``depth`` and
   ``execution_id`` as keys.
@@ -29,9 +44,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Set
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeAlias
 
 import anyio
 import msgspec
@@ -40,46 +55,215 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ._waiter import clock
 
-__all__ = ["ASKING", "Event", "EventBus", "EventKind", "Subscription"]
-
-EventKind = Literal[
-    "spawn",
-    "execution_start",
-    "step_start",
-    "step_end",
-    "text",
-    "tool_start",
-    "tool_progress",
-    "tool_end",
-    "retry",
-    "restart",
-    "compaction",
-    "budget_wait",
-    "budget_resume",
-    "budget_exceeded",
-    "deadline",
-    "approval_request",
-    "approval_decision",
-    "refused",
-    "request_start",
-    "request_end",
-    "execution_end",
-    "stop",
+__all__ = [
+    "ASKING",
+    "ActorStop",
+    "Event",
+    "EventBus",
+    "EventDetail",
+    "EventKind",
+    "Subscription",
+    "detail_class",
+    "detail_classes",
+    "make_detail",
 ]
 
-#: The kinds of events that ask something of whoever watches the tree: someone must
-#: answer them (a tool call waits for a person's decision) or the tree waits
-#: forever. Every overflow policy reads this: such an event is never dropped,
-#: however far behind its observer is (``Event.asks``).
-ASKING: frozenset[EventKind] = frozenset({"approval_request"})
+#: The name of a kind of event (``"tool_start"``): the tag of its detail's class
+#: (``EventDetail.kind``), a ``str``. Once a ``Literal`` listing every kind, agent
+#: kinds included; now any kind a detail class defines (``detail_classes()``).
+EventKind: TypeAlias = Annotated[str, "the name of a kind of event"]
 
 log = structlog.get_logger("fractor.events")
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True):
-    """One thing that happened in the tree."""
+class _KindOf:
+    """``EventDetail.kind``: the class's tag, read once per class, then a plain class
+    attribute (msgspec sets a class's tag after its ``__init_subclass__`` runs)."""
 
-    kind: EventKind
+    def __get__(self, detail: object, owner: type[EventDetail]) -> str:
+        tag = owner.__struct_config__.tag
+        kind = tag if isinstance(tag, str) else ""
+        if owner is not EventDetail:
+            owner.kind = kind  # cached: the descriptor steps aside
+        return kind
+
+
+class EventDetail(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    tag_field="kind",
+    omit_defaults=True,
+    repr_omit_defaults=True,
+):
+    """The base of every event's detail: one subclass per kind of event, tagged with
+    the kind's name (``class ToolStart(EventDetail, tag="tool_start")``), its fields
+    typed. A subclass is its kind's one definition: the bus builds it from the kind's
+    name (``EventBus.emit``), the wire decodes it, every observer dispatches on it.
+
+    Fields are also read by name, as a mapping's (``detail["tool"]``,
+    ``detail.get("tool")``, ``"tool" in detail``, ``dict(detail)``), for code written
+    when details were dicts."""
+
+    if TYPE_CHECKING:
+        #: The kind's name, ``"tool_start"``: the class's tag.
+        kind: ClassVar[str]
+    else:
+        kind = _KindOf()
+    #: Whether an event of this kind asks something of its observer, which someone
+    #: must answer or the tree waits forever (a tool call waiting for a person's
+    #: decision): every overflow policy reads it, and never drops such an event.
+    asks: ClassVar[bool] = False
+
+    #: The host the event happened on, when it came from one ("": here).
+    host: str = ""
+
+    @staticmethod
+    def of(kind: str, fields: dict[str, Any]) -> EventDetail:
+        """The detail of an event of kind ``kind`` with ``fields``, its class found
+        among those defined (``ValueError`` for a kind none defines, ``TypeError``
+        for a field its class lacks or a required one missing)."""
+        return make_detail(kind, fields)
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.__struct_fields__:
+            return getattr(self, name)
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The field ``name``, or ``default`` if this kind has none of that name."""
+        if name in self.__struct_fields__:
+            return getattr(self, name)
+        return default
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.__struct_fields__
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.__struct_fields__)
+
+    def __len__(self) -> int:
+        return len(self.__struct_fields__)
+
+    def keys(self) -> tuple[str, ...]:
+        """The names of its fields."""
+        return self.__struct_fields__
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        """Its fields' names and values."""
+        return ((name, getattr(self, name)) for name in self.__struct_fields__)
+
+
+class ActorStop(EventDetail, frozen=True, kw_only=True, tag="stop"):
+    """An actor stopped (the kernel's own event): why, in words."""
+
+    reason: str
+
+
+#: Every detail class by its kind, found among ``EventDetail``'s subclasses: filled
+#: when a kind is first asked for, and again when a kind not known yet is (a module
+#: defining kinds imported since).
+_CLASSES: dict[str, type[EventDetail]] = {}
+
+
+def detail_classes() -> dict[str, type[EventDetail]]:
+    """Every kind of event defined so far (the kernel's, and those of every module
+    imported that defines some), by name."""
+    found: dict[str, type[EventDetail]] = {}
+    pending = list(EventDetail.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        kind = cls.kind
+        if kind:
+            other = found.setdefault(kind, cls)
+            if other is not cls:
+                raise TypeError(
+                    f"two classes define the event kind {kind!r}: "
+                    f"{other.__qualname__} and {cls.__qualname__}"
+                )
+    _CLASSES.clear()
+    _CLASSES.update(found)
+    return dict(found)
+
+
+def detail_class(kind: str) -> type[EventDetail]:
+    """The detail class of the event kind ``kind``; ``ValueError`` if none defines it."""
+    try:
+        return _CLASSES[kind]
+    except KeyError:
+        pass
+    known = detail_classes()
+    if kind not in known:
+        raise ValueError(
+            f"no event kind {kind!r}: expected one of {', '.join(sorted(known))} "
+            "(an EventDetail subclass tagged with it defines a kind)"
+        )
+    return known[kind]
+
+
+def make_detail(kind: str, fields: dict[str, Any]) -> EventDetail:
+    """The detail of an event of kind ``kind`` with ``fields``; a clear error for a
+    kind nobody defines or a field its class does not have (or lacks)."""
+    cls = _CLASSES.get(kind)
+    if cls is None:
+        cls = detail_class(kind)
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        expected = ", ".join(cls.__struct_fields__)
+        raise TypeError(
+            f"event {kind!r} ({cls.__qualname__}): {exc}; its fields are {expected}"
+        ) from None
+
+
+class _Asking(Set[str]):
+    """The names of the kinds whose class says they ask something of their observer
+    (``EventDetail.asks``), derived from the classes defined so far."""
+
+    def __contains__(self, kind: object) -> bool:
+        cls = _CLASSES.get(kind) if isinstance(kind, str) else None
+        if cls is None and isinstance(kind, str):
+            cls = detail_classes().get(kind)
+        return cls is not None and cls.asks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(kind for kind, cls in detail_classes().items() if cls.asks))
+
+    def __len__(self) -> int:
+        return sum(1 for cls in detail_classes().values() if cls.asks)
+
+    def __repr__(self) -> str:
+        return f"ASKING({set(self)!r})"
+
+
+#: The kinds of events that ask something of whoever watches the tree (their class's
+#: ``asks``): someone must answer them (a tool call waits for a person's decision)
+#: or the tree waits forever. Such an event is never dropped, however far behind
+#: its observer is (``Event.asks``). Once a fixed set of names; now read from the
+#: classes, so ``kind in ASKING`` holds for every kind whose class asks.
+ASKING: Set[str] = _Asking()
+
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    D = TypeVar("D", bound=EventDetail, default=EventDetail, covariant=True)
+else:
+    from typing import TypeVar
+
+    D = TypeVar("D", bound=EventDetail, covariant=True)  # a bare Event: its bound
+
+
+class Event(msgspec.Struct, Generic[D], frozen=True, kw_only=True):
+    """One thing that happened in the tree: where and when (the envelope), and what
+    (``detail``, one class per kind).
+
+    Generic in its detail's class, for the types only: ``Event`` is
+    ``Event[EventDetail]``; ``Event[ToolStart]`` one whose detail is a ``ToolStart``.
+    A decoder of ``Event[A | B]`` decodes the detail as one of those classes (by its
+    ``kind``): how the wire from a host decodes an agent's events."""
+
     #: Seconds since the runtime started.
     at: float
     agent: str = ""
@@ -87,14 +271,21 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     execution_id: str = ""
     parent_id: str = ""
     depth: int = 0
-    detail: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: What happened: an instance of the kind's class (``ToolStart``, ``ActorStop``).
+    detail: D
     #: Events this subscriber had dropped so far (its buffer was full), in all.
     missed: int = 0
 
     @property
+    def kind(self) -> EventKind:
+        """The kind's name (``"tool_start"``): the tag of the detail's class."""
+        return self.detail.kind
+
+    @property
     def asks(self) -> bool:
-        """Whether it asks something of its observer (``ASKING``): never dropped."""
-        return self.kind in ASKING
+        """Whether it asks something of its observer (its class's ``asks``): never
+        dropped."""
+        return self.detail.asks
 
 
 class Subscription:
@@ -166,19 +357,30 @@ class EventBus:
 
     def emit(
         self,
-        kind: EventKind,
+        kind: EventKind | EventDetail,
         *,
         agent: str = "",
         agent_id: str = "",
         execution_id: str = "",
         parent_id: str = "",
         depth: int = 0,
-        **detail: Any,
+        **fields: Any,
     ) -> None:
-        """Publish one event to every subscriber (and the log, if enabled)."""
+        """Publish one event to every subscriber (and the log, if enabled): ``kind``
+        is its detail (``ActorStop(reason=...)``), or the kind's name with the
+        detail's ``fields`` (``emit("stop", reason=...)``; ``ValueError`` for a kind
+        no class defines, ``TypeError`` for a field its class lacks)."""
+        if isinstance(kind, EventDetail):
+            if fields:
+                raise TypeError(
+                    f"emit({type(kind).__qualname__}(...)) takes no detail fields besides "
+                    f"it, got {', '.join(fields)}"
+                )
+            detail = kind
+        else:
+            detail = make_detail(kind, fields)
         self.deliver(
             Event(
-                kind=kind,
                 at=self._now() - self._origin,
                 agent=agent,
                 agent_id=agent_id,
@@ -226,18 +428,15 @@ class EventBus:
         event made elsewhere (by a host, for this tree), as it is."""
         for listener in self._listeners:
             listener(event)
-        kind, detail = event.kind, event.detail
-        agent, agent_id, execution_id = event.agent, event.agent_id, event.execution_id
-        parent_id, depth = event.parent_id, event.depth
         if self.log_events:
             log.info(
-                kind,
-                agent=agent,
-                agent_id=agent_id,
-                execution_id=execution_id,
-                parent_id=parent_id,
-                depth=depth,
-                **detail,
+                event.kind,
+                agent=event.agent,
+                agent_id=event.agent_id,
+                execution_id=event.execution_id,
+                parent_id=event.parent_id,
+                depth=event.depth,
+                **msgspec.structs.asdict(event.detail),
             )
         for subscription, send in self._subscribers.items():
             held = subscription._held

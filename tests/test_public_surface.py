@@ -58,6 +58,8 @@ def test_runtime_surface_names() -> None:
     expected = {
         "Actor", "ActorContext", "ActorError", "ActorRef", "ActorStopped", "AskTimeout", "Budget",
         "BudgetExceeded", "Caps", "DuplicateActor", "Envelope", "Event", "EventBus", "EventKind",
+        # events: the envelope, the base of every kind's detail, the kernel's own kind
+        "EventDetail", "ActorStop",
         "FailurePolicy", "FractorError", "Hosts", "InvalidUsage",
         "MailboxFull", "MailboxStatistics", "MemoryStore", "Node", "NodeSnapshot", "NodeStatus",
         "PendingReply", "Price", "Record", "Reservation", "Runtime", "RuntimeClosed",
@@ -96,6 +98,11 @@ def test_actors_surface_names() -> None:
         "ChildReply", "Placement", "Placer",
         # tools known once a runtime runs (an MCP server's)
         "Toolset",
+        # the agent layer's kinds of events, one class each (and a tool's progress streamed)
+        "ApprovalAsked", "ApprovalDecision", "BudgetResume", "BudgetWait", "CompactionEnd",
+        "DeadlineReached", "ExecutionEnd", "ExecutionStart", "LimitReached", "ModelText",
+        "Refused", "RequestEnd", "RequestStart", "Restart", "Retry", "Spawn", "StepEnd",
+        "StepStart", "ToolEnd", "ToolProgress", "ToolStart", "ToolCallProgress",
     }  # fmt: skip
     assert set(actors.__all__) == expected
 

@@ -13,7 +13,8 @@ prints the installed distribution's version. Each command is a module of its own
   a subprocess: the product never imports ``benchmarks``) or one of your tools under
   the runtime (``_tool_bench.py``).
 
-``_live.py`` is the live view the commands share; ``actors`` re-exports its ``watch``.
+``_live.py`` is the live view the commands share; ``actors`` re-exports its ``watch``
+(rich is loaded once a view is made: ``_draw.py`` draws its tree).
 ``_imports.py`` imports what the user names as ``MODULE:NAME`` (``run --tool``,
 ``bench --tool``, ``mcp-serve``), the current directory included, one way for all.
 Nothing below this package (the core, the providers, the kernel) imports it.

@@ -27,7 +27,7 @@ from rich.text import Text
 
 from fractor.runtime import StoreError
 
-from ._live import PipeConsole
+from ._draw import PipeConsole
 from ._scenario import DEFAULT_BUDGET_TOKENS, QUESTION, DemoOptions, DemoRun, describe, run_demo
 from ._trace import DEFAULT_DB, default_db
 from ._usage import print_usage

@@ -1,12 +1,39 @@
 """What the live view writes in words: plain progress lines, one per event that
 matters (``ProgressLines``, for a pipe, CI or a dumb terminal), and the latest line
 each running agent's model streamed (``LatestLines``, shown under it in the tree).
-Both are pure: they read events and return text.
+Both are pure: they read events and return text. Each dispatches on the event's
+detail class and says which kinds it shows (``SHOWN``) and which it leaves out on
+purpose (``IGNORED``): ``tests/actors/test_events.py`` fails when a kind is in
+neither.
 """
 
 from __future__ import annotations
 
-from fractor.runtime import Event
+from fractor.runtime import ActorStop, Event, EventDetail
+
+from .._events import (
+    ApprovalAsked,
+    ApprovalDecision,
+    BudgetResume,
+    BudgetWait,
+    CompactionEnd,
+    DeadlineReached,
+    ExecutionEnd,
+    ExecutionStart,
+    LimitReached,
+    ModelText,
+    Refused,
+    RequestEnd,
+    RequestStart,
+    Restart,
+    Retry,
+    Spawn,
+    StepEnd,
+    StepStart,
+    ToolEnd,
+    ToolProgress,
+    ToolStart,
+)
 
 __all__ = ["LatestLines", "ProgressLines"]
 
@@ -18,31 +45,72 @@ _LINE_SHOWN = 100
 
 class LatestLines:
     """The latest line of text each running execution's model is streaming, from the
-    runtime's events ("text"): what the live tree shows under a running agent.
+    runtime's events (``ModelText``): what the live tree shows under a running agent.
+    A tool call's progress (``ToolProgress``) and an approval waited for show there
+    too, while they last.
 
     A step's request starts a new line; an execution's end forgets it. Only the
     tail of a long line is kept (``width`` characters).
     """
 
+    #: The kinds it reads; every other kind it leaves out on purpose (``IGNORED``).
+    SHOWN: frozenset[type[EventDetail]] = frozenset(
+        {
+            ModelText,
+            ApprovalAsked,
+            ToolProgress,
+            ToolEnd,
+            StepStart,
+            Retry,
+            ExecutionEnd,
+            ApprovalDecision,
+        }
+    )
+    IGNORED: frozenset[type[EventDetail]] = frozenset(
+        {
+            ExecutionStart,
+            Refused,
+            StepEnd,
+            RequestStart,
+            RequestEnd,
+            ToolStart,
+            Spawn,
+            Restart,
+            CompactionEnd,
+            BudgetWait,
+            BudgetResume,
+            LimitReached,
+            DeadlineReached,
+            ActorStop,
+        }
+    )
+
     def __init__(self, width: int = _LINE_SHOWN) -> None:
         self.width = width
         self._text: dict[str, str] = {}
+        #: Per execution: the tool call whose progress its line shows (its call id).
+        self._progress: dict[str, str] = {}
 
     def feed(self, event: Event) -> None:
-        kind = event.kind
-        if kind == "text":
-            key = event.execution_id
-            text = self._text.get(key, "") + str(event.detail.get("text", ""))
-            if len(text) > 4 * self.width:
-                text = text[-2 * self.width :]
-            self._text[key] = text
-        elif kind == "approval_request":
-            detail = event.detail
-            self._text[event.execution_id] = (
-                f"\n⧗ waiting for approval: {detail.get('tool', '?')} [{detail.get('id', '?')}]"
-            )
-        elif kind in ("step_start", "retry", "execution_end", "approval_decision"):
-            self._text.pop(event.execution_id, None)  # a new line, or none
+        key = event.execution_id
+        match event.detail:
+            case ModelText(text=piece):
+                text = self._text.get(key, "") + piece
+                if len(text) > 4 * self.width:
+                    text = text[-2 * self.width :]
+                self._text[key] = text
+            case ApprovalAsked(tool=tool, id=request_id):
+                self._text[key] = f"\n⧗ waiting for approval: {tool} [{request_id}]"
+            case ToolProgress(tool=tool, call_id=call_id) as progress:
+                self._text[key] = f"\n⧗ {tool}: {_progress(progress)}"
+                self._progress[key] = call_id
+            case ToolEnd(call_id=call_id):
+                if self._progress.get(key) == call_id:  # its progress line is done
+                    del self._progress[key]
+                    self._text.pop(key, None)
+            case StepStart() | Retry() | ExecutionEnd() | ApprovalDecision():
+                self._text.pop(key, None)  # a new line, or none
+                self._progress.pop(key, None)
 
     def line(self, execution_id: str) -> str:
         """The latest non-empty line ``execution_id`` streamed ("" if none), its tail
@@ -63,14 +131,52 @@ def _clip(text: str, limit: int = _ARGUMENTS_SHOWN) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _progress(detail: ToolProgress) -> str:
+    """A tool's progress in words: ``40/100 (40%): reading``, ``3: reading``."""
+    total = detail.total
+    text = f"{detail.progress:g}"
+    if total is not None:
+        text += f"/{total:g}"
+        if total > 0:
+            text += f" ({min(detail.progress / total, 1.0):.0%})"
+    return text + (f": {_clip(detail.message)}" if detail.message else "")
+
+
 class ProgressLines:
     """Turns events into plain progress lines: ``line(event)`` is the line or None.
 
     One line per execution start and end, spawn, budget wait, budget stop, deadline,
-    retry and restart; with ``steps=True`` also one per model step (its tool calls with their
+    retry, restart, compaction, approval asked and decided, and tool call progress
+    reported; with ``steps=True`` also one per model step (its tool calls with their
     arguments, tokens and time). Lines are indented by depth and start with the
     seconds since the runtime started.
     """
+
+    #: The kinds it writes a line for (``ToolStart`` and ``StepEnd`` with ``steps``).
+    SHOWN: frozenset[type[EventDetail]] = frozenset(
+        {
+            ExecutionStart,
+            Spawn,
+            LimitReached,
+            DeadlineReached,
+            BudgetWait,
+            Retry,
+            Restart,
+            CompactionEnd,
+            ExecutionEnd,
+            ApprovalAsked,
+            ApprovalDecision,
+            ToolProgress,
+            ToolStart,
+            StepEnd,
+        }
+    )
+    #: The kinds it leaves out on purpose: the model's text and requests, a step's
+    #: start (its end says it all), a tool call's end (its step's line names it), a
+    #: budget wait's end, a refusal (the ask answers it), an actor's stop.
+    IGNORED: frozenset[type[EventDetail]] = frozenset(
+        {ModelText, RequestStart, RequestEnd, StepStart, ToolEnd, BudgetResume, Refused, ActorStop}
+    )
 
     def __init__(self, *, steps: bool = False) -> None:
         self.steps = steps
@@ -95,85 +201,68 @@ class ProgressLines:
         return f"[{event.at:6.2f}s] " + "  " * max(event.depth - 1, 0)
 
     def _text(self, event: Event) -> str | None:
-        detail = event.detail
         agent = event.agent or event.agent_id
-        match event.kind:
-            case "execution_start":
-                return f"{agent}: started: {_clip(str(detail.get('task', '')), 70)!r}"
-            case "spawn":
-                return f"{agent}: spawned {detail.get('child', '?')}"
-            case "budget_exceeded":
-                return f"{agent}: budget exceeded: {detail.get('reason', '')}"
-            case "deadline":
-                return f"{agent}: deadline: {detail.get('reason', '')}"
-            case "budget_wait":
-                return f"{agent}: {detail.get('reason', 'waiting for budget')}"
-            case "retry":
-                delay = float(detail.get("delay", 0.0))
-                return (
-                    f"{agent}: retry {detail.get('attempt', '?')} in {delay:.1f} s "
-                    f"after {_clip(str(detail.get('error', '')))}"
-                )
-            case "restart":
-                learns = (
-                    " (it reads a digest of the attempts before)" if detail.get("digest") else ""
-                )
-                return (
-                    f"{agent}: restart {detail.get('restarts', '?')} after: "
-                    f"{_clip(str(detail.get('reason', '')), 120)}{learns}"
-                )
-            case "compaction":
-                turns = int(detail.get("turns", 0))
-                if detail.get("ok"):
+        match event.detail:
+            case ExecutionStart(task=task):
+                return f"{agent}: started: {_clip(task, 70)!r}"
+            case Spawn(child=child):
+                return f"{agent}: spawned {child}"
+            case LimitReached(reason=reason):
+                return f"{agent}: budget exceeded: {reason}"
+            case DeadlineReached(reason=reason):
+                return f"{agent}: deadline: {reason}"
+            case BudgetWait(reason=reason):
+                return f"{agent}: {reason or 'waiting for budget'}"
+            case Retry(attempt=attempt, error=error, delay=delay):
+                return f"{agent}: retry {attempt} in {delay:.1f} s after {_clip(error)}"
+            case Restart(restarts=restarts, reason=reason, digest=digest):
+                learns = " (it reads a digest of the attempts before)" if digest else ""
+                return f"{agent}: restart {restarts} after: {_clip(reason, 120)}{learns}"
+            case CompactionEnd(ok=ok, turns=turns, covered=covered, error=error):
+                if ok:
                     return (
                         f"{agent}: folded {turns} old turn{'' if turns == 1 else 's'} into "
-                        f"its summary (it covers {detail.get('covered', '?')})"
+                        f"its summary (it covers {covered})"
                     )
-                return f"{agent}: summary not updated: {_clip(str(detail.get('error', '')), 120)}"
-            case "execution_end":
-                return self._end(agent, event)
-            case "approval_request":
-                return (
-                    f"{agent}: waiting for approval of {detail.get('tool', '?')}"
-                    f"({_clip(str(detail.get('arguments', '')))}) [{detail.get('id', '?')}]"
-                )
-            case "approval_decision":
-                verdict = "approved" if detail.get("approved") else "denied"
-                reason = detail.get("reason", "")
-                return f"{agent}: {detail.get('tool', '?')} {verdict}" + (
-                    f": {reason}" if reason else ""
-                )
-            case "tool_start" if self.steps:
-                calls = self._calls.setdefault(event.execution_id, [])
-                calls.append((str(detail.get("tool", "")), str(detail.get("arguments", ""))))
-            case "step_end" if self.steps:
-                return self._step(agent, event)
+                return f"{agent}: summary not updated: {_clip(error, 120)}"
+            case ExecutionEnd() as end:
+                return self._end(agent, event.execution_id, end)
+            case ApprovalAsked(tool=tool, arguments=arguments, id=request_id):
+                return f"{agent}: waiting for approval of {tool}({_clip(arguments)}) [{request_id}]"
+            case ApprovalDecision(tool=tool, approved=approved, reason=reason):
+                verdict = "approved" if approved else "denied"
+                return f"{agent}: {tool} {verdict}" + (f": {reason}" if reason else "")
+            case ToolProgress(tool=tool) as progress:
+                return f"{agent}: {tool}: {_progress(progress)}"
+            case ToolStart(tool=tool, arguments=arguments) if self.steps:
+                self._calls.setdefault(event.execution_id, []).append((tool, arguments))
+            case StepEnd() as step if self.steps:
+                return self._step(agent, event.execution_id, step)
         return None
 
-    def _end(self, agent: str, event: Event) -> str:
-        self._calls.pop(event.execution_id, None)
-        detail = event.detail
-        status = str(detail.get("status", "?"))
-        steps = int(detail.get("steps", 0))
-        tokens = int(detail.get("tokens", 0))
-        text = f"{agent}: {status} after {steps} step{'' if steps == 1 else 's'}, {tokens:,} tokens"
+    def _end(self, agent: str, execution_id: str, end: ExecutionEnd) -> str:
+        self._calls.pop(execution_id, None)
+        status, steps = end.status, end.steps
+        text = (
+            f"{agent}: {status} after {steps} step{'' if steps == 1 else 's'}, "
+            f"{end.tokens:,} tokens"
+        )
         if status in ("failed", "cancelled"):
-            text += f": {detail.get('reason', '')}"
+            text += f": {end.reason}"
         return text
 
-    def _step(self, agent: str, event: Event) -> str:
-        detail = event.detail
-        started = self._calls.pop(event.execution_id, [])
+    def _step(self, agent: str, execution_id: str, step: StepEnd) -> str:
+        started = self._calls.pop(execution_id, [])
         shown: list[str] = []
-        for name in detail.get("tool_calls", ()):
+        for name in step.tool_calls:
             found = next((call for call in started if call[0] == name), None)
             if found is None:
                 shown.append(str(name))  # a subagent: its own lines follow
             else:
                 started.remove(found)
                 shown.append(f"{name}({_clip(found[1])})")
-        index = int(detail.get("step", 0)) + 1
-        cost = f"[{int(detail.get('tokens', 0)):,} tokens, {float(detail.get('seconds', 0)):.1f} s]"
+        index = step.step + 1
+        cost = f"[{step.tokens:,} tokens, {step.seconds:.1f} s]"
         if shown:
             return f"{agent}: step {index}: {len(shown)} tool call(s): {', '.join(shown)} {cost}"
         return f"{agent}: step {index}: answered {cost}"

@@ -47,18 +47,35 @@ from fractor.runtime import Budget, Runtime, SQLiteStore, Store, Subscription
 
 from .._agent import Agent, AgentRef
 from .._approval import ApprovalError
+from .._events import ApprovalAsked
 from .._memory import Compaction
 from .._messages import Result
 from .._persistence import is_automatic_id
 from .._policy import RetryPolicy
-from .._streaming import Retrying, Stopped, TextDelta, ToolCallFinished, ToolCallStarted
+from .._streaming import (
+    ApprovalDecided,
+    ApprovalRequested,
+    BudgetResumed,
+    BudgetWaiting,
+    Compacted,
+    Restarted,
+    Retrying,
+    Stopped,
+    StreamEvent,
+    SubagentFinished,
+    SubagentStarted,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallProgress,
+    ToolCallStarted,
+)
 from .._tools import Tool, ToolDefinitionError, tool
 from ..providers import ProviderError, model_from_string, redact
 from ._imports import import_spec, is_function_of
 from ._live import watch
 from ._trace import default_db
 
-__all__ = ["Event", "add_run_parser", "run_command", "show"]
+__all__ = ["STREAM_IGNORED", "Event", "add_run_parser", "run_command", "show", "stream_note"]
 
 
 # -- what is shown ------------------------------------------------------------------------
@@ -260,6 +277,41 @@ async def _store(session: str | None, db: str | None) -> AsyncIterator[Store | N
         yield store
 
 
+def stream_note(event: StreamEvent) -> str | None:
+    """The note ``fractor run`` writes on its own line for a stream's event (None: an
+    event it does not note, one of ``STREAM_IGNORED``; the text itself is written as
+    it comes)."""
+    match event:
+        case ToolCallStarted(tool=tool, arguments=arguments):
+            return f"[calling {tool}({arguments})]"
+        case ToolCallProgress(tool=tool, progress=progress, total=total, message=message):
+            done = f"{progress:g}" + (f"/{total:g}" if total is not None else "")
+            return f"[{tool}: {done}{': ' + message if message else ''}]"
+        case ToolCallFinished(tool=tool, is_error=is_error, seconds=seconds):
+            return f"[{tool} {'failed' if is_error else 'done'} in {seconds:.2f} s]"
+        case Retrying(attempt=attempt, error=error, delay=delay):
+            return f"[retry {attempt} in {delay:.1f} s: {error}]"
+        case Restarted(restarts=restarts, reason=reason):
+            return f"[restart {restarts}: {reason}]"
+        case Compacted(ok=ok, turns=turns, error=error):
+            return f"[folded {turns} old turn(s) into the summary]" if ok else f"[{error}]"
+        case BudgetWaiting(reason=reason):
+            return f"[waiting: {reason}]"
+        case ApprovalRequested(tool=tool, arguments=arguments):
+            return f"[{tool}({arguments}) waits for approval]"
+        case Stopped(reason=reason):
+            return f"[stopped: {reason}]"
+    return None
+
+
+#: The stream's events ``fractor run`` notes nothing for, on purpose: the text (it is
+#: written as it comes), a wait's end, an approval's decision (the prompt took it),
+#: the subagents' starts and ends (``run`` streams one agent).
+STREAM_IGNORED: frozenset[type[StreamEvent]] = frozenset(
+    {TextDelta, BudgetResumed, ApprovalDecided, SubagentStarted, SubagentFinished}
+)
+
+
 async def _streamed(
     ref: AgentRef, task: str, out: TextIO, *, resume: bool = False
 ) -> tuple[Result, bool]:
@@ -269,24 +321,17 @@ async def _streamed(
     steps: dict[int, str] = {}
     async with ref.stream(task, resume=resume) as run:
         async for event in run:
-            match event:
-                case TextDelta(text=text, step=step):
-                    steps[step] = steps.get(step, "") + text
-                    out.write(text)
-                    out.flush()
-                    at_line_start = text.endswith("\n")
-                    continue
-                case ToolCallStarted(tool=tool, arguments=arguments):
-                    note = f"[calling {tool}({arguments})]"
-                case ToolCallFinished(tool=tool, is_error=is_error, seconds=seconds):
-                    note = f"[{tool} {'failed' if is_error else 'done'} in {seconds:.2f} s]"
-                case Retrying(attempt=attempt, error=error, delay=delay):
-                    steps.clear()  # the request's text starts over
-                    note = f"[retry {attempt} in {delay:.1f} s: {error}]"
-                case Stopped(reason=reason):
-                    note = f"[stopped: {reason}]"
-                case _:
-                    continue
+            if isinstance(event, TextDelta):
+                steps[event.step] = steps.get(event.step, "") + event.text
+                out.write(event.text)
+                out.flush()
+                at_line_start = event.text.endswith("\n")
+                continue
+            if isinstance(event, Retrying):
+                steps.clear()  # the request's text starts over
+            note = stream_note(event)
+            if note is None:
+                continue
             out.write(("" if at_line_start else "\n") + note + "\n")
             out.flush()
             at_line_start = True
@@ -428,11 +473,11 @@ async def _approvals_asked(runtime: Runtime, ref: AgentRef, asking: bool) -> Asy
 
 async def _ask_each(events: Subscription, ref: AgentRef) -> None:
     async for event in events:
-        if event.kind != "approval_request":
-            continue
         detail = event.detail
+        if not isinstance(detail, ApprovalAsked):
+            continue
         prompt = (
-            f"approve {detail.get('tool', '?')}({detail.get('arguments', '')})? "
+            f"approve {detail.tool}({detail.arguments})? "
             "[y to run it; anything else denies it, as the reason] "
         )
         try:
@@ -440,7 +485,7 @@ async def _ask_each(events: Subscription, ref: AgentRef) -> None:
         except EOFError:
             line = "no answer: the terminal's input is closed"
         answer = line.strip()
-        request_id = str(detail.get("id", ""))
+        request_id = detail.id
         with contextlib.suppress(ApprovalError):  # ended meanwhile (a deadline, a stop)
             if answer.lower() in ("y", "yes"):
                 ref.approve(request_id)

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from fractor.runtime import TreeSnapshot
 
-from ._live import STATUS_STYLE, own_steps, tree_order
+from ._draw import STATUS_STYLE, own_steps, tree_order
 
 __all__ = ["print_usage", "usage_lines", "usage_table"]
 

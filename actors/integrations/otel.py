@@ -57,8 +57,31 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
-from fractor.runtime import Budget, Event, Runtime
+from fractor.runtime import ActorStop, Budget, Event, EventDetail, Runtime
 
+from .._events import (
+    ApprovalAsked,
+    ApprovalDecision,
+    BudgetResume,
+    BudgetWait,
+    CompactionEnd,
+    DeadlineReached,
+    ExecutionEnd,
+    ExecutionStart,
+    LimitReached,
+    ModelText,
+    Refused,
+    RequestEnd,
+    RequestStart,
+    Restart,
+    Retry,
+    Spawn,
+    StepEnd,
+    StepStart,
+    ToolEnd,
+    ToolProgress,
+    ToolStart,
+)
 from .._messages import (
     AssistantMessage,
     DigestMessage,
@@ -197,20 +220,20 @@ class Instrumentation:
         return offset + int(event.at * 1e9)
 
     def _on_event(self, event: Event) -> None:
-        handler = _HANDLERS.get(event.kind)
+        handler = HANDLERS.get(type(event.detail))
         if handler is None:
-            return
+            return  # one of IGNORED
         try:
-            handler(self, event)
+            handler(self, event, event.detail)
         except Exception:  # an observer never fails the agents it observes
             log.exception("otel_span_failed", kind=event.kind, execution_id=event.execution_id)
 
-    def _refused(self, event: Event) -> None:
+    def _refused(self, event: Event, detail: Refused) -> None:
         """A task refused before it started (a depth or agents limit): its caller's
         context is let go."""
-        self._callers.pop(str(event.detail.get("caller", "")), None)
+        self._callers.pop(detail.caller, None)
 
-    def _execution_start(self, event: Event) -> None:
+    def _execution_start(self, event: Event, detail: ExecutionStart) -> None:
         node_id = event.execution_id
         parent = self._parents.get(node_id)
         if parent is None:  # a restart's reuses the ended attempt's
@@ -220,8 +243,7 @@ class Instrumentation:
             if spawned is not None:
                 parent = trace.set_span_in_context(spawned[0], otel_context.Context())
             else:
-                caller = str(event.detail.get("caller", ""))
-                parent = self._callers.pop(caller, None) or otel_context.Context()
+                parent = self._callers.pop(detail.caller, None) or otel_context.Context()
         self._parents[node_id] = parent
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
@@ -241,7 +263,7 @@ class Instrumentation:
                 if value is not None:
                     attributes[f"fractor.budget.{name}"] = value
         if self.capture_content:
-            task = str(event.detail.get("task", ""))
+            task = detail.task
             attributes["gen_ai.input.messages"] = _json([_message("user", [_text_part(task)])])
             attributes["input.value"] = task
         span = self._tracer.start_span(
@@ -253,7 +275,7 @@ class Instrumentation:
         )
         self._executions[node_id] = _Execution(span)
 
-    def _execution_end(self, event: Event) -> None:
+    def _execution_end(self, event: Event, detail: ExecutionEnd) -> None:
         node_id = event.execution_id
         execution = self._executions.pop(node_id, None)
         parent = self._parents.pop(node_id, None)
@@ -263,9 +285,7 @@ class Instrumentation:
             if len(ended) > _ENDED_KEPT:
                 del ended[next(iter(ended))]
         at = self._ns(event)
-        detail = event.detail
-        status = str(detail.get("status", ""))
-        reason = str(detail.get("reason", ""))
+        status, reason = detail.status, detail.reason
         if execution is not None:
             for span in (execution.chat, *execution.tools.values()):
                 if span is not None:
@@ -274,9 +294,9 @@ class Instrumentation:
             span = execution.span
             span.set_attribute("fractor.status", status)
             span.set_attribute("fractor.stop_reason", reason)
-            span.set_attribute("fractor.steps", int(detail.get("steps", 0)))
+            span.set_attribute("fractor.steps", detail.steps)
             if self.capture_content:
-                answer = str(detail.get("answer", ""))
+                answer = detail.answer
                 finish = "stop" if status == "completed" else status
                 output = [_message("assistant", [_text_part(answer)], finish)]
                 span.set_attribute("gen_ai.output.messages", _json(output))
@@ -295,31 +315,30 @@ class Instrumentation:
             call = spawned[0]
             call.set_attribute("fractor.status", status)
             if self.capture_content:
-                answer = str(detail.get("answer", ""))
+                answer = detail.answer
                 call.set_attribute("gen_ai.tool.call.result", answer)
                 call.set_attribute("output.value", answer)
             if status != "completed":
                 call.set_status(Status(StatusCode.ERROR, f"{status}: {reason}"))
             call.end(end_time=at)
 
-    def _request_start(self, event: Event) -> None:
+    def _request_start(self, event: Event, detail: RequestStart) -> None:
         execution = self._executions.get(event.execution_id)
         if execution is None:
             return
-        detail = event.detail
-        provider, model = provider_of(str(detail.get("model", "")))
+        provider, model = provider_of(detail.model)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "openinference.span.kind": "LLM",
             "gen_ai.provider.name": provider,
             "gen_ai.request.model": model,
             "fractor.node_id": event.execution_id,
-            "fractor.step": int(detail.get("step", 0)),
-            "fractor.attempt": int(detail.get("attempt", 1)),
-            "fractor.purpose": str(detail.get("purpose", "step")),
+            "fractor.step": detail.step,
+            "fractor.attempt": detail.attempt,
+            "fractor.purpose": detail.purpose,
         }
-        messages = detail.get("messages")
-        if self.capture_content and isinstance(messages, tuple):
+        messages = detail.messages
+        if self.capture_content and messages is not None:
             system, chat = _request_messages(messages)
             if system:
                 attributes["gen_ai.system_instructions"] = _json(system)
@@ -333,29 +352,26 @@ class Instrumentation:
             start_time=self._ns(event),
         )
 
-    def _request_end(self, event: Event) -> None:
+    def _request_end(self, event: Event, detail: RequestEnd) -> None:
         execution = self._executions.get(event.execution_id)
         if execution is None or execution.chat is None:
             return
         span, execution.chat = execution.chat, None
-        detail = event.detail
-        finish = str(detail.get("finish_reason", ""))
+        finish = detail.finish_reason
         span.set_attributes(
             {
-                "gen_ai.response.model": str(
-                    detail.get("response_model") or detail.get("model", "")
-                ),
-                "gen_ai.usage.input_tokens": int(detail.get("input_tokens", 0)),
-                "gen_ai.usage.output_tokens": int(detail.get("output_tokens", 0)),
+                "gen_ai.response.model": detail.response_model or detail.model,
+                "gen_ai.usage.input_tokens": detail.input_tokens,
+                "gen_ai.usage.output_tokens": detail.output_tokens,
                 "gen_ai.response.finish_reasons": (finish,),
             }
         )
-        error = detail.get("error")
+        error = detail.error
         if error:
-            span.set_attribute("error.type", str(error).partition(":")[0])
-            span.set_status(Status(StatusCode.ERROR, str(error)))
-        execution.calls = [(str(i), str(n)) for i, n in detail.get("tool_calls", ())]
-        response = detail.get("response")
+            span.set_attribute("error.type", error.partition(":")[0])
+            span.set_status(Status(StatusCode.ERROR, error))
+        execution.calls = [(str(i), str(n)) for i, n in detail.tool_calls]
+        response = detail.response
         if self.capture_content and isinstance(response, ModelResponse):
             parts = [_text_part(response.text)] if response.text else []
             parts.extend(_call_part(call) for call in response.tool_calls)
@@ -370,12 +386,11 @@ class Instrumentation:
             )
         span.end(end_time=self._ns(event))
 
-    def _tool_start(self, event: Event) -> None:
+    def _tool_start(self, event: Event, detail: ToolStart) -> None:
         execution = self._executions.get(event.execution_id)
         if execution is None:
             return
-        detail = event.detail
-        name, call_id = str(detail.get("tool", "")), str(detail.get("call_id", ""))
+        name, call_id = detail.tool, detail.call_id
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "openinference.span.kind": "TOOL",
@@ -384,7 +399,7 @@ class Instrumentation:
             "fractor.node_id": event.execution_id,
         }
         if self.capture_content:
-            arguments = str(detail.get("arguments", ""))
+            arguments = detail.arguments
             attributes["gen_ai.tool.call.arguments"] = attributes["input.value"] = arguments
         execution.tools[call_id] = self._tracer.start_span(
             f"execute_tool {name}",
@@ -393,45 +408,40 @@ class Instrumentation:
             start_time=self._ns(event),
         )
 
-    def _tool_end(self, event: Event) -> None:
+    def _tool_end(self, event: Event, detail: ToolEnd) -> None:
         execution = self._executions.get(event.execution_id)
         if execution is None:
             return
-        span = execution.tools.pop(str(event.detail.get("call_id", "")), None)
+        span = execution.tools.pop(detail.call_id, None)
         if span is None:
             return
         if self.capture_content:
-            result = str(event.detail.get("result", ""))
+            result = detail.result
             span.set_attributes({"gen_ai.tool.call.result": result, "output.value": result})
-        if event.detail.get("is_error"):
+        if detail.is_error:
             span.set_status(Status(StatusCode.ERROR, "the tool call failed"))
         span.end(end_time=self._ns(event))
 
-    def _tool_progress(self, event: Event) -> None:
+    def _tool_progress(self, event: Event, detail: ToolProgress) -> None:
         """What a tool reported of its progress: an event of its call's span."""
         execution = self._executions.get(event.execution_id)
         if execution is None:
             return
-        detail = event.detail
-        span = execution.tools.get(str(detail.get("call_id", "")))
+        span = execution.tools.get(detail.call_id)
         if span is None:
             return
-        attributes: dict[str, Any] = {"fractor.progress": detail.get("progress", 0)}
-        total = detail.get("total")
-        if total is not None:
-            attributes["fractor.total"] = total
-        message = detail.get("message")
-        if self.capture_content and message:
-            attributes["fractor.message"] = str(message)
+        attributes: dict[str, Any] = {"fractor.progress": detail.progress}
+        if detail.total is not None:
+            attributes["fractor.total"] = detail.total
+        if self.capture_content and detail.message:
+            attributes["fractor.message"] = detail.message
         span.add_event("fractor.tool_progress", attributes, timestamp=self._ns(event))
 
-    def _spawn(self, event: Event) -> None:
+    def _spawn(self, event: Event, detail: Spawn) -> None:
         execution = self._executions.get(event.execution_id)
         if execution is None:
             return
-        detail = event.detail
-        child, child_id = str(detail.get("child", "")), str(detail.get("child_id", ""))
-        call_id = str(detail.get("call_id", ""))
+        child, child_id, call_id = detail.child, detail.child_id, detail.call_id
         for index, (asked_id, asked_name) in enumerate(execution.calls):
             if asked_id == call_id or (not call_id and asked_name == child):
                 call_id = asked_id
@@ -447,7 +457,7 @@ class Instrumentation:
             "fractor.child_node_id": child_id,
         }
         if self.capture_content:
-            arguments = json.dumps({"task": str(detail.get("task", ""))})
+            arguments = json.dumps({"task": detail.task})
             attributes["gen_ai.tool.call.arguments"] = attributes["input.value"] = arguments
         span = self._tracer.start_span(
             f"execute_tool {child}",
@@ -458,26 +468,26 @@ class Instrumentation:
         self._spawned[child_id] = (span, event.execution_id)
         execution.children.append(child_id)
 
-    def _text(self, event: Event) -> None:
+    def _text(self, event: Event, detail: ModelText) -> None:
         if not self.capture_content:
             return
         execution = self._executions.get(event.execution_id)
         if execution is not None:
             execution.span.add_event(
                 "gen_ai.assistant.message",
-                {"content": str(event.detail.get("text", ""))},
+                {"content": detail.text},
                 timestamp=self._ns(event),
             )
 
-    def _mark(self, event: Event) -> None:
+    def _mark(self, event: Event, detail: EventDetail) -> None:
         """A retry, a wait for the budget, a limit reached: an event of the span."""
         execution = self._executions.get(event.execution_id)
         if execution is None:
             return
         attributes = {
             f"fractor.{key}": value
-            for key, value in event.detail.items()
-            if isinstance(value, str | int | float | bool)
+            for key, value in detail.items()
+            if isinstance(value, str | int | float | bool) and (key != "host" or value)
         }
         execution.span.add_event(f"fractor.{event.kind}", attributes, timestamp=self._ns(event))
 
@@ -542,22 +552,31 @@ def _request_messages(
     return system, chat
 
 
-_HANDLERS: dict[str, Callable[[Instrumentation, Event], None]] = {
-    "execution_start": Instrumentation._execution_start,
-    "execution_end": Instrumentation._execution_end,
-    "request_start": Instrumentation._request_start,
-    "request_end": Instrumentation._request_end,
-    "tool_start": Instrumentation._tool_start,
-    "tool_progress": Instrumentation._tool_progress,
-    "tool_end": Instrumentation._tool_end,
-    "spawn": Instrumentation._spawn,
-    "refused": Instrumentation._refused,
-    "text": Instrumentation._text,
-    "retry": Instrumentation._mark,
-    "restart": Instrumentation._mark,
-    "compaction": Instrumentation._mark,
-    "budget_wait": Instrumentation._mark,
-    "budget_resume": Instrumentation._mark,
-    "budget_exceeded": Instrumentation._mark,
-    "deadline": Instrumentation._mark,
+#: What each kind of event becomes (its detail's class): a span begun or ended, an
+#: event of a span (``_mark``), a caller's context let go.
+HANDLERS: dict[type[EventDetail], Callable[[Instrumentation, Event, Any], None]] = {
+    ExecutionStart: Instrumentation._execution_start,
+    ExecutionEnd: Instrumentation._execution_end,
+    RequestStart: Instrumentation._request_start,
+    RequestEnd: Instrumentation._request_end,
+    ToolStart: Instrumentation._tool_start,
+    ToolProgress: Instrumentation._tool_progress,
+    ToolEnd: Instrumentation._tool_end,
+    Spawn: Instrumentation._spawn,
+    Refused: Instrumentation._refused,
+    ModelText: Instrumentation._text,
+    Retry: Instrumentation._mark,
+    Restart: Instrumentation._mark,
+    CompactionEnd: Instrumentation._mark,
+    BudgetWait: Instrumentation._mark,
+    BudgetResume: Instrumentation._mark,
+    LimitReached: Instrumentation._mark,
+    DeadlineReached: Instrumentation._mark,
 }
+
+#: The kinds that make no span nor span event, on purpose: a step is its request's
+#: span and its tool calls' (its start and end add nothing), an approval shows as the
+#: tool call's span waiting, an actor's stop is the kernel's.
+IGNORED: frozenset[type[EventDetail]] = frozenset(
+    {StepStart, StepEnd, ApprovalAsked, ApprovalDecision, ActorStop}
+)

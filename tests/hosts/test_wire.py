@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from fractor.actors import ExecutionTrace, Result
+from fractor.actors import ExecutionTrace, Result, ToolStart
 from fractor.actors._remote import (
     Ask,
     Deny,
@@ -81,7 +81,7 @@ DOWN = [
 UP = [
     Ask(run=1, tally=TALLY, want=Want(tokens=300, requests=1, detail="284 input + 16 output")),
     Nodes(run=1, tally=TALLY, nodes=(NODE,)),
-    Events(events=(Event(kind="tool_start", at=1.5, agent="helper", detail={"tool": "x"}),)),
+    Events(events=(Event(at=1.5, agent="helper", detail=ToolStart(tool="x", call_id="c")),)),
     Done(run=1, result=RESULT, tally=TALLY, traces=(TRACE,), nodes=(NODE,)),
 ]
 

@@ -18,7 +18,7 @@ import pytest
 from anyio import wait_all_tasks_blocked
 from structlog.testing import capture_logs
 
-from fractor.actors import Agent, ScriptedModel, ToolCall, call, calls, reply
+from fractor.actors import Agent, ScriptedModel, ToolCall, ToolProgress, call, calls, reply
 from fractor.actors.integrations import mcp
 from fractor.actors.integrations.mcp import MCPServer, MCPTool, mcp_tools
 from fractor.runtime import Budget, Runtime
@@ -467,13 +467,9 @@ async def test_a_tools_progress_is_an_event_of_its_call(stdio: MCPServer) -> Non
     assert [e.kind for e in seen] == ["tool_start", *["tool_progress"] * 3, "tool_end"]
     progress = [e.detail for e in seen[1:-1]]
     assert progress == [
-        {
-            "tool": "slow",
-            "call_id": "s1",
-            "progress": float(step),
-            "total": 3.0,
-            "message": f"step {step} of 3",
-        }
+        ToolProgress(
+            tool="slow", call_id="s1", progress=float(step), total=3.0, message=f"step {step} of 3"
+        )
         for step in (1, 2, 3)
     ]
     assert {e.execution_id for e in seen} == {seen[0].execution_id}

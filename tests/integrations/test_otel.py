@@ -30,6 +30,7 @@ from structlog.testing import capture_logs
 from fractor.actors import (
     Agent,
     Compaction,
+    RequestStart,
     RestartPolicy,
     RetryPolicy,
     ScriptedModel,
@@ -42,7 +43,7 @@ from fractor.actors import (
 from fractor.actors._calling import progress_reporter
 from fractor.actors.integrations import otel
 from fractor.actors.providers import OpenAIModel
-from fractor.runtime import Budget, Event, EventBus, Runtime, TreeSnapshot
+from fractor.runtime import Budget, Event, EventBus, EventDetail, Runtime, TreeSnapshot
 
 from ..actors.loopback import LoopbackServer, json_reply
 from ..actors.providers.wires import completion
@@ -425,10 +426,11 @@ async def test_a_streamed_ask_hangs_under_the_callers_span(
 async def test_a_failing_span_never_fails_the_agent(
     provider: TracerProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(self: otel.Instrumentation, event: Event) -> None:
+    def broken(self: otel.Instrumentation, event: Event, detail: RequestStart) -> None:
         raise RuntimeError("a broken exporter")
 
-    monkeypatch.setitem(otel._HANDLERS, "request_start", broken)
+    kind: type[EventDetail] = RequestStart
+    monkeypatch.setitem(otel.HANDLERS, kind, broken)
     agent = Agent("solo", ScriptedModel([reply("hi")]))
     with capture_logs() as logs:
         async with Runtime() as rt:
@@ -679,7 +681,10 @@ async def test_request_events_carry_contents_only_while_someone_records_them(
         seen = []
         while (event := events.receive_nowait()) is not None:
             if event.kind in ("request_start", "request_end"):
-                seen.append(("messages" in event.detail, "response" in event.detail))
+                detail = event.detail
+                seen.append(
+                    (detail.get("messages") is not None, detail.get("response") is not None)
+                )
     assert (
         seen
         == [(False, False), (False, False), (True, False), (False, True)] + [(False, False)] * 2

@@ -9,7 +9,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from fractor.actors import Agent, ScriptedModel, call, calls, fail, reply, tool
+from fractor.actors import Agent, RequestStart, ScriptedModel, call, calls, fail, reply, tool
 from fractor.actors._policy import RetryPolicy
 from fractor.runtime import Budget, Event, Runtime, Subscription
 
@@ -89,12 +89,7 @@ async def test_an_execution_emits_its_events_in_order() -> None:
     assert asked["finish_reason"] == "tool_calls"
     assert asked["input_tokens"] > 0
     assert [name for _, name in asked["tool_calls"]] == ["child"]
-    assert lead_events[2].detail == {
-        "step": 0,
-        "attempt": 1,
-        "model": "scripted",
-        "purpose": "step",
-    }
+    assert lead_events[2].detail == RequestStart(step=0, attempt=1, model="scripted")
     spawn = lead_events[4]
     assert spawn.detail["child"] == "child"
     assert child_events[0].parent_id == lead_events[0].execution_id

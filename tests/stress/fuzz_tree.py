@@ -49,6 +49,7 @@ from fractor.actors import (
     StepRecord,
     Task,
 )
+from fractor.actors._events import WireEvent
 from fractor.actors._host import AgentHost
 from fractor.actors._messages import safe_text
 from fractor.runtime import (
@@ -277,7 +278,8 @@ class TreeRun:
             async for event in events:
                 hit("events")
                 self.events.append(event)
-                self.violate(round_trip(event, Event, f"a {event.kind} event"))
+                # As the agent layer decodes it: its detail typed by its kind (invariant 6)
+                self.violate(round_trip(event, WireEvent, f"a {event.kind} event"))
                 if event.kind == "execution_end":
                     self.snapshot("a snapshot at an execution_end event")
 

@@ -31,6 +31,7 @@ from fractor.actors import (
     Result,
     ScriptedModel,
     StepRecord,
+    StepStart,
     SystemMessage,
     ToolCall,
     ToolOutcome,
@@ -311,12 +312,11 @@ def test_the_event_check_catches_an_execution_out_of_place() -> None:
 
     def event(depth: int, parent: str, host: str) -> Event:
         return Event(
-            kind="step_start",
             at=0.0,
             execution_id="r",
             parent_id=parent,
             depth=depth,
-            detail={"host": host} if host else {},
+            detail=StepStart(step=0, host=host),
         )
 
     assert check_events(tree, [event(2, "a", "h")]) == []

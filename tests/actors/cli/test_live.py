@@ -10,18 +10,33 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from fractor.actors import Agent, ScriptedModel, call, calls, reply, streamed, tool, watch
-from fractor.actors.cli._live import (
-    LatestLines,
-    LiveView,
-    PipeConsole,
-    ProgressLines,
-    own_steps,
-    render_tree,
-    tree_order,
+from fractor.actors import (
+    Agent,
+    ApprovalAsked,
+    ApprovalDecision,
+    BudgetWait,
+    CompactionEnd,
+    ExecutionEnd,
+    ExecutionStart,
+    ModelText,
+    Restart,
+    ScriptedModel,
+    StepEnd,
+    StepStart,
+    ToolEnd,
+    ToolProgress,
+    ToolStart,
+    call,
+    calls,
+    reply,
+    streamed,
+    tool,
+    watch,
 )
+from fractor.actors.cli._draw import PipeConsole, own_steps, render_tree, tree_order
+from fractor.actors.cli._live import LatestLines, LiveView, ProgressLines
 from fractor.actors.cli._usage import print_usage, usage_lines, usage_table
-from fractor.runtime import Budget, Event, NodeSnapshot, Runtime, TreeSnapshot, Usage
+from fractor.runtime import Budget, Event, EventDetail, NodeSnapshot, Runtime, TreeSnapshot, Usage
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -270,11 +285,10 @@ def test_a_node_waiting_for_budget_says_so_and_why() -> None:
 def test_a_budget_wait_is_a_progress_line() -> None:
     lines = ProgressLines()
     event = Event(
-        kind="budget_wait",
         at=1.5,
         agent="worker",
         depth=2,
-        detail={"reason": "waiting for budget: tokens of runtime"},
+        detail=BudgetWait(reason="waiting for budget: tokens of runtime"),
     )
     assert lines.line(event) == "[  1.50s]   worker: waiting for budget: tokens of runtime"
 
@@ -322,16 +336,20 @@ def test_usage_table_and_print_usage() -> None:
 
 def test_progress_lines_note_dropped_events() -> None:
     lines = ProgressLines()
-    start = Event(kind="execution_start", at=1.0, agent="a", depth=1, detail={"task": "t"})
+    start = Event(at=1.0, agent="a", depth=1, detail=ExecutionStart(task="t"))
     assert lines.line(start) == "[  1.00s] a: started: 't'"
-    assert lines.line(Event(kind="tool_start", at=1.0, agent="a")) is None
-    late = Event(kind="step_end", at=2.0, agent="a", depth=2, missed=4)
+    assert lines.line(Event(at=1.0, agent="a", detail=ToolStart(tool="t", call_id="c"))) is None
+    late = Event(at=2.0, agent="a", depth=2, missed=4, detail=StepEnd(step=0))
     assert lines.line(late) == "[  2.00s]   (4 event(s) dropped: this view fell behind)"
-    assert lines.line(Event(kind="step_end", at=2.0, agent="a", missed=4)) is None
+    assert lines.line(Event(at=2.0, agent="a", missed=4, detail=StepEnd(step=0))) is None
 
 
-def text_event(execution_id: str, text: str, kind: str = "text") -> Event:
-    return Event(kind=kind, at=0.0, execution_id=execution_id, detail={"text": text})  # type: ignore[arg-type]
+def text_event(execution_id: str, text: str) -> Event:
+    return Event(at=0.0, execution_id=execution_id, detail=ModelText(text=text))
+
+
+def an_event(execution_id: str, detail: EventDetail) -> Event:
+    return Event(at=0.0, execution_id=execution_id, detail=detail)
 
 
 def test_latest_lines_keep_each_executions_last_streamed_line() -> None:
@@ -342,9 +360,9 @@ def test_latest_lines_keep_each_executions_last_streamed_line() -> None:
     assert lines.line("a") == "…d line here"
     assert lines.line("b") == "…" + "x" * 11
     assert lines.line("nobody") == ""
-    lines.feed(text_event("a", "", kind="step_start"))  # a new request: a new line
+    lines.feed(an_event("a", StepStart(step=1)))  # a new request: a new line
     assert lines.line("a") == ""
-    lines.feed(text_event("b", "", kind="execution_end"))
+    lines.feed(an_event("b", ExecutionEnd(status="completed", reason="", steps=1, tokens=9)))
     assert len(lines) == 0
 
 
@@ -369,14 +387,15 @@ async def test_the_live_tree_shows_what_a_running_agent_streams() -> None:
 
 
 def test_an_approval_shows_in_the_lines_and_under_the_agent() -> None:
-    detail = {"id": "approval-1", "tool": "send_email", "arguments": '{"to": "a"}'}
-    asked = Event(kind="approval_request", at=1.0, agent="mailer", execution_id="e", detail=detail)
+    ask = ApprovalAsked(id="approval-1", tool="send_email", call_id="c", arguments='{"to": "a"}')
+    asked = Event(at=1.0, agent="mailer", execution_id="e", detail=ask)
     decided = Event(
-        kind="approval_decision",
         at=2.0,
         agent="mailer",
         execution_id="e",
-        detail={**detail, "approved": False, "reason": "no"},
+        detail=ApprovalDecision(
+            id="approval-1", tool="send_email", call_id="c", approved=False, reason="no"
+        ),
     )
     lines = ProgressLines()
     assert lines.line(asked) == (
@@ -394,28 +413,44 @@ def test_an_approval_shows_in_the_lines_and_under_the_agent() -> None:
     ("detail", "said"),
     [
         (
-            {"ok": True, "turns": 3, "covered": 7},
+            CompactionEnd(ok=True, turns=3, covered=7),
             "a: folded 3 old turns into its summary (it covers 7)",
         ),
         (
-            {"ok": False, "turns": 3, "covered": 4, "error": "refused: requests limit of 1"},
+            CompactionEnd(ok=False, turns=3, covered=4, error="refused: requests limit of 1"),
             "a: summary not updated: refused: requests limit of 1",
         ),
     ],
 )
-def test_a_compaction_is_a_progress_line(detail: dict[str, object], said: str) -> None:
-    event = Event(kind="compaction", at=2.0, agent="a", depth=1, detail=detail)
+def test_a_compaction_is_a_progress_line(detail: CompactionEnd, said: str) -> None:
+    event = Event(at=2.0, agent="a", depth=1, detail=detail)
     assert ProgressLines().line(event) == f"[  2.00s] {said}"
 
 
 def test_a_restart_with_a_digest_says_so() -> None:
     event = Event(
-        kind="restart",
-        at=1.0,
-        agent="a",
-        depth=1,
-        detail={"restarts": 1, "reason": "boom", "digest": True},
+        at=1.0, agent="a", depth=1, detail=Restart(restarts=1, reason="boom", digest=True)
     )
     assert ProgressLines().line(event) == (
         "[  1.00s] a: restart 1 after: boom (it reads a digest of the attempts before)"
     )
+
+
+def test_a_tools_progress_shows_in_the_lines_and_under_the_agent() -> None:
+    """What an MCP server reports of a call's progress: a progress line, and the line
+    under the running agent until the call ends."""
+    progress = ToolProgress(tool="slow", call_id="s1", progress=2, total=4, message="step 2")
+    event = Event(at=1.0, agent="a", depth=1, execution_id="e", detail=progress)
+    assert ProgressLines().line(event) == "[  1.00s] a: slow: 2/4 (50%): step 2"
+    unknown = ToolProgress(tool="slow", call_id="s1", progress=3)
+    assert ProgressLines().line(Event(at=0.0, agent_id="a-1", detail=unknown)) == (
+        "[  0.00s] a-1: slow: 3"
+    )
+    latest = LatestLines()
+    latest.feed(text_event("e", "calling slow"))
+    latest.feed(event)
+    assert latest.line("e") == "⧗ slow: 2/4 (50%): step 2"
+    latest.feed(an_event("e", ToolEnd(tool="other", call_id="o1")))  # another call's end
+    assert latest.line("e") == "⧗ slow: 2/4 (50%): step 2"
+    latest.feed(an_event("e", ToolEnd(tool="slow", call_id="s1")))
+    assert latest.line("e") == ""
