@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from ._events import Retry
 from ._messages import (
     AssistantMessage,
     Message,
@@ -140,7 +141,7 @@ class Answers:
         self.corrections += 1
         recorder = self.recorder
         if recorder.observed:
-            recorder.emit("retry", attempt=self.corrections, error=reason[:300], delay=0.0)
+            recorder.emit(Retry(attempt=self.corrections, error=reason[:300], delay=0.0))
         return messages
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ._events import ToolEnd, ToolStart
 from ._messages import DigestMessage, ExecutionTrace, ToolCall, ToolOutcome
 
 if TYPE_CHECKING:
@@ -176,15 +177,16 @@ async def run_reusing(
         )
         if emit is not None:
             arguments = call.arguments[:200]
-            emit("tool_start", tool=call.name, call_id=call.id, arguments=arguments)
+            emit(ToolStart(tool=call.name, call_id=call.id, arguments=arguments))
             emit(
-                "tool_end",
-                tool=call.name,
-                call_id=call.id,
-                is_error=False,
-                seconds=0.0,
-                result=found.content[:200],
-                reused=True,
+                ToolEnd(
+                    tool=call.name,
+                    call_id=call.id,
+                    is_error=False,
+                    seconds=0.0,
+                    result=found.content[:200],
+                    reused=True,
+                )
             )
     if rest:
         some = [outcomes[index] for index in rest]

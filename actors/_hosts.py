@@ -33,6 +33,7 @@ import structlog
 
 from fractor.runtime import Node, Runtime, Supervisor
 
+from ._events import Restart
 from ._host import AgentHost, HostConfig
 from ._messages import exception_text
 from ._placing import HostUnavailable, Placement
@@ -254,15 +255,12 @@ class RemoteHosts:
         runtime = self.runtime
         if runtime is not None and runtime.event_bus.active:
             runtime.event_bus.emit(
-                "restart",
+                Restart(reason=lost.reason, restarts=child.placed_again, host=link.name),
                 agent=agent.name,
                 agent_id=node.id,
                 execution_id=node.id,
                 parent_id=parent.id,
                 depth=node.depth,
-                reason=lost.reason,
-                restarts=child.placed_again,
-                host=link.name,
             )
         self.start_on(child, link)
         return True

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from fractor.runtime import EventKind, Node, Supervisor, Usage
+from fractor.runtime import EventDetail, EventKind, Node, Supervisor, Usage
 
-from ._events import agent_event
+from ._events import ModelText, StepEnd, agent_event
 from ._messages import (
     ModelResponse,
     Status,
@@ -42,7 +42,7 @@ class Emit(Protocol):
     """How a part says an event of its execution: ``emit("kind", **detail)``
     (``Recorder.emit``)."""
 
-    def __call__(self, kind: EventKind, /, **detail: Any) -> None: ...
+    def __call__(self, kind: EventKind | EventDetail, /, **detail: Any) -> None: ...
 
 
 def synthesize(
@@ -172,7 +172,7 @@ class Recorder:
         its log), or the watcher of a streamed ask above it."""
         return self.bus.active or self.node.watch is not None
 
-    def emit(self, kind: EventKind, /, **detail: Any) -> None:
+    def emit(self, kind: EventKind | EventDetail, /, **detail: Any) -> None:
         """One event of the execution: to the runtime's subscribers when it has any,
         and to the watcher of the streamed ask above it, if there is one."""
         node = self.node
@@ -199,7 +199,7 @@ class Recorder:
         trace if the request is cut) and show it to whoever watches."""
         self.streamed.append(text)
         if self.bus.active or self.node.watch is not None:
-            self.emit("text", text=text, step=len(self.steps))
+            self.emit(ModelText(text=text, step=len(self.steps)))
 
     def begin(self, input_messages: int) -> None:
         """A step's model request is about to be sent, with ``input_messages``."""
@@ -235,11 +235,12 @@ class Recorder:
         self.step_began = 0.0
         if self.bus.active or self.node.watch is not None:
             self.emit(
-                "step_end",
-                step=record.index,
-                tool_calls=[call.name for call in record.tool_calls],
-                tokens=usage.input_tokens + usage.output_tokens,
-                seconds=model_seconds + tools_seconds,
+                StepEnd(
+                    step=record.index,
+                    tool_calls=tuple(call.name for call in record.tool_calls),
+                    tokens=usage.input_tokens + usage.output_tokens,
+                    seconds=model_seconds + tools_seconds,
+                )
             )
         return record
 

@@ -16,6 +16,7 @@ import msgspec
 
 from fractor.runtime import InvalidUsage, Reservation, Usage
 
+from ._events import BudgetResume, BudgetWait, RequestEnd, RequestStart, Retry
 from ._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
 from ._policy import is_retryable, retry_after
 from ._recording import EMPTY_USAGE, Recorder
@@ -81,14 +82,14 @@ async def send(
         observed = recorder.observed
         if observed:
             # An observer recording contents gets the messages (a reference: no copy).
-            contents = {"messages": request.messages} if recorder.bus.contents else {}
             recorder.emit(
-                "request_start",
-                step=len(recorder.steps),
-                attempt=attempt + 1,
-                model=name,
-                purpose=request.purpose,
-                **contents,
+                RequestStart(
+                    step=len(recorder.steps),
+                    attempt=attempt + 1,
+                    model=name,
+                    purpose=request.purpose,
+                    messages=request.messages if recorder.bus.contents else None,
+                )
             )
         # A model built on another, inside this call, has its requests admitted.
         call = _Call(recorder, reservation)
@@ -134,12 +135,13 @@ async def send(
                 at_least = min(reservation.wanted, 2 * reservation.output)
                 if recorder.observed:
                     recorder.emit(
-                        "retry",
-                        attempt=attempt + 1,
-                        error=f"reply cut at {reservation.output} tokens by the budget "
-                        f"shared with requests in flight; asking again with room for "
-                        f"{at_least}",
-                        delay=0.0,
+                        Retry(
+                            attempt=attempt + 1,
+                            error=f"reply cut at {reservation.output} tokens by the budget "
+                            f"shared with requests in flight; asking again with room for "
+                            f"{at_least}",
+                            delay=0.0,
+                        )
                     )
                 continue
         attempt += 1
@@ -152,7 +154,7 @@ async def send(
             _no_time_to_retry(recorder, delay, asked)
             raise error
         if recorder.observed:
-            recorder.emit("retry", attempt=attempt, error=f"{error!r}"[:300], delay=delay)
+            recorder.emit(Retry(attempt=attempt, error=f"{error!r}"[:300], delay=delay))
         await anyio.sleep(delay)
 
 
@@ -169,23 +171,25 @@ def _request_end(
     an observer that records contents."""
     if response is None:
         recorder.emit(
-            "request_end",
-            model=model,
-            input_tokens=usage.input_tokens if usage is not None else 0,
-            output_tokens=usage.output_tokens if usage is not None else 0,
-            finish_reason="error",
-            error=error[:300],
+            RequestEnd(
+                model=model,
+                input_tokens=usage.input_tokens if usage is not None else 0,
+                output_tokens=usage.output_tokens if usage is not None else 0,
+                finish_reason="error",
+                error=error[:300],
+            )
         )
         return
     recorder.emit(
-        "request_end",
-        model=model,
-        response_model=response.model,
-        input_tokens=response.usage.input_tokens,
-        output_tokens=response.usage.output_tokens,
-        finish_reason=response.finish_reason,
-        tool_calls=[[call.id, call.name] for call in response.tool_calls],
-        **({"response": response} if recorder.bus.contents else {}),
+        RequestEnd(
+            model=model,
+            response_model=response.model,
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+            finish_reason=response.finish_reason,
+            tool_calls=tuple((call.id, call.name) for call in response.tool_calls),
+            response=response if recorder.bus.contents else None,
+        )
     )
 
 
@@ -277,7 +281,7 @@ async def _wait_for_budget(
     tree (the node's ``waiting``) and in the runtime's statistics."""
     observed = recorder.observed
     began = time.perf_counter()
-    on_wait = (lambda why: recorder.emit("budget_wait", reason=why)) if observed else None
+    on_wait = (lambda why: recorder.emit(BudgetWait(reason=why))) if observed else None
     try:
         return await recorder.supervisor.reserve(
             recorder.node,
@@ -289,7 +293,7 @@ async def _wait_for_budget(
         )
     finally:
         if observed:
-            recorder.emit("budget_resume", seconds=time.perf_counter() - began)
+            recorder.emit(BudgetResume(seconds=time.perf_counter() - began))
 
 
 def ascii_arguments(calls: tuple[ToolCall, ...]) -> bool:
