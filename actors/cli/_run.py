@@ -396,7 +396,7 @@ async def run_command(args: argparse.Namespace) -> int:
             approval=args.approve or None,
             memory=memory,
         )
-        base_url = redact(getattr(model, "base_url", ""), ())  # no credentials shown
+        base_url = redact(getattr(model, "base_url", None) or "", ())  # no credentials shown
         show(
             Started(
                 agent=agent.name, model=model.name, base_url=base_url, task=args.task, budget=budget

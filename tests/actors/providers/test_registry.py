@@ -116,6 +116,24 @@ def test_the_command_line_knows_a_provider_added_from_outside(
     assert "status: completed (final answer)" in out
 
 
+def test_the_command_line_runs_a_provider_whose_model_has_no_base_url(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model with ``base_url = None`` (its SDK's default endpoint) starts as any
+    other: the banner shows no address instead of failing to redact one."""
+
+    class Local(MistralModel):
+        def __init__(self, model: str, **options: Any) -> None:
+            super().__init__(model, **options)
+            self.base_url = None  # type: ignore[assignment]
+
+    monkeypatch.setitem(PROVIDERS, "local", Local)
+    assert main(["run", "--model", "local:small-latest", "Say hello."]) == 0
+    out = capsys.readouterr().out
+    assert "agent 'assistant' started on mistral:small-latest" in out
+    assert "small-latest says hello" in out
+
+
 # -- inside the package: no provider imports another ------------------------------------
 
 PROVIDERS_DIR = pathlib.Path(__file__).parents[3] / "actors" / "providers"
