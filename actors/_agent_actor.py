@@ -37,6 +37,7 @@ from fractor.runtime import (
 
 from ._agent_ref import Decide, GetApprovals, GetConversation, GetProgress, GetTrace
 from ._approval import approvals_of
+from ._definition import AgentDefinition, with_toolsets
 from ._digest import completed, digest, resumable
 from ._execution import Execution
 from ._memory import Fold, Tally, summary_section
@@ -54,11 +55,9 @@ from ._messages import (
 )
 from ._persistence import AgentState, decode_state, encode_state, is_automatic_id
 from ._streaming import withdrawn
-from ._toolbox import with_toolsets
 from ._traces import TRACE_KIND, trace_from_record, trace_record
 
 if TYPE_CHECKING:
-    from ._agent import Agent
     from ._models import Model
 
 __all__ = ["AgentActor"]
@@ -75,7 +74,7 @@ class AgentActor(Actor):
     accepts = (Task, GetConversation, GetTrace)
     controls = (GetProgress, GetApprovals, Decide)
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: AgentDefinition) -> None:
         self.agent = agent
         self.mailbox_size = agent.mailbox_size
         # Subagents run in a task group of the step that calls them (spawn_soon), not
@@ -385,6 +384,7 @@ class AgentActor(Actor):
             history=history,
             buffer=self.execution,
             context=context,
+            new_actor=AgentActor,
             conversation=self.messages,
             delegated=bool(task.node),
             ends_itself=ends_itself,
@@ -437,7 +437,9 @@ class AgentActor(Actor):
         )
 
 
-def _check_prices(agent: Agent, prices: Mapping[str, Price], budget: Budget | None) -> None:
+def _check_prices(
+    agent: AgentDefinition, prices: Mapping[str, Price], budget: Budget | None
+) -> None:
     """Refuse a cost limit (``budget``'s or one in ``agent``'s tree) over a model with
     no price, naming the models: a cost cannot be counted, so it cannot be limited."""
     if not (budget is not None and budget.cost is not None) and not _limits_cost(agent):
@@ -451,14 +453,14 @@ def _check_prices(agent: Agent, prices: Mapping[str, Price], budget: Budget | No
         )
 
 
-def _limits_cost(agent: Agent) -> bool:
+def _limits_cost(agent: AgentDefinition) -> bool:
     budget = agent.budget
     if budget is not None and budget.cost is not None:
         return True
     return any(_limits_cost(subagent) for subagent in agent.subagents)
 
 
-def _priced_names(agent: Agent) -> Iterator[str]:
+def _priced_names(agent: AgentDefinition) -> Iterator[str]:
     """The names prices are looked up by, for every model in ``agent``'s tree (an
     adapter's requests are its inner model's)."""
     model = agent.model
@@ -473,7 +475,7 @@ def _priced_names(agent: Agent) -> Iterator[str]:
 # -- the models a runtime owns ------------------------------------------------------------
 
 
-def models_of(agent: Agent) -> Iterator[Model]:
+def models_of(agent: AgentDefinition) -> Iterator[Model]:
     """The models an agent's executions use: its own, its memory's summarizer, and
     the inner ones of adapters (``ReActModel``), outermost first. Its subagents'
     are theirs: each is handed over as its actor starts."""

@@ -22,7 +22,7 @@ from ._messages import Conversation, ExecutionTrace, Progress, Result, Task, saf
 from ._streaming import AgentStream
 
 if TYPE_CHECKING:
-    from ._agent import Agent
+    from ._definition import AgentDefinition
 
 __all__ = ["AgentRef", "Decide", "GetApprovals", "GetConversation", "GetProgress", "GetTrace"]
 
@@ -56,7 +56,7 @@ class AgentRef:
 
     __slots__ = ("_ref", "agent")
 
-    def __init__(self, ref: ActorRef, agent: Agent) -> None:
+    def __init__(self, ref: ActorRef, agent: AgentDefinition) -> None:
         self._ref = ref
         self.agent = agent
 

@@ -28,7 +28,8 @@ from ._messages import ToolCall, ToolOutcome
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
-    from ._agent import Agent
+    from ._children import NewActor
+    from ._definition import AgentDefinition
     from ._recording import Emit, Recorder
     from ._toolbox import Toolbox
     from ._tools import Tool
@@ -61,8 +62,9 @@ class ToolRunner:
     """The tool calls of an execution's steps (see the module): a part the
     ``Execution`` holds, made from its agent's ``toolbox``, ``subagents``,
     ``concurrency`` bound and ``approve`` rule, the execution's ``recorder`` (its
-    node, supervisor and events) and its actor's ``context`` (to spawn children, and
-    the runtime's approvals).
+    node, supervisor and events), its actor's ``context`` (to spawn children, and
+    the runtime's approvals) and ``new_actor`` (the actor of a child run here:
+    ``AgentActor``, handed down so that this module need not import it).
 
     ``escalation`` is set when a subagent that escalates failed: the execution then
     fails with it, after the step.
@@ -74,6 +76,7 @@ class ToolRunner:
         "concurrency",
         "context",
         "escalation",
+        "new_actor",
         "node",
         "recorder",
         "subagents",
@@ -84,11 +87,12 @@ class ToolRunner:
     def __init__(
         self,
         toolbox: Toolbox,
-        subagents: Mapping[str, Agent],
+        subagents: Mapping[str, AgentDefinition],
         concurrency: int,
         approve: Callable[[ToolCall], bool] | None,
         recorder: Recorder,
         context: ActorContext,
+        new_actor: NewActor,
     ) -> None:
         self.toolbox = toolbox
         self.subagents = subagents
@@ -98,6 +102,7 @@ class ToolRunner:
         self.node = recorder.node
         self.supervisor = recorder.supervisor
         self.context = context
+        self.new_actor = new_actor
         #: The tool call ids of this execution so far (see ``unique``).
         self.call_ids: set[str] = set()
         self.escalation = ""
@@ -188,6 +193,7 @@ class ToolRunner:
                 delegation = Delegation(
                     self.recorder,
                     self.context,
+                    self.new_actor,
                     subagents,
                     self.concurrency,
                     tg,

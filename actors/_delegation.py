@@ -3,9 +3,10 @@ the call's tool result (DESIGN.md section 1, "Subagents").
 
 A parent execution's tool runner hands the subagent calls of a step to a
 ``Delegation``: it opens each child's node in the supervisor's tree, spawns the
-child with ``spawn_soon`` in the step's task group and parks until the children
-have answered. Only final responses come back; a child's internals never reach its
-parent.
+child with ``spawn_soon`` in the step's task group (the actor of its definition,
+which the agent's actor hands down: a ``NewActor``; or a host's ``Placement``
+launches it, see ``actors._children``) and parks until the children have answered.
+Only final responses come back; a child's internals never reach its parent.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ import msgspec
 from fractor.runtime import ActorContext, BudgetExceeded, Node
 from fractor.runtime.lowlevel import Waiter, new_waiter, park, wake
 
+from ._children import HostUnavailable, placer_of
 from ._messages import Result, Task, ToolCall, ToolOutcome, exception_text
-from ._placing import HostUnavailable, placer_of
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
-    from ._agent import Agent, AgentRef
-    from ._placing import ChildReply
+    from ._children import ChildReply, NewActor
+    from ._definition import AgentDefinition
     from ._recording import Recorder
 
 __all__ = ["Delegation", "refused"]
@@ -55,6 +56,7 @@ class Delegation:
         "escalation",
         "interrupted",
         "limit",
+        "new_actor",
         "node",
         "outcomes",
         "pending",
@@ -71,19 +73,21 @@ class Delegation:
         self,
         recorder: Recorder,
         context: ActorContext,
-        subagents: Mapping[str, Agent],
+        new_actor: NewActor,
+        subagents: Mapping[str, AgentDefinition],
         limit: int,
         task_group: TaskGroup,
         calls: list[tuple[int, ToolCall]],
         outcomes: list[ToolOutcome],
     ) -> None:
         #: The parent execution's records (its node, supervisor and events), its
-        #: actor's context (which spawns the children), its subagents by name, and
-        #: how many children may run at once.
+        #: actor's context (which spawns the children) and the actor of a child run
+        #: here, its subagents by name, and how many children may run at once.
         self.recorder = recorder
         self.node = recorder.node
         self.supervisor = recorder.supervisor
         self.context = context
+        self.new_actor = new_actor
         self.subagents = subagents
         self.limit = limit
         self.task_group = task_group
@@ -203,11 +207,11 @@ class Delegation:
                 )
                 return True
         try:
-            child: AgentRef = self.context.spawn_soon(
-                subagent, task_group=self.task_group, id=node.id
+            child = self.context.spawn_soon(
+                self.new_actor(subagent), task_group=self.task_group, id=node.id, name=subagent.name
             )
-            reply = child.actor.ask_nowait(Task(text=task, node=node.id))
-            child.actor.stop_nowait()  # the task is its only message
+            reply = child.ask_nowait(Task(text=task, node=node.id))
+            child.stop_nowait()  # the task is its only message
         except Exception as exc:
             supervisor.close(node, "failed", exception_text(exc))
             self.outcomes[index] = refused(
@@ -228,7 +232,7 @@ class Delegation:
         self,
         index: int,
         call: ToolCall,
-        subagent: Agent,
+        subagent: AgentDefinition,
         node: Node,
         began: float,
         reply: ChildReply,

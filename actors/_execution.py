@@ -53,6 +53,7 @@ from fractor.runtime import (
 
 from ._answering import Answers
 from ._calling import Interrupted, ToolRunner
+from ._definition import StopCondition
 from ._digest import Reuse, reusable, run_reusing
 from ._memory import Fold, Summarizer, clear_results
 from ._messages import (
@@ -75,15 +76,13 @@ from ._recording import NOT_RUN, Recorder, bind_log_context, synthesize
 from ._requests import ascii_arguments, safe_response, send
 
 if TYPE_CHECKING:
-    from ._agent import Agent
+    from ._children import NewActor
+    from ._definition import AgentDefinition
     from ._models import ModelAdapter, Send
     from ._recording import Emit
     from ._tools import Tool
 
 __all__ = ["Execution", "StopCondition", "synthesize"]
-
-#: A user stop condition: called after each step that ran tools; True ends the execution.
-StopCondition = Callable[[StepRecord], bool]
 
 
 class Execution:
@@ -144,7 +143,7 @@ class Execution:
     def __init__(
         self,
         *,
-        agent: Agent,
+        agent: AgentDefinition,
         agent_id: str,
         node: Node,
         supervisor: Supervisor,
@@ -152,6 +151,7 @@ class Execution:
         history: tuple[Message, ...],
         buffer: list[Message],
         context: ActorContext,
+        new_actor: NewActor,
         conversation: list[Message],
         delegated: bool = False,
         ends_itself: bool = False,
@@ -221,6 +221,7 @@ class Execution:
             agent.approve,
             recorder,
             context,
+            new_actor,
         )
         output = agent.output_spec
         self.answers = None if output is None else Answers(output, recorder)

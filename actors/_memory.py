@@ -18,29 +18,37 @@ the agent's whole retry policy at every ask; the next ask tries again). Refused 
 the budget, failed, or answered with no text, it changes nothing: the execution goes
 on with the whole conversation and the event (and the record) says why. Nothing is
 ever lost: the turns are dropped only once their summary is in place.
+
+The configuration and what it plans (``Compaction``, ``Fold``, ``Tally``) are written
+in ``actors._compaction``, below the agent's definition that holds them, and
+re-exported here; this module sends the request (``Summarizer``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from fractor.runtime import BudgetExceeded
 
+from ._compaction import (
+    DEFAULT_SUMMARY_INSTRUCTIONS,
+    Compaction,
+    Fold,
+    Tally,
+    conversation_tokens,
+    summary_section,
+)
 from ._messages import (
     AssistantMessage,
     Message,
     ModelRequest,
     SummaryRecord,
-    SystemMessage,
     ToolResultMessage,
     ToolSpec,
-    UserMessage,
     exception_text,
     safe_text,
 )
@@ -63,118 +71,6 @@ __all__ = [
     "summary_section",
 ]
 
-DEFAULT_SUMMARY_INSTRUCTIONS = (
-    "You keep the memory of a conversation between a user and an assistant. Write a "
-    "summary the assistant can rely on in place of the turns you are given: the "
-    "user's goals and preferences, the facts, names, numbers and decisions in them, "
-    "the answers given, and what is still open. Merge the summary so far into it, "
-    "if there is one. Write the summary only, as plain text."
-)
-
-#: Characters per token of the conversation's estimate, and tokens per message.
-_CHARS_PER_TOKEN = 4
-_PER_MESSAGE = 4
-
-
-def conversation_tokens(messages: list[Message] | tuple[Message, ...]) -> int:
-    """An estimate of the tokens of ``messages``: a token per four characters of each
-    message (rounded up) and four per message (providers count their own way: this
-    decides when to fold). Per message, so that counting a conversation as it grows
-    (``Tally``) gives what counting it whole does."""
-    return sum(_tokens_of(len(message.content)) for message in messages) + _PER_MESSAGE * len(
-        messages
-    )
-
-
-def _tokens(text: str) -> int:
-    return _tokens_of(len(text))
-
-
-def _tokens_of(chars: int) -> int:
-    return math.ceil(chars / _CHARS_PER_TOKEN)
-
-
-@dataclass(frozen=True, slots=True)
-class Compaction:
-    """When and how an agent folds old turns of its conversation into its summary.
-
-    ``threshold``: the estimated tokens of the conversation (user turns and final
-    answers, the new task included: ``conversation_tokens``) from which it
-    compacts. ``keep``: how many of the most recent turns (user/answer pairs) stay
-    verbatim; the new task's turn comes on top of them. ``model``: the summarizer
-    (None: the agent's own). ``instructions``: the summarizer's system prompt; its
-    request is marked ``ModelRequest.purpose == "summary"``. ``max_tokens``: the cap
-    of the summary's length, in tokens.
-    """
-
-    threshold: int = 8_000
-    keep: int = 4
-    model: Model | None = None
-    instructions: str = DEFAULT_SUMMARY_INSTRUCTIONS
-    max_tokens: int = 1_000
-    clear_results: int | None = None
-
-    def __post_init__(self) -> None:
-        checked = [("threshold", 1), ("keep", 0), ("max_tokens", 1)]
-        if self.clear_results is not None:
-            checked.append(("clear_results", 1))
-        for name, minimum in checked:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise ValueError(
-                    f"Compaction.{name} must be a whole number >= {minimum}, got {value!r}"
-                )
-        if not isinstance(self.instructions, str) or not self.instructions.strip():
-            raise ValueError("Compaction.instructions must be a non-empty str")
-        object.__setattr__(self, "instructions", safe_text(self.instructions))  # from outside
-        if self.model is not None and not callable(getattr(self.model, "request", None)):
-            raise TypeError(
-                "Compaction.model must implement the Model protocol (an async "
-                f"request() method) or be None, got {type(self.model).__qualname__}"
-            )
-
-    def plan(
-        self,
-        messages: list[Message],
-        tally: Tally,
-        task: str,
-        summary: list[Message],
-        summarized: int,
-    ) -> Fold | None:
-        """The fold to do before an execution of ``task``, or None: the conversation
-        with it is within ``threshold``, or no turn older than the last ``keep``."""
-        pairs = len(messages) // 2
-        turns = pairs - self.keep
-        if turns < 1:
-            return None
-        with_task = tally.of(messages) + _tokens(task) + _PER_MESSAGE
-        if with_task < self.threshold:
-            return None
-        folded = tuple(messages[: 2 * turns])
-        earlier = "\n\n".join(_text(message.content) for message in summary)
-        request = self._request(earlier, folded, summarized)
-        return Fold(turns=turns, covered=summarized, messages=folded, request=request)
-
-    def _request(self, earlier: str, folded: tuple[Message, ...], summarized: int) -> ModelRequest:
-        parts: list[str] = []
-        if earlier:
-            parts.append(f"The summary so far (turns 1 to {summarized}):\n{earlier}")
-        first = summarized + 1
-        last = summarized + len(folded) // 2
-        lines = [f"The turns to fold in (turns {first} to {last}):"]
-        for message in folded:
-            speaker = "User" if isinstance(message, UserMessage) else "Assistant"
-            lines.append(f"{speaker}: {message.content}")
-        parts.append("\n".join(lines))
-        return ModelRequest(
-            messages=(
-                SystemMessage(content=self.instructions),
-                UserMessage(content="\n\n".join(parts)),
-            ),
-            max_tokens=self.max_tokens,
-            purpose="summary",
-        )
-
 
 def clear_results(buffer: list[Message], keep: int, cleared: int) -> int:
     """Clear the results of the tool steps of an execution ``buffer`` but the last
@@ -196,54 +92,6 @@ def clear_results(buffer: list[Message], keep: int, cleared: int) -> int:
                 if len(result.content) > len(note):
                     buffer[index] = msgspec.structs.replace(result, content=note)
     return len(steps) - keep
-
-
-class Tally:
-    """An agent's conversation's ``conversation_tokens``, counted as it grows: each
-    message once (all again after a fold or a load, when the start changed)."""
-
-    __slots__ = ("counted", "tokens")
-
-    def __init__(self) -> None:
-        self.counted = 0
-        self.tokens = 0
-
-    def of(self, messages: list[Message]) -> int:
-        counted = self.counted
-        if counted < len(messages):
-            self.tokens += conversation_tokens(messages[counted:])
-            self.counted = len(messages)
-        return self.tokens
-
-    def restart(self) -> None:
-        """The conversation lost messages at its start: count it all again."""
-        self.counted = self.tokens = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Fold:
-    """One compaction to do: the oldest ``turns`` pairs (``messages``), the summary
-    covering ``covered`` turns before it, and the summarization ``request``."""
-
-    turns: int
-    covered: int
-    messages: tuple[Message, ...]
-    request: ModelRequest
-
-
-_HEADING = "Summary of the conversation before the turns below"
-
-
-def summary_section(text: str, covered: int) -> SystemMessage:
-    """The summary section's one message: the summary of the first ``covered`` turns."""
-    return SystemMessage(content=f"{_HEADING} ({covered} earlier turns):\n{text}")
-
-
-def _text(content: str) -> str:
-    """The summary in a summary section's message, without its heading."""
-    if content.startswith(_HEADING):
-        return content.partition("\n")[2]
-    return content
 
 
 class Summarizer:

@@ -11,44 +11,25 @@ A ``Placement`` launches the child's subtree under its node (opened here, its
 budget checked) and hands back the child's one reply (a ``ChildReply``, the surface
 ``Delegation`` reads of a local child's ``PendingReply`` too). ``RemoteHosts`` (and
 ``LocalHosts``, ``RayHosts``) implement it; another kind of host may implement it
-from the public names alone.
+from the public names alone. The core's side of it (``HostUnavailable``,
+``ChildReply``, re-exported here, and how it asks) is ``actors._children``, below
+the ``Agent`` these protocols name.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
+
+from ._children import ChildReply, HostUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from anyio.abc import TaskGroup
 
     from fractor.runtime import Node, Supervisor
 
     from ._agent import Agent
 
-__all__ = ["ChildReply", "HostUnavailable", "Placement", "Placer", "placer_of"]
-
-
-class HostUnavailable(Exception):
-    """No live host can take a subtree pinned to a pool."""
-
-
-class ChildReply(Protocol):
-    """The one reply of a child, wherever it runs: it settles once, then calls back."""
-
-    @property
-    def error(self) -> BaseException | None:
-        """Why the child stopped without an answer (None: it answered)."""
-        ...
-
-    def result(self) -> Any:
-        """The child's ``Result`` (once settled without an error)."""
-        ...
-
-    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
-        """Call ``callback(reply)`` once the reply settles."""
-        ...
+__all__ = ["ChildReply", "HostUnavailable", "Placement", "Placer"]
 
 
 class Placement(Protocol):
@@ -77,12 +58,3 @@ class Placer(Protocol):
         host, or None (here). Raises ``HostUnavailable`` when it must run on a host
         and none can take it (the call is refused)."""
         ...
-
-
-def placer_of(hosts: object) -> Callable[[Node, Agent, Supervisor], Placement | None] | None:
-    """The ``place`` of ``hosts`` if they can place subtrees, else None: asked of what
-    they can do, never of their class."""
-    place = getattr(hosts, "place", None)
-    if place is None or not callable(place):
-        return None
-    return cast("Callable[[Node, Agent, Supervisor], Placement | None]", place)

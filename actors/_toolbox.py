@@ -3,15 +3,14 @@ tool (an unknown name is an error result the model reads, never an exception).
 
 ``Toolset``: tools known only once a runtime runs (an MCP server's, say), listed in
 an agent's ``tools`` next to its own; the agent's actor resolves them when it is
-spawned, once per runtime and definition (``AgentActor.on_start``).
+spawned, once per runtime and definition (``AgentActor.on_start``, with
+``actors._definition.with_toolsets``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._messages import ToolCall, ToolOutcome, ToolSpec
 from ._tools import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError, tool, truncate
@@ -19,9 +18,8 @@ from ._tools import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError, tool, t
 if TYPE_CHECKING:
     from fractor.runtime import Runtime
 
-    from ._agent import Agent
 
-__all__ = ["Toolbox", "Toolset", "is_toolset", "with_toolsets"]
+__all__ = ["Toolbox", "Toolset", "is_toolset"]
 
 
 @runtime_checkable
@@ -96,29 +94,3 @@ class Toolbox:
         if len(content) > DEFAULT_MAX_RESULT_CHARS:
             content = truncate(content, DEFAULT_MAX_RESULT_CHARS)
         return ToolOutcome(call=call, content=content, is_error=True, seconds=0.0, attempts=0)
-
-
-#: Agent definitions with their toolsets resolved, per runtime (by the definition's
-#: identity; the definition is kept with it, so the identity stays its own).
-_resolved: weakref.WeakKeyDictionary[Runtime, dict[int, tuple[Agent, Agent]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-async def with_toolsets(agent: Agent, runtime: Runtime) -> Agent:
-    """``agent`` with each of its toolsets replaced by the tools it lists in
-    ``runtime``; resolved once per runtime and definition (a subagent spawned a
-    thousand times lists its server's tools once)."""
-    cache = _resolved.setdefault(runtime, {})
-    found = cache.get(id(agent))
-    if found is not None:
-        return found[1]
-    entries: list[Any] = []
-    for entry in agent.tools:
-        if isinstance(entry, Tool):
-            entries.append(entry)
-        else:
-            entries.extend(await cast("Toolset", entry).tools(runtime))
-    resolved = dataclasses.replace(agent, tools=tuple(entries))
-    cache.setdefault(id(agent), (agent, resolved))
-    return cache[id(agent)][1]
