@@ -39,6 +39,7 @@ from ._agent_ref import Decide, GetApprovals, GetConversation, GetProgress, GetT
 from ._approval import approvals_of
 from ._definition import AgentDefinition, with_toolsets
 from ._digest import completed, digest, resumable
+from ._events import Refused, Restart
 from ._execution import Execution
 from ._memory import Fold, Tally, summary_section
 from ._messages import (
@@ -242,11 +243,9 @@ class AgentActor(Actor):
                 bus = context.runtime.event_bus
                 if bus.active:
                     bus.emit(
-                        "refused",
+                        Refused(reason=str(exc), caller=task.caller),
                         agent=agent.name,
                         agent_id=context.id,
-                        reason=str(exc),
-                        caller=task.caller,
                     )
                 return self._refused(str(exc))
         memory = agent.memory
@@ -271,10 +270,11 @@ class AgentActor(Actor):
                 self.restarts.append(anyio.current_time())
                 if execution.observed:  # subscribers, and a streamed ask's watcher
                     execution.emit(
-                        "restart",
-                        reason=execution.reason,
-                        restarts=len(self.restarts),
-                        digest=agent.restart.digest,
+                        Restart(
+                            reason=execution.reason,
+                            restarts=len(self.restarts),
+                            digest=agent.restart.digest,
+                        )
                     )
                 # Every attempt's trace is kept and stored: the last one has the
                 # node's id (the Result's), each earlier one an id of its own. Its

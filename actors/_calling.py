@@ -23,6 +23,7 @@ from fractor.runtime import ActorContext, BudgetExceeded
 
 from ._approval import approvals_of
 from ._delegation import Delegation, refused
+from ._events import ApprovalAsked, ApprovalDecision, ToolEnd, ToolProgress, ToolStart
 from ._messages import ToolCall, ToolOutcome
 
 if TYPE_CHECKING:
@@ -265,12 +266,13 @@ class ToolRunner:
             forwarder.ask(request)
         if recorder.observed:
             recorder.emit(
-                "approval_request",
-                id=request.id,
-                tool=call.name,
-                call_id=call.id,
-                arguments=call.arguments[:200],
-                path=list(request.path),
+                ApprovalAsked(
+                    id=request.id,
+                    tool=call.name,
+                    call_id=call.id,
+                    arguments=call.arguments[:200],
+                    path=tuple(request.path),
+                )
             )
         try:
             approved, reason, waited = await approvals.wait(pending)
@@ -279,13 +281,14 @@ class ToolRunner:
                 forwarder.withdraw(request.id)  # ended first: the driver forgets it
         if recorder.observed:
             recorder.emit(
-                "approval_decision",
-                id=request.id,
-                tool=call.name,
-                call_id=call.id,
-                approved=approved,
-                reason=reason,
-                waited=waited,
+                ApprovalDecision(
+                    id=request.id,
+                    tool=call.name,
+                    call_id=call.id,
+                    approved=approved,
+                    reason=reason,
+                    waited=waited,
+                )
             )
         if not approved:
             said = f": {reason}" if reason else ""
@@ -324,19 +327,20 @@ class ToolRunner:
 
     async def _run_call_observed(self, call: ToolCall) -> ToolOutcome:
         emit = self.recorder.emit
-        emit("tool_start", tool=call.name, call_id=call.id, arguments=call.arguments[:200])
+        emit(ToolStart(tool=call.name, call_id=call.id, arguments=call.arguments[:200]))
         reporting = _reporter.set(functools.partial(_report_progress, emit, call))
         try:
             outcome = await self.toolbox.run(call)
         finally:
             _reporter.reset(reporting)
         emit(
-            "tool_end",
-            tool=call.name,
-            call_id=call.id,
-            is_error=outcome.is_error,
-            seconds=outcome.seconds,
-            result=outcome.content[:200],
+            ToolEnd(
+                tool=call.name,
+                call_id=call.id,
+                is_error=outcome.is_error,
+                seconds=outcome.seconds,
+                result=outcome.content[:200],
+            )
         )
         return outcome
 
@@ -349,10 +353,7 @@ def _report_progress(
     emit: Emit, call: ToolCall, progress: float, total: float | None, message: str
 ) -> None:
     emit(
-        "tool_progress",
-        tool=call.name,
-        call_id=call.id,
-        progress=progress,
-        total=total,
-        message=message[:200],
+        ToolProgress(
+            tool=call.name, call_id=call.id, progress=progress, total=total, message=message[:200]
+        )
     )

@@ -23,6 +23,7 @@ from fractor.runtime import ActorContext, BudgetExceeded, Node
 from fractor.runtime.lowlevel import Waiter, new_waiter, park, wake
 
 from ._children import HostUnavailable, placer_of
+from ._events import Spawn
 from ._messages import Result, Task, ToolCall, ToolOutcome, exception_text
 
 if TYPE_CHECKING:
@@ -194,12 +195,13 @@ class Delegation:
                     return True
                 if recorder.observed:
                     recorder.emit(
-                        "spawn",
-                        child=subagent.name,
-                        child_id=node.id,
-                        call_id=call.id,
-                        task=task[:200],
-                        host=placement.host,
+                        Spawn(
+                            child=subagent.name,
+                            child_id=node.id,
+                            call_id=call.id,
+                            task=task[:200],
+                            host=placement.host,
+                        )
                     )
                 self.running[index] = node
                 remote.add_done_callback(
@@ -220,7 +222,7 @@ class Delegation:
             return True
         if recorder.observed:
             recorder.emit(
-                "spawn", child=subagent.name, child_id=node.id, call_id=call.id, task=task[:200]
+                Spawn(child=subagent.name, child_id=node.id, call_id=call.id, task=task[:200])
             )
         self.running[index] = node
         reply.add_done_callback(

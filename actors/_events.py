@@ -310,12 +310,14 @@ def agent_event(
     execution_id: str,
     parent_id: str,
     depth: int,
-    detail: dict[str, Any],
+    detail: dict[str, Any] | None = None,
 ) -> Event:
     """One event of an execution of ``agent``: ``kind`` is its detail made already
     (``ToolStart(tool=..., call_id=...)``, then ``detail`` is empty), or the name of
     its kind with its fields in ``detail`` (``ValueError`` for a kind no class
     defines, ``TypeError`` for a field its class lacks or a required one missing)."""
+    if detail is None:
+        detail = {}
     cls = _detail_of(kind) if kind.__class__ is str else None
     if cls is not None:
         try:

@@ -44,7 +44,6 @@ import msgspec
 from fractor.runtime import (
     ActorContext,
     BudgetExceeded,
-    EventKind,
     Node,
     NodeSnapshot,
     Supervisor,
@@ -55,6 +54,14 @@ from ._answering import Answers
 from ._calling import Interrupted, ToolRunner
 from ._definition import StopCondition
 from ._digest import Reuse, reusable, run_reusing
+from ._events import (
+    DeadlineReached,
+    ExecutionEnd,
+    ExecutionStart,
+    LimitReached,
+    ModelText,
+    StepStart,
+)
 from ._memory import Fold, Summarizer, clear_results
 from ._messages import (
     AssistantMessage,
@@ -297,8 +304,7 @@ class Execution:
             self.agent_id, parent.id if parent is not None else None, node.depth, node.id
         )
         if self.observed:
-            caller = {"caller": self.caller} if self.caller else {}
-            self.emit("execution_start", task=self.task[:200], **caller)
+            self.emit(ExecutionStart(task=self.task[:200], caller=self.caller))
         return tokens
 
     def _cancelled(self) -> None:
@@ -386,15 +392,16 @@ class Execution:
         if one did, then its status."""
         node = self.node
         if self.status in ("budget_exceeded", "timed_out"):
-            kind: EventKind = "budget_exceeded" if self.status == "budget_exceeded" else "deadline"
-            self.emit(kind, reason=self.reason)
+            limit = LimitReached if self.status == "budget_exceeded" else DeadlineReached
+            self.emit(limit(reason=self.reason))
         self.emit(
-            "execution_end",
-            status=self.status,
-            reason=self.reason,
-            steps=len(self.recorder.steps),
-            tokens=node.input_tokens + node.output_tokens,
-            answer=self.answer()[:200],  # the task's answer, as execution_start its task
+            ExecutionEnd(
+                status=self.status,
+                reason=self.reason,
+                steps=len(self.recorder.steps),
+                tokens=node.input_tokens + node.output_tokens,
+                answer=self.answer()[:200],  # the task's answer, as execution_start its task
+            )
         )
 
     # -- the steps ---------------------------------------------------------------------
@@ -491,7 +498,7 @@ class Execution:
         """The step's model request, whose step begins now."""
         recorder = self.recorder
         if self.observed:
-            self.emit("step_start", step=len(recorder.steps))
+            self.emit(StepStart(step=len(recorder.steps)))
         recorder.begin(len(context))
         answers = self.answers
         if answers is None:
@@ -516,7 +523,7 @@ class Execution:
         if response.text:
             self.last_text = response.text
             if self.recorder.sink is None and self.observed:  # it came in one piece
-                self.emit("text", text=response.text, step=len(self.recorder.steps))
+                self.emit(ModelText(text=response.text, step=len(self.recorder.steps)))
         calls = response.tool_calls
         if calls and not self.tools.ids_unique(calls):
             response = msgspec.structs.replace(response, tool_calls=self.tools.unique(calls))

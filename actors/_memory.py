@@ -42,6 +42,7 @@ from ._compaction import (
     conversation_tokens,
     summary_section,
 )
+from ._events import CompactionEnd
 from ._messages import (
     AssistantMessage,
     Message,
@@ -198,13 +199,14 @@ class Summarizer:
         )
         if recorder.observed:
             recorder.emit(
-                "compaction",
-                ok=not error,
-                turns=fold.turns,
-                covered=covered,
-                input_tokens=record.usage.input_tokens,
-                output_tokens=record.usage.output_tokens,
-                error=error[:300],
+                CompactionEnd(
+                    ok=not error,
+                    turns=fold.turns,
+                    covered=covered,
+                    input_tokens=record.usage.input_tokens,
+                    output_tokens=record.usage.output_tokens,
+                    error=error[:300],
+                )
             )
 
 

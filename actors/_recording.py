@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from fractor.runtime import EventDetail, EventKind, Node, Supervisor, Usage
+from fractor.runtime import EventDetail, Node, Supervisor, Usage
 
 from ._events import ModelText, StepEnd, agent_event
 from ._messages import (
@@ -39,10 +39,10 @@ EMPTY_USAGE = Usage()
 
 
 class Emit(Protocol):
-    """How a part says an event of its execution: ``emit("kind", **detail)``
-    (``Recorder.emit``)."""
+    """How a part says an event of its execution: ``emit(ToolStart(...))``, the
+    detail of its kind made where it happens (``Recorder.emit``)."""
 
-    def __call__(self, kind: EventKind | EventDetail, /, **detail: Any) -> None: ...
+    def __call__(self, detail: EventDetail, /) -> None: ...
 
 
 def synthesize(
@@ -172,21 +172,20 @@ class Recorder:
         its log), or the watcher of a streamed ask above it."""
         return self.bus.active or self.node.watch is not None
 
-    def emit(self, kind: EventKind | EventDetail, /, **detail: Any) -> None:
+    def emit(self, detail: EventDetail, /) -> None:
         """One event of the execution: to the runtime's subscribers when it has any,
         and to the watcher of the streamed ask above it, if there is one."""
         node = self.node
         parent = node.parent
         bus = self.bus
         event = agent_event(
-            kind,
+            detail,
             at=bus.now(),
             agent=self.agent_name,
             agent_id=self.agent_id,
             execution_id=node.id,
             parent_id=parent.id if parent is not None else "",
             depth=node.depth,
-            detail=detail,
         )
         if bus.active:
             bus.deliver(event)
