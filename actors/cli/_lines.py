@@ -2,9 +2,10 @@
 matters (``ProgressLines``, for a pipe, CI or a dumb terminal), and the latest line
 each running agent's model streamed (``LatestLines``, shown under it in the tree).
 Both are pure: they read events and return text. Each dispatches on the event's
-detail class and says which kinds it shows (``SHOWN``) and which it leaves out on
-purpose (``IGNORED``): ``tests/actors/test_events.py`` fails when a kind is in
-neither.
+detail class and says which kinds it shows in words of its own (``SHOWN``) and which
+it leaves out on purpose (``IGNORED``); any other kind (one defined since) it shows
+as it is, ``kind field=value ...`` (``generic_line``), so that no kind is silently
+dropped and a new kind needs no line here.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ __all__ = ["LatestLines", "ProgressLines"]
 _ARGUMENTS_SHOWN = 80
 #: How many characters of an agent's latest streamed line the tree shows.
 _LINE_SHOWN = 100
+#: How many characters of a kind shown as it is (``generic_line``) a line shows.
+_GENERIC_SHOWN = 120
 
 
 class LatestLines:
@@ -50,10 +53,11 @@ class LatestLines:
     too, while they last.
 
     A step's request starts a new line; an execution's end forgets it. Only the
-    tail of a long line is kept (``width`` characters).
+    tail of a long line is kept (``width`` characters). An event of a kind neither
+    ``SHOWN`` nor ``IGNORED`` is the line, as it is (``generic_line``), until the next.
     """
 
-    #: The kinds it reads; every other kind it leaves out on purpose (``IGNORED``).
+    #: The kinds it reads in words of its own.
     SHOWN: frozenset[type[EventDetail]] = frozenset(
         {
             ModelText,
@@ -66,6 +70,7 @@ class LatestLines:
             ApprovalDecision,
         }
     )
+    #: The kinds it leaves out on purpose.
     IGNORED: frozenset[type[EventDetail]] = frozenset(
         {
             ExecutionStart,
@@ -84,6 +89,8 @@ class LatestLines:
             ActorStop,
         }
     )
+    #: Both (a kind in neither is shown as it is).
+    _KNOWN = SHOWN | IGNORED
 
     def __init__(self, width: int = _LINE_SHOWN) -> None:
         self.width = width
@@ -111,6 +118,9 @@ class LatestLines:
             case StepStart() | Retry() | ExecutionEnd() | ApprovalDecision():
                 self._text.pop(key, None)  # a new line, or none
                 self._progress.pop(key, None)
+            case detail if type(detail) not in self._KNOWN:  # as it is
+                self._text[key] = "\n" + generic_line(detail)
+                self._progress.pop(key, None)
 
     def line(self, execution_id: str) -> str:
         """The latest non-empty line ``execution_id`` streamed ("" if none), its tail
@@ -131,6 +141,18 @@ def _clip(text: str, limit: int = _ARGUMENTS_SHOWN) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def generic_line(detail: EventDetail) -> str:
+    """An event of a kind shown as it is, on one line: its kind's name and its fields,
+    ``cache_hit tool=search hits=2`` (a field left at None or an empty host left out),
+    clipped."""
+    fields = " ".join(
+        f"{name}={' '.join(str(value).split())}"
+        for name in detail.__struct_fields__
+        if (value := getattr(detail, name)) is not None and (name != "host" or value)
+    )
+    return _clip(f"{detail.kind} {fields}" if fields else detail.kind, _GENERIC_SHOWN)
+
+
 def _progress(detail: ToolProgress) -> str:
     """A tool's progress in words: ``40/100 (40%): reading``, ``3: reading``."""
     total = detail.total
@@ -148,8 +170,9 @@ class ProgressLines:
     One line per execution start and end, spawn, budget wait, budget stop, deadline,
     retry, restart, compaction, approval asked and decided, and tool call progress
     reported; with ``steps=True`` also one per model step (its tool calls with their
-    arguments, tokens and time). Lines are indented by depth and start with the
-    seconds since the runtime started.
+    arguments, tokens and time); and one per event of a kind neither ``SHOWN`` nor
+    ``IGNORED``, as it is (``generic_line``). Lines are indented by depth and start
+    with the seconds since the runtime started.
     """
 
     #: The kinds it writes a line for (``ToolStart`` and ``StepEnd`` with ``steps``).
@@ -177,6 +200,8 @@ class ProgressLines:
     IGNORED: frozenset[type[EventDetail]] = frozenset(
         {ModelText, RequestStart, RequestEnd, StepStart, ToolEnd, BudgetResume, Refused, ActorStop}
     )
+    #: Both (a kind in neither is shown as it is).
+    _KNOWN = SHOWN | IGNORED
 
     def __init__(self, *, steps: bool = False) -> None:
         self.steps = steps
@@ -238,6 +263,8 @@ class ProgressLines:
                 self._calls.setdefault(event.execution_id, []).append((tool, arguments))
             case StepEnd() as step if self.steps:
                 return self._step(agent, event.execution_id, step)
+            case detail if type(detail) not in self._KNOWN:  # as it is
+                return f"{agent}: {generic_line(detail)}"
         return None
 
     def _end(self, agent: str, execution_id: str, end: ExecutionEnd) -> str:

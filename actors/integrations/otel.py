@@ -16,7 +16,11 @@ into spans as they happen, with the timestamps of the events themselves:
   was called for a top-level execution, under the ``execute_tool`` span of the call
   that spawned it for a subagent's;
 - one ``chat`` span per model request (each attempt, retries included) and one
-  ``execute_tool`` span per tool call, subagent calls included, under the execution's.
+  ``execute_tool`` span per tool call, subagent calls included, under the execution's;
+- one span event per event of any other kind (a retry, a restart, a budget wait, a
+  kind defined since: ``HANDLERS`` names the kinds treated specially, ``IGNORED``
+  those left out on purpose), named ``fractor.<kind>``, on its execution's span,
+  the detail's fields as its attributes (``fractor.<field>``).
 
 Attributes follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``), plus
 fractor's own (``fractor.*``: node, depth, status, stop reason, budget limits), and
@@ -52,6 +56,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+import msgspec
 import structlog
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -62,19 +67,12 @@ from fractor.runtime import ActorStop, Budget, Event, EventDetail, Runtime
 from .._events import (
     ApprovalAsked,
     ApprovalDecision,
-    BudgetResume,
-    BudgetWait,
-    CompactionEnd,
-    DeadlineReached,
     ExecutionEnd,
     ExecutionStart,
-    LimitReached,
     ModelText,
     Refused,
     RequestEnd,
     RequestStart,
-    Restart,
-    Retry,
     Spawn,
     StepEnd,
     StepStart,
@@ -108,6 +106,12 @@ _ENDED_KEPT = 1_000
 CALLERS_KEPT = 10_000
 #: Each text recorded is cut at this many characters (as the events cut theirs).
 CONTENT_CHARS = 200
+#: The fields that hold contents (a task, an answer, a text, messages, a response, a
+#: tool call's arguments or result), in a kind this module has no handler for: each
+#: recorded only with ``capture_content``, as the handled kinds' contents are.
+CONTENT_FIELDS = frozenset(
+    {"task", "answer", "text", "message", "messages", "response", "arguments", "result"}
+)
 #: fractor's model adapters, whose names wrap another model's (``react:openai:gpt-4o``).
 _ADAPTERS = ("react:",)
 #: The GenAI conventions' finish reasons, by fractor's (``FinishReason``).
@@ -220,9 +224,12 @@ class Instrumentation:
         return offset + int(event.at * 1e9)
 
     def _on_event(self, event: Event) -> None:
-        handler = HANDLERS.get(type(event.detail))
+        cls = type(event.detail)
+        handler = HANDLERS.get(cls)
         if handler is None:
-            return  # one of IGNORED
+            if cls in IGNORED:
+                return
+            handler = Instrumentation._event  # any other kind: a span event of its own
         try:
             handler(self, event, event.detail)
         except Exception:  # an observer never fails the agents it observes
@@ -479,16 +486,14 @@ class Instrumentation:
                 timestamp=self._ns(event),
             )
 
-    def _mark(self, event: Event, detail: EventDetail) -> None:
-        """A retry, a wait for the budget, a limit reached: an event of the span."""
+    def _event(self, event: Event, detail: EventDetail) -> None:
+        """A kind with no handler of its own, ignored or not (a retry, a wait for the
+        budget, a limit reached, a kind added since): an event of its execution's
+        span, named after the kind, its fields as attributes (``_attributes``)."""
         execution = self._executions.get(event.execution_id)
         if execution is None:
             return
-        attributes = {
-            f"fractor.{key}": value
-            for key, value in detail.items()
-            if isinstance(value, str | int | float | bool) and (key != "host" or value)
-        }
+        attributes = _attributes(detail, self.capture_content)
         execution.span.add_event(f"fractor.{event.kind}", attributes, timestamp=self._ns(event))
 
 
@@ -506,6 +511,29 @@ def provider_of(model: str) -> tuple[str, str]:
 
 def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+def _attributes(detail: EventDetail, capture_content: bool) -> dict[str, Any]:
+    """A detail's fields as a span event's attributes (``fractor.<field>``): a str,
+    int, float or bool as it is, any other value as its JSON (else its text), each
+    text cut at ``CONTENT_CHARS``; a field that holds contents (``CONTENT_FIELDS``)
+    only with ``capture_content``; None and an empty host left out."""
+    attributes: dict[str, Any] = {}
+    for key in detail.__struct_fields__:
+        value = getattr(detail, key)
+        if value is None or (key == "host" and not value):
+            continue
+        if key in CONTENT_FIELDS and not capture_content:
+            continue
+        if not isinstance(value, str | int | float | bool):
+            try:
+                value = msgspec.json.encode(value).decode()
+            except (TypeError, msgspec.EncodeError):
+                value = str(value)
+        if isinstance(value, str):
+            value = value[:CONTENT_CHARS]
+        attributes[f"fractor.{key}"] = value
+    return attributes
 
 
 def _text_part(text: str) -> dict[str, Any]:
@@ -552,8 +580,12 @@ def _request_messages(
     return system, chat
 
 
-#: What each kind of event becomes (its detail's class): a span begun or ended, an
-#: event of a span (``_mark``), a caller's context let go.
+#: What each kind of event it treats specially becomes (its detail's class): a span
+#: begun or ended, an event of a tool call's span, a caller's context let go. Every
+#: other kind not in ``IGNORED`` (a retry, a restart, a compaction, a budget wait or
+#: resume, a limit or deadline reached, any kind added since) is an event of its
+#: execution's span named after it, its fields as attributes (``_event``): a new kind
+#: needs no line here to be seen.
 HANDLERS: dict[type[EventDetail], Callable[[Instrumentation, Event, Any], None]] = {
     ExecutionStart: Instrumentation._execution_start,
     ExecutionEnd: Instrumentation._execution_end,
@@ -565,13 +597,6 @@ HANDLERS: dict[type[EventDetail], Callable[[Instrumentation, Event, Any], None]]
     Spawn: Instrumentation._spawn,
     Refused: Instrumentation._refused,
     ModelText: Instrumentation._text,
-    Retry: Instrumentation._mark,
-    Restart: Instrumentation._mark,
-    CompactionEnd: Instrumentation._mark,
-    BudgetWait: Instrumentation._mark,
-    BudgetResume: Instrumentation._mark,
-    LimitReached: Instrumentation._mark,
-    DeadlineReached: Instrumentation._mark,
 }
 
 #: The kinds that make no span nor span event, on purpose: a step is its request's

@@ -714,3 +714,66 @@ async def test_a_tools_progress_is_an_event_of_its_span(
         {"fractor.progress": 1, "fractor.total": 2},
         {"fractor.progress": 2, "fractor.total": 2},
     ]
+
+
+class Cached(EventDetail, frozen=True, kw_only=True, tag="test_cached"):
+    """A kind the integration has no handler for: defined here, in a test."""
+
+    tool: str
+    hits: int
+    ratio: float
+    fresh: bool
+    topics: tuple[str, ...] = ()
+    missing: str | None = None
+    #: A content: recorded only with ``capture_content``.
+    text: str = ""
+
+
+@pytest.mark.parametrize("capture_content", [False, True])
+async def test_a_kind_it_has_no_handler_for_is_an_event_of_its_execution(
+    provider: TracerProvider, exporter: InMemorySpanExporter, capture_content: bool
+) -> None:
+    """A kind defined since, emitted from a tool of a running execution: an event of
+    the execution's span named after the kind, its fields as attributes (OTel's
+    types as they are, others as short text, contents only when asked for)."""
+    started: list[Event] = []
+
+    def listen(seen: Event) -> None:
+        if seen.kind == "tool_start":
+            started.append(seen)
+
+    async with Runtime() as rt:
+        rt.event_bus.listen(listen)
+
+        @tool
+        async def cache(topic: str) -> str:
+            """Look a topic up in the cache."""
+            (start,) = started
+            detail = Cached(
+                tool="cache", hits=2, ratio=0.5, fresh=True, topics=("k1", "k2"), text="x" * 500
+            )
+            rt.event_bus.emit(
+                detail,
+                agent=start.agent,
+                agent_id=start.agent_id,
+                execution_id=start.execution_id,
+                parent_id=start.parent_id,
+                depth=start.depth,
+            )
+            return f"notes on {topic}"
+
+        agent = Agent("a", stepped(call("cache", topic="tides"), reply("done")), tools=[cache])
+        with otel.instrument(rt, tracer_provider=provider, capture_content=capture_content):
+            assert (await (await rt.spawn(agent)).ask("go")).ok
+    (execution,) = by_operation(exporter.get_finished_spans(), "invoke_agent")
+    (cached,) = [e for e in execution.events if e.name == "fractor.test_cached"]
+    expected: dict[str, object] = {
+        "fractor.tool": "cache",
+        "fractor.hits": 2,
+        "fractor.ratio": 0.5,
+        "fractor.fresh": True,
+        "fractor.topics": '["k1","k2"]',
+    }
+    if capture_content:
+        expected["fractor.text"] = "x" * otel.CONTENT_CHARS
+    assert dict(cached.attributes or {}) == expected
