@@ -11,8 +11,11 @@ with a kind (handles it, or ignores it on purpose).
 ``agent_event`` is the one place an agent's event is built (the execution's ``emit``
 calls it), from a kind's name and its fields or from a detail made already.
 
-Adding a kind: its class here (and in ``DETAILS``), its emit site, and what each
-consumer does with it (the test names the consumers that do not say).
+Adding a kind: its class here (and in ``DETAILS``), its emit site
+(``execution.emit(TheKind(...))``), and what the stream does with it (``SHOWN`` or
+``IGNORED`` in ``_streaming``: its items are public types; ``tests/actors/test_events.py``
+fails until it says). OpenTelemetry and the command line's lines show a kind they have
+no handler for from its fields (a span event ``fractor.<kind>``; ``kind field=value``).
 """
 
 from __future__ import annotations
