@@ -33,12 +33,16 @@ ancestor) is stopped with its whole subtree: each execution's cancel scope is
 cancelled and each one answers ``budget_exceeded`` naming that limit and node. A
 refused spawn (depth, agents) stops nothing: the caller gets the error as a value.
 The supervisor is one object holding its parts and calling them: the tree of
-``Node``\ s (``_tree``; the snapshots it hands out in ``_snapshots``), the arithmetic
-of admission and the checks of reported usage (``_admission``), and the ledger of
-the leases of subtrees on other hosts (``_ledger``, a ``Ledger`` that knows nothing
-of the supervisor: it is handed the root, the caps, and how to serve and to stop).
-What it keeps itself: the counters' charges, the stops, and the requests waiting for
-headroom (a line per node, first come first served).
+``Node``\ s (``_tree``; the snapshots it hands out in ``_snapshots``), the admission
+of model requests (``_admission``, an ``Admission`` that owns the requests waiting
+for headroom, a line per node, first come first served, and the arithmetic and the
+checks of reported usage), and the ledger of the leases of subtrees on other hosts
+(``_ledger``, a ``Ledger``). Neither part knows the supervisor: each is handed what
+it needs (the root, the caps, the prices, how to serve and to stop). The supervisor
+hands the admission's methods on as its own (``reserve``, ``reserve_nowait``,
+``settle``, ``release``, ``need``, ``would_refuse``, ``stop_over``), bound, so a
+request pays no frame more for the part. What it keeps itself: the tree, the
+counters' charges and the stops.
 
 The modules go one way, each knowing only those below it: ``_budget``,
 ``_snapshots``, ``_lease``, ``_tree``, ``_admission``, ``_ledger``, ``_supervisor``.
@@ -54,30 +58,14 @@ from collections.abc import Callable
 
 import anyio
 
-from ._admission import (
-    Need,
-    Reservation,
-    Wait,
-    ahead,
-    chain_refusal,
-    free_output,
-    hold,
-    impossible,
-    no_price,
-    over_limit,
-    overshoot,
-    refusal,
-    requests_room,
-    want_of,
-    why_waiting,
-)
-from ._budget import CHARGED, Budget, Caps, Price, Usage, derived
-from ._exceptions import BudgetExceeded, InvalidUsage
+from ._admission import Admission
+from ._budget import CHARGED, Budget, Caps, Price, derived
+from ._exceptions import BudgetExceeded
 from ._lease import LOST_WHY, HeldUp, Want
 from ._ledger import Ledger
 from ._snapshots import EndStatus, NodeSnapshot, TreeSnapshot
 from ._tree import Cancellable, Node, stopped
-from ._waiter import clock, new_waiter, park, wake
+from ._waiter import clock
 
 __all__ = ["DEFAULT_MAX_TOKENS", "MIN_OUTPUT_TOKENS", "Supervisor"]
 
@@ -88,8 +76,6 @@ DEFAULT_MAX_TOKENS = 4_096
 #: The least output a request is sent with: a budget whose settled usage leaves less
 #: (plus the input estimate) is spent; one whose free headroom is smaller waits.
 MIN_OUTPUT_TOKENS = 256
-#: The place in line of a request that does not wait yet: behind every waiting one.
-_NEW = math.inf
 
 
 class Supervisor:
@@ -108,23 +94,11 @@ class Supervisor:
         min_output_tokens: int = MIN_OUTPUT_TOKENS,
         caps: Caps | None = None,
     ) -> None:
-        for name, value in (
-            ("default_max_tokens", default_max_tokens),
-            ("min_output_tokens", min_output_tokens),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if caps is not None and not isinstance(caps, Caps):
             raise TypeError(f"caps must be a fractor.Caps or None, got {type(caps).__qualname__}")
         self.budget = budget
         #: Bounds on any tree, budget or not (None: none).
         self.caps = caps
-        #: The output cap reserved for a request that names none, when a limit applies:
-        #: reserving a whole budget's headroom for one request would starve its siblings.
-        self.default_max_tokens = default_max_tokens
-        #: The least output a request is sent with (capped by its own max_tokens).
-        self.min_output_tokens = min_output_tokens
-        self.prices = dict(prices or {})
         self._ids = itertools.count(1)
         #: Makes node (execution) ids unique across runtimes sharing one store: 64
         #: random bits, so that even a million runtimes writing to one store are
@@ -134,18 +108,31 @@ class Supervisor:
         self.root = Node("root", "runtime", None, budget, math.inf, None, 0.0)
         self.nodes: dict[str, Node] = {"root": self.root}
         self._finished: deque[Node] = deque(maxlen=FINISHED_KEPT)
-        self._seq = itertools.count()
         #: The running backend's clock (set by ``start``).
         self.now: Callable[[], float] = anyio.current_time
-        #: Requests waiting for budget now; waits so far; seconds spent waiting.
-        self.waiting = 0
-        self.waits = 0
-        self.wait_seconds = 0.0
-        #: The requests waiting for each node's headroom, first come first served
-        #: (only nodes someone waits on: empty when nobody waits).
-        self._queues: dict[Node, deque[Wait]] = {}
         #: The leases of subtrees that run on other hosts.
-        self.ledger = Ledger(self.root, caps, serve=self.serve_chain, stop=self.stop_subtree)
+        self.ledger = ledger = Ledger(
+            self.root, caps, serve=self.serve_chain, stop=self.stop_subtree
+        )
+        #: The admission of model requests, and the requests waiting for headroom.
+        self.admission = admission = Admission(
+            dict(prices or {}),
+            default_max_tokens=default_max_tokens,
+            min_output_tokens=min_output_tokens,
+            stop=self.stop_subtree,
+            serve_asks=ledger.serve,
+            leases_changed=ledger.changed,
+            now=anyio.current_time,
+        )
+        # The supervisor's own methods for model requests are the admission's, bound
+        # here: a request pays no frame more for the part (see ``Admission``).
+        self.need = admission.need
+        self.would_refuse = admission.would_refuse
+        self.reserve_nowait = admission.reserve_nowait
+        self.reserve = admission.reserve
+        self.settle = admission.settle
+        self.release = admission.release
+        self.stop_over = admission.stop_over
 
     def start(self) -> None:
         """Start the clock: the runtime's ``seconds`` budget counts from here."""
@@ -249,11 +236,7 @@ class Supervisor:
                     current.leaves += 1  # its step goes on: it may send the next request
         self.nodes.pop(node.id, None)
         self._finished.append(node)
-        queues = self._queues
-        if queues:  # a line left with no live request in it: drop it with the node
-            queue = queues.get(node)
-            if queue is not None and all(wait.done for wait in queue):
-                del queues[node]
+        self.admission.closed(node)
 
     def stop_subtree(
         self,
@@ -295,23 +278,6 @@ class Supervisor:
                 stack.extend(current.children)
         for scope in to_cancel:
             scope.cancel()
-
-    def would_refuse(
-        self,
-        node: Node,
-        *,
-        input_estimate: int,
-        max_tokens: int | None,
-        model: str = "",
-        requests: int = 1,
-    ) -> BudgetExceeded | None:
-        """The refusal ``requests`` requests (input estimates summed) would meet now,
-        or None; stops nothing: for optional work (an agent's summarization)."""
-        if node.stop_status is not None or not node.limited:
-            return self.stopped(node) if node.stop_status is not None else None
-        need = self.need(input_estimate=input_estimate, max_tokens=max_tokens, model=model)
-        need.output *= requests
-        return chain_refusal(node, need, requests)
 
     def why_stopped(self, node: Node) -> tuple[EndStatus, str]:
         """How a node that was interrupted ends: a supervisor stop, its deadline, or a
@@ -393,7 +359,7 @@ class Supervisor:
     async def charge_waiting(self, node: Node, **counts: int) -> None:
         """``charge``, waiting while headroom is held by leases (see ``_ledger``)."""
         while not self.try_charge(node, **counts):
-            await self._wait_for_leases(node)
+            await self.admission.wait_for_leases(node)
 
     async def open_waiting(self, parent: Node, *, name: str, limits: Budget | None) -> Node:
         """``open``, waiting while headroom is held by leases (see ``_ledger``)."""
@@ -401,19 +367,7 @@ class Supervisor:
             node = self.try_open(parent, name=name, limits=limits)
             if node is not None:
                 return node
-            await self._wait_for_leases(parent)
-
-    async def _wait_for_leases(self, node: Node) -> None:
-        node.waiting = "waiting for budget: headroom leased to subtrees on other hosts"
-        self.waiting += 1
-        self.waits += 1
-        began = self.now()
-        try:
-            await self.ledger.changed()
-        finally:
-            node.waiting = ""
-            self.waiting -= 1
-            self.wait_seconds += self.now() - began
+            await self.admission.wait_for_leases(parent)
 
     #: The refusal for new work on a node that is already stopped.
     stopped = staticmethod(stopped)
@@ -467,370 +421,42 @@ class Supervisor:
             self.stop_subtree(node, "budget_exceeded", str(error), error)
             raise error
 
-    # -- model requests: reserve, wait, settle ------------------------------------------
-    #
-    # ``reserve`` (or ``reserve_nowait``) counts a request and holds headroom for it on
-    # its chain, waiting first come first served while requests in flight (or leases
-    # of subtrees elsewhere) hold what it needs; ``settle`` charges what it really
-    # used and serves whoever waits; ``release`` gives back one never sent. The
-    # arithmetic is ``_admission``'s.
-
-    def need(
-        self,
-        *,
-        input_estimate: int,
-        max_tokens: int | None,
-        model: str = "",
-        at_least: int | None = None,
-    ) -> Need:
-        """What one request needs at least: its input estimate and a minimum output
-        (``at_least``, or ``min_output_tokens``; never more than it wants)."""
-        wanted = max_tokens if max_tokens is not None else self.default_max_tokens
-        minimum = self.min_output_tokens if at_least is None else at_least
-        price = self.prices.get(model) if self.prices else None
-        return Need(max(input_estimate, 0), min(minimum, wanted), wanted, price, model)
-
-    def reserve_nowait(
-        self,
-        node: Node,
-        *,
-        input_estimate: int,
-        max_tokens: int | None,
-        model: str = "",
-        at_least: int | None = None,
-    ) -> Reservation:
-        """Count one request and hold headroom for it, without waiting.
-
-        Returns the reservation (its ``max_tokens`` is what the request may ask for).
-        Raises ``BudgetExceeded`` (and stops that limit's node) when settled usage
-        leaves no room for the request's minimum, and ``anyio.WouldBlock`` when it
-        would have to wait for headroom that requests in flight hold.
-        """
-        if not node.limited and node.stop_status is None:
-            # No budget on the chain, no one waits: count it and hold what it asks.
-            price = self.prices.get(model) if self.prices else None
-            return hold(node, input_estimate, price, 0, max_tokens, max_tokens or 0)
-        _, got = self._first_try(node, input_estimate, max_tokens, model, at_least)
-        if type(got) is Reservation:
-            return got
-        raise anyio.WouldBlock
-
-    async def reserve(
-        self,
-        node: Node,
-        *,
-        input_estimate: int,
-        max_tokens: int | None,
-        model: str = "",
-        at_least: int | None = None,
-        on_wait: Callable[[str], object] | None = None,
-    ) -> Reservation:
-        """``reserve_nowait``, waiting for headroom when requests in flight hold it.
-
-        Waiters are served first come, first served per budget, each time a
-        reservation settles; a wait ends at once with a stop, a deadline or a
-        cancellation of the waiting execution (anything that cancels its task).
-        ``on_wait`` is called with why, in words, when the request starts to wait.
-        """
-        need, got = self._first_try(node, input_estimate, max_tokens, model, at_least)
-        if type(got) is Reservation:
-            return got
-        assert isinstance(got, Node)
-        wait = Wait(node, need, max_tokens, next(self._seq), new_waiter())
-        self._enqueue(wait, got)
-        self.waiting += 1
-        self.waits += 1
-        if on_wait is not None:
-            on_wait(node.waiting)
-        began = self.now()
-        try:
-            await park(wait.waiter)
-        except BaseException:
-            if wait.reservation is not None:  # admitted, then cancelled: never sent
-                self.release(node, wait.reservation)
-            elif not wait.done:
-                self._end(wait)
-                self._leave(wait)
-            raise
-        finally:
-            node.waiting = ""
-            self.wait_seconds += self.now() - began
-        if wait.error is not None:
-            raise wait.error
-        assert wait.reservation is not None
-        return wait.reservation
-
-    def _first_try(
-        self,
-        node: Node,
-        input_estimate: int,
-        max_tokens: int | None,
-        model: str,
-        at_least: int | None,
-    ) -> tuple[Need, Reservation | Node]:
-        """A new request's need, and its reservation or the node it must wait for."""
-        need = self.need(
-            input_estimate=input_estimate, max_tokens=max_tokens, model=model, at_least=at_least
-        )
-        return need, self._admit(node, need, max_tokens, _NEW)
-
-    def _admit(
-        self, node: Node, need: Need, max_tokens: int | None, seq: float
-    ) -> Reservation | Node:
-        """Reserve for one request, or return the node it must wait for.
-
-        Raises ``BudgetExceeded`` when a node's settled usage has no room for it
-        (that node is stopped with its subtree). ``seq`` is the request's place in
-        line: it waits behind requests already waiting with a smaller one.
-        """
-        if node.stop_status is not None:
-            raise self.stopped(node)
-        if not node.limited:  # no budget on the chain: nothing to check, no one waits
-            return hold(node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0)
-        current: Node | None = node
-        while current is not None:  # spent? (settled usage only)
-            budget = current.limits
-            if budget is not None:
-                if budget.cost is not None and need.price is None:
-                    raise no_price(current, need.model)
-                error = refusal(current, budget, need)
-                if error is not None:
-                    if current.lender is not None:  # a leased subtree: ask for more
-                        if not current.in_flight:
-                            current.lender.want(current, want_of(need))
-                        return current
-                    self.stop_subtree(current, "budget_exceeded", str(error), error)
-                    raise error
-            current = current.parent
-        share = math.inf
-        limited_by: Node | None = None
-        limit = ""
-        queues = self._queues
-        current = node
-        while current is not None:  # held up? and how much may it take?
-            if queues:
-                queue = queues.get(current)
-                if queue and ahead(queue, seq):
-                    return current
-            budget = current.limits
-            if budget is not None:
-                room, field = free_output(current, budget, need)
-                if room < need.output:
-                    held = current.held
-                    if current.lender is not None and not current.in_flight:
-                        current.lender.want(current, want_of(need))
-                        return current
-                    if not current.in_flight and not (held is not None and held.alive(field) > 0):
-                        # Nothing held could come back: spent.
-                        allowed = getattr(budget, field)
-                        lost = held is not None and held.lost and getattr(held.lost, field)
-                        why = LOST_WHY if lost else "no room left"
-                        error = BudgetExceeded(field, allowed, current.id, current.name, why=why)
-                        self.stop_subtree(current, "budget_exceeded", str(error), error)
-                        raise error
-                    return current
-                if room != math.inf:
-                    # A fair share: one part for each execution under the budget
-                    # that may ask next and holds none of it yet (all of it, alone).
-                    held = current.held
-                    parts = max(
-                        current.leaves - current.in_flight - (held.holding if held else 0), 1
-                    )
-                    mine = max(need.output, room // parts)
-                    if mine < share:
-                        share, limited_by, limit = mine, current, field
-            current = current.parent
-        if share == math.inf:  # no output limit on the chain
-            return hold(node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0)
-        cap = int(min(need.wanted, share))
-        if cap >= need.wanted:
-            limited_by, limit = None, ""
-        return hold(node, need.input, need.price, need.wanted, cap, cap, limited_by, limit)
-
-    def _enqueue(self, wait: Wait, at: Node) -> None:
-        """Queue ``wait`` on ``at`` in its place in line, and say why it waits."""
-        queue = self._queues.get(at)
-        if queue is None:
-            queue = self._queues[at] = deque()
-        if not queue or queue[-1].seq < wait.seq:
-            queue.append(wait)
-        else:  # moved here from another queue: keep the line's order
-            index = next(i for i, other in enumerate(queue) if other.seq > wait.seq)
-            queue.insert(index, wait)
-        wait.queue = at
-        wait.node.waiting = why_waiting(at, wait.need)
-
-    def _end(self, wait: Wait) -> None:
-        """``wait`` is over (served, refused or given up): once."""
-        wait.done = True
-        self.waiting -= 1
-
-    def _leave(self, wait: Wait) -> None:
-        """``wait`` gave up (cancelled): let the requests behind it try."""
-        queue = self._queues.get(wait.queue)
-        if queue and queue[0] is wait:
-            self._serve(wait.queue)
-
-    def _serve(self, at: Node) -> None:
-        """Admit the requests waiting on ``at``, in order, while they fit."""
-        queue = self._queues.get(at)
-        while queue:
-            wait = queue[0]
-            if wait.done:
-                queue.popleft()
-                continue
-            node = wait.node
-            try:
-                got = self._admit(node, wait.need, wait.max_tokens, wait.seq)
-            except BudgetExceeded as exc:
-                queue.popleft()
-                wait.error = exc
-                self._end(wait)
-                wake(wait.waiter)
-                continue
-            if got is at:
-                return  # still held up here: so is everyone behind it
-            queue.popleft()
-            if type(got) is Reservation:
-                wait.reservation = got
-                self._end(wait)
-                node.waiting = ""
-                wake(wait.waiter)
-            else:
-                assert isinstance(got, Node)
-                self._enqueue(wait, got)  # held up further up the chain now
-        if queue is not None and not queue:
-            self._queues.pop(at, None)
-
-    def release(self, node: Node, reservation: Reservation) -> None:
-        """Give back a reservation whose request was never sent: nothing is charged,
-        and the request is not counted."""
-        current: Node | None = node
-        while current is not None:
-            current.requests -= reservation.requests
-            current.in_flight -= 1
-            current.reserved_input -= reservation.input
-            current.reserved_output -= reservation.output
-            current.reserved_cost -= reservation.cost
-            current = current.parent
-        node.own_requests -= reservation.requests
-        self.serve_chain(node)
-
     def serve_chain(self, node: Node) -> None:
         """Serve the requests (and leases' asks) waiting on ``node``'s chain: its
-        headroom changed."""
-        queues = self._queues
-        if queues:
-            current: Node | None = node
-            while current is not None:
-                if current in queues:  # (an emptied queue is dropped there)
-                    self._serve(current)
-                current = current.parent
-        if self.ledger.asks_waiting:
-            self.ledger.serve()
-
-    def settle(
-        self,
-        node: Node,
-        reservation: Reservation,
-        usage: Usage | None,
-        *,
-        model: str = "",
-        estimate: Callable[[], int] | None = None,
-    ) -> Usage:
-        """Release ``reservation`` and charge the real ``usage``.
-
-        ``None`` means the model reported nothing (the request failed or was cut):
-        its input estimate is charged, since the provider may have read it all (one
-        reserved without: ``estimate()``, made only now).
-        Usage that cannot be true is charged as the whole reservation and raises
-        ``InvalidUsage`` after the charge: never a refund. Requests it reports
-        beyond those the call had admitted (a model with a retry loop of its own)
-        are counters: charged as far as every ``requests`` limit of the chain has
-        room, and the node whose limit they would pass is stopped, saying so. Returns the usage as
-        charged, with its cost. If the real usage went past a limit (a model's
-        estimate fell short), that node's subtree is stopped. Requests waiting for
-        headroom on the chain are served.
-        """
-        problem = impossible(usage, reservation) if usage is not None else ""
-        price = reservation.price
-        admitted = reservation.requests
-        extra_requests = cached_tokens = 0
-        refused: tuple[Node, int, int] | None = None
-        if usage is None or problem:
-            input_tokens = reservation.input or (estimate() if estimate is not None else 0)
-            output_tokens = reservation.output if problem else 0
-            cost = price.cost(input_tokens, output_tokens) if price is not None else 0.0
-        else:
-            input_tokens = usage.input_tokens
-            output_tokens = usage.output_tokens
-            cached_tokens = usage.cached_tokens
-            # A model may send several requests for one and say so: those beyond
-            # the ones admitted are counters, checked and charged here at once.
-            extra_requests = usage.requests - admitted
-            if extra_requests > 0 and node.limited:
-                extra_requests, refused = requests_room(node, extra_requests)
-            extra_requests = max(extra_requests, 0)
-            cost = (
-                price.cost(input_tokens, output_tokens, cached_tokens)
-                if price is not None
-                else usage.cost
-            )
-        over: tuple[Node, str, float, float] | None = None
-        current: Node | None = node
-        while current is not None:
-            current.in_flight -= 1
-            current.reserved_input -= reservation.input
-            current.reserved_output -= reservation.output
-            current.reserved_cost -= reservation.cost
-            current.input_tokens += input_tokens
-            current.output_tokens += output_tokens
-            current.cached_tokens += cached_tokens
-            current.cost += cost
-            current.requests += extra_requests
-            if current.limits is not None:
-                # The highest node over its limit: stopping it stops everything below.
-                over = over_limit(current, current.limits) or over
-            current = current.parent
-        node.own_input_tokens += input_tokens
-        node.own_output_tokens += output_tokens
-        node.own_cached_tokens += cached_tokens
-        node.own_cost += cost
-        node.own_requests += extra_requests
-        if refused is not None:
-            owner, allowed, more = refused
-            assert usage is not None
-            error = BudgetExceeded(
-                "requests",
-                allowed,
-                owner.id,
-                owner.name,
-                why=f"the model reported {usage.requests:,} requests for one call, "
-                f"{more:,} more than the budget had room for",
-            )
-            self.stop_subtree(owner, "budget_exceeded", str(error), error)
-        if over is not None:
-            self.stop_over(over)
-        if self._queues or self.ledger.asks_waiting:
-            self.serve_chain(node)
-        charged = Usage(
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=cached_tokens,
-            requests=admitted + extra_requests,
-            cost=cost,
-        )
-        if problem:
-            raise InvalidUsage(model, problem, charged)
-        return charged
-
-    def stop_over(self, over: tuple[Node, str, float, float]) -> None:
-        """Usage went past a limit (a request, here or on a host, used more than its
-        estimate): stop that limit's node with its subtree."""
-        error = overshoot(over)
-        self.stop_subtree(over[0], "budget_exceeded", str(error), error)
+        headroom changed (the ledger calls it)."""
+        self.admission.serve_chain(node)
 
     # -- observing --------------------------------------------------------------------
+
+    @property
+    def prices(self) -> dict[str, Price]:
+        """The price of each model, by name."""
+        return self.admission.prices
+
+    @property
+    def default_max_tokens(self) -> int:
+        """The output cap reserved for a request that names none, when a limit applies."""
+        return self.admission.default_max_tokens
+
+    @property
+    def min_output_tokens(self) -> int:
+        """The least output a request is sent with (capped by its own max_tokens)."""
+        return self.admission.min_output_tokens
+
+    @property
+    def waiting(self) -> int:
+        """Requests and charges waiting for budget now."""
+        return self.admission.waiting
+
+    @property
+    def waits(self) -> int:
+        """Requests and charges that waited for budget so far."""
+        return self.admission.waits
+
+    @property
+    def wait_seconds(self) -> float:
+        """Seconds spent waiting for budget so far, all waits added up."""
+        return self.admission.wait_seconds
 
     def snapshot(self) -> TreeSnapshot:
         """The tree as it is now: live nodes, then recently finished ones."""

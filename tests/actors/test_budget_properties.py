@@ -284,10 +284,13 @@ class Stop:
 class Observer:
     """Records every stop of one supervisor at the instant it is made.
 
-    Wraps three of the supervisor's methods on the instance: ``_admit`` (to know the
+    Wraps, on the instances: ``admit`` of the supervisor's admission (to know the
     request a refusal is about: admission is synchronous, so the request being
-    admitted when ``stop_subtree`` is called is the refused one), ``settle`` (to add
-    up what each request must be charged, node by node) and ``stop_subtree``.
+    admitted when a stop is made is the refused one), the supervisor's ``settle``
+    (the entry every request is settled through: to add up what each request must
+    be charged, node by node), and both ways a stop is made: the supervisor's
+    ``stop_subtree`` (counters, cancellations) and the ``stop`` its admission was
+    handed (refusals of requests, usage past a limit).
     """
 
     supervisor: Supervisor
@@ -299,11 +302,8 @@ class Observer:
 
     def __post_init__(self) -> None:
         supervisor = self.supervisor
-        admit, settle, stop_subtree = (
-            supervisor._admit,
-            supervisor.settle,
-            supervisor.stop_subtree,
-        )
+        admission = supervisor.admission
+        admit, settle, stop_subtree = admission.admit, supervisor.settle, supervisor.stop_subtree
 
         def observed_admit(
             node: Node, need: Need, max_tokens: int | None, seq: float
@@ -369,9 +369,10 @@ class Observer:
             )
             stop_subtree(node, status, reason, error, cancel=cancel)
 
-        supervisor._admit = observed_admit  # type: ignore[method-assign]
-        supervisor.settle = observed_settle  # type: ignore[method-assign]
+        admission.admit = observed_admit  # type: ignore[method-assign]
+        supervisor.settle = observed_settle
         supervisor.stop_subtree = observed_stop  # type: ignore[method-assign]
+        admission.stop = observed_stop
 
 
 # -- running a forest ------------------------------------------------------------------
