@@ -7,7 +7,7 @@ Chat messages form a tagged union (``Message``), dispatched with ``match``:
 - ``AssistantMessage``: the model's text, with the tool calls it asked for (if any).
 - ``ToolResultMessage``: the result of one tool call, naming the call's id; flagged
   ``is_error`` when the tool failed, timed out, got bad arguments or does not exist.
-- ``DigestMessage``: what earlier attempts of the current task did (``_digest``),
+- ``DigestMessage``: what earlier attempts of the current task did (``_memory._digest``),
   first in the execution buffer of the attempt that reads it; providers send it as
   a user turn. It never joins the conversation.
 
@@ -84,7 +84,7 @@ class ToolResultMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag
 
 
 class DigestMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="digest"):
-    """A digest of earlier attempts of the task (``_digest``): ``attempts`` of them."""
+    """A digest of earlier attempts of the task (``_memory._digest``): ``attempts`` of them."""
 
     content: str
     attempts: int = 1

@@ -10,18 +10,18 @@ and runs an ``AgentHost`` (made from a ``HostConfig``) on the far side of each
 link. ``RayHosts`` is written from these names alone.
 """
 
-from ._host import AgentHost as AgentHost
-from ._host import HostConfig as HostConfig
-from ._hosts import DEFAULT_POOL as DEFAULT_POOL
-from ._hosts import LocalHosts as LocalHosts
-from ._hosts import PlacementStrategy as PlacementStrategy
-from ._hosts import RemoteHosts as RemoteHosts
+from ._hosts._host import AgentHost as AgentHost
+from ._hosts._host import HostConfig as HostConfig
+from ._hosts._hosts import DEFAULT_POOL as DEFAULT_POOL
+from ._hosts._hosts import LocalHosts as LocalHosts
+from ._hosts._hosts import PlacementStrategy as PlacementStrategy
+from ._hosts._hosts import RemoteHosts as RemoteHosts
+from ._hosts._placing import ChildReply as ChildReply
+from ._hosts._placing import HostUnavailable as HostUnavailable
+from ._hosts._placing import Placement as Placement
+from ._hosts._placing import Placer as Placer
+from ._hosts._remote import HostLink as HostLink
 from ._messages import exception_text as exception_text
-from ._placing import ChildReply as ChildReply
-from ._placing import HostUnavailable as HostUnavailable
-from ._placing import Placement as Placement
-from ._placing import Placer as Placer
-from ._remote import HostLink as HostLink
 
 __all__ = [
     "DEFAULT_POOL",

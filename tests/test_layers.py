@@ -31,8 +31,8 @@ and the line, on:
    holds it (its ``__init__``, its siblings and their subpackages) or by the
    ``__init__`` of a package enclosing it, re-exporting; anything else goes through
    the package's public surface. So ``actors.cli._run`` may import
-   ``actors._agent``, but ``actors`` may not import ``runtime._waiter`` (it imports
-   ``runtime.lowlevel``), nor ``benchmarks`` ``actors._models``, nor
+   ``actors._agent._agent``, but ``actors`` may not import ``runtime._waiter`` (it imports
+   ``runtime.lowlevel``), nor ``benchmarks`` ``actors._models._protocol``, nor
    ``actors.cli`` ``actors.providers._openai``.
 
 4. **A heavy dependency in the core.** rich, Ray, MCP and OpenTelemetry are the
@@ -554,7 +554,7 @@ def test_the_walk_sees_every_module_and_its_imports() -> None:
     modules = repository()
     assert {
         "fractor.runtime.lowlevel",
-        "fractor.actors._agent",
+        "fractor.actors._agent._agent",
         "fractor.actors.providers",
         "fractor.actors.cli._run",
     } <= set(modules)
@@ -563,8 +563,8 @@ def test_the_walk_sees_every_module_and_its_imports() -> None:
     # types only (the kernel's actor core has both; its circle is the one allowed).
     assert ("fractor.runtime._cell", "fractor.runtime._actor", False) in edges
     assert ("fractor.runtime._actor", "fractor.runtime._cell", True) in edges
-    assert ("fractor.actors._remote", "fractor.runtime.lowlevel", False) in edges
-    assert ("fractor.actors._hosts", "fractor.actors._remote", False) in edges
+    assert ("fractor.actors._hosts._remote", "fractor.runtime.lowlevel", False) in edges
+    assert ("fractor.actors._hosts._hosts", "fractor.actors._hosts._remote", False) in edges
     assert ("fractor", "fractor.actors", False) in edges
 
 

@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from .._tools import Tool
+from .._tools._tool import Tool
 
 __all__ = ["SpecError", "import_spec", "is_function_of"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from fractor.runtime import ActorStop, Event, EventDetail
 
-from .._events import (
+from .._observation._events import (
     ApprovalAsked,
     ApprovalDecision,
     BudgetResume,

@@ -27,7 +27,7 @@ from typing import Any
 
 from fractor.runtime import Budget
 
-from .._agent import Agent
+from .._agent._agent import Agent
 from ._imports import import_spec
 from ._run import _positive_float, _positive_int
 

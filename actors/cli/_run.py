@@ -45,14 +45,13 @@ import anyio.to_thread
 
 from fractor.runtime import Budget, Runtime, SQLiteStore, Store, Subscription
 
-from .._agent import Agent, AgentRef
-from .._approval import ApprovalError
-from .._events import ApprovalAsked
-from .._memory import Compaction
+from .._agent._agent import Agent, AgentRef
+from .._agent._persistence import is_automatic_id
+from .._agent._policy import RetryPolicy
+from .._memory._summarizer import Compaction
 from .._messages import Result
-from .._persistence import is_automatic_id
-from .._policy import RetryPolicy
-from .._streaming import (
+from .._observation._events import ApprovalAsked
+from .._observation._stream import (
     ApprovalDecided,
     ApprovalRequested,
     BudgetResumed,
@@ -69,7 +68,8 @@ from .._streaming import (
     ToolCallProgress,
     ToolCallStarted,
 )
-from .._tools import Tool, ToolDefinitionError, tool
+from .._tools._approval import ApprovalError
+from .._tools._tool import Tool, ToolDefinitionError, tool
 from ..providers import ProviderError, model_from_string, redact
 from ._imports import import_spec, is_function_of
 from ._live import watch

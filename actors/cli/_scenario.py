@@ -33,7 +33,7 @@ from rich.console import Console
 
 from fractor.runtime import Budget, Price, Runtime, SQLiteStore, Store, TreeSnapshot, Usage
 
-from .._agent import Agent
+from .._agent._agent import Agent
 from .._messages import (
     AssistantMessage,
     ModelRequest,
@@ -42,9 +42,17 @@ from .._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from .._models import FunctionModel, Streamed, call, calls, estimate_tokens, reply, streamed
-from .._tools import Tool
-from .._traces import collect_trace_tree
+from .._models._protocol import (
+    FunctionModel,
+    Streamed,
+    call,
+    calls,
+    estimate_tokens,
+    reply,
+    streamed,
+)
+from .._observation._traces import collect_trace_tree
+from .._tools._tool import Tool
 from ._live import watch
 from ._world import Clock, Topic, make_tools, pick_topics, url
 

@@ -32,11 +32,11 @@ import msgspec
 
 from fractor.runtime import Runtime
 
-from .._agent import Agent
+from .._agent._agent import Agent
 from .._messages import ModelResponse, ToolCall, Usage
-from .._models import CycleModel
-from .._schema import describe, introspect
-from .._tools import Tool, ToolDefinitionError, tool
+from .._models._protocol import CycleModel
+from .._tools._schema import describe, introspect
+from .._tools._tool import Tool, ToolDefinitionError, tool
 from ._imports import SpecError, import_spec, is_function_of
 
 __all__ = ["BenchInputError", "Gauge", "ToolReport", "load_target", "measure", "prepare"]

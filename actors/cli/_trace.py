@@ -20,7 +20,13 @@ import anyio
 from fractor.runtime import SQLiteStore, StoreError
 
 from .._messages import ExecutionTrace
-from .._traces import TRACE_KIND, collect_trace_tree, export_traces, load_traces, render_trace_tree
+from .._observation._traces import (
+    TRACE_KIND,
+    collect_trace_tree,
+    export_traces,
+    load_traces,
+    render_trace_tree,
+)
 
 __all__ = ["DEFAULT_DB", "add_trace_parser", "default_db", "trace_command"]
 

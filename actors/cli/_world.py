@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from .._tools import Tool, tool
+from .._tools._tool import Tool, tool
 
 __all__ = ["TOPICS", "Clock", "Topic", "make_tools", "pick_topics", "url"]
 

@@ -63,9 +63,9 @@ from mcp_types import CONNECTION_CLOSED
 
 from fractor.runtime import Runtime
 
-from .._calling import ProgressReporter, progress_reporter
+from .._execution._calling import ProgressReporter, progress_reporter
 from .._messages import ToolCall, ToolOutcome, ToolSpec, exception_text
-from .._tools import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError
+from .._tools._tool import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError
 from .._version import VERSION
 
 __all__ = ["MCPServer", "MCPTool", "MCPToolset", "mcp_tools"]

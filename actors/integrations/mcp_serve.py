@@ -42,7 +42,7 @@ from mcp.shared.exceptions import MCPError
 
 from fractor.runtime import Budget, Runtime
 
-from .._agent import Agent
+from .._agent._agent import Agent
 from .._messages import Result
 from .._version import VERSION
 

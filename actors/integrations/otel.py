@@ -64,7 +64,17 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvid
 
 from fractor.runtime import ActorStop, Budget, Event, EventDetail, Runtime
 
-from .._events import (
+from .._messages import (
+    AssistantMessage,
+    DigestMessage,
+    Message,
+    ModelResponse,
+    SystemMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from .._observation._events import (
     ApprovalAsked,
     ApprovalDecision,
     ExecutionEnd,
@@ -79,16 +89,6 @@ from .._events import (
     ToolEnd,
     ToolProgress,
     ToolStart,
-)
-from .._messages import (
-    AssistantMessage,
-    DigestMessage,
-    Message,
-    ModelResponse,
-    SystemMessage,
-    ToolCall,
-    ToolResultMessage,
-    UserMessage,
 )
 
 __all__ = ["Instrumentation", "instrument"]

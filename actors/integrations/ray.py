@@ -9,7 +9,7 @@
 
 Each host is **one Ray actor running one event loop with many agents** (an
 ``AgentHost``), never one Ray actor per agent: creating a Ray actor costs about
-0.3 s and 90 MiB. The runtime places subtrees on them (see ``actors._hosts``: the
+0.3 s and 90 MiB. The runtime places subtrees on them (see ``actors._hosts._hosts``: the
 children of a top-level execution spread over the ``"default"`` pool; an agent with
 ``host="gpu"`` runs on a host of the pool ``"gpu"``, made with the resources its
 ``HostPool`` asks Ray for), and keeps its promises across them: one ledger (each

@@ -29,7 +29,7 @@ timeout, options)``.
 import collections.abc
 import typing
 
-from .. import _models
+from .._models import _protocol as _models
 from ._anthropic import AnthropicModel as AnthropicModel
 from ._base import ProviderModel as ProviderModel
 from ._errors import ProviderError as ProviderError

@@ -56,7 +56,7 @@ from .._messages import (
     ToolSpec,
     UserMessage,
 )
-from .._models import Sink
+from .._models._protocol import Sink
 from ._anthropic_response import CHARS_PER_TOKEN, read_message
 from ._anthropic_stream import AnthropicStreamReader
 from ._base import ProviderModel, output_cap, read_raw

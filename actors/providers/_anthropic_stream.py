@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from .._messages import ModelRequest, ModelResponse, ToolCall, Usage
-from .._models import Sink
+from .._models._protocol import Sink
 from ._anthropic_response import CHARS_PER_TOKEN, Block, finish_of, usage_of
 from ._base import Asker
 from ._errors import ProviderError, malformed

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Protocol, Self
 import anyio
 
 from .._messages import ModelRequest, ModelResponse
-from .._models import Sink
+from .._models._protocol import Sink
 from ._errors import ProviderError, malformed, redact, timed_out, translate_sdk_error
 from ._sse import MAX_EVENT, EventTooLarge, SinkFailed, StreamReader, finish_stream, sse_events
 

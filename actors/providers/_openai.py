@@ -55,7 +55,7 @@ from .._messages import (
     ToolSpec,
     UserMessage,
 )
-from .._models import Sink
+from .._models._protocol import Sink
 from ._base import ProviderModel, output_cap
 from ._estimates import estimate_request_tokens
 from ._openai_response import CHARS_PER_TOKEN, read_completion

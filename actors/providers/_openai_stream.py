@@ -61,7 +61,7 @@ from typing import Any
 import msgspec
 
 from .._messages import ModelRequest, ModelResponse, Usage
-from .._models import Sink
+from .._models._protocol import Sink
 from ._base import Asker
 from ._errors import ProviderError, malformed
 from ._estimates import estimate_output_tokens

@@ -27,7 +27,7 @@ from fractor.actors import (
     calls,
     reply,
 )
-from fractor.actors._models import Turn
+from fractor.actors._models._protocol import Turn
 from fractor.runtime import Runtime
 
 from .loopback import LoopbackServer, json_reply

@@ -26,7 +26,7 @@ from fractor.actors import (
     reply,
     tool,
 )
-from fractor.actors._turns import Turn
+from fractor.actors._models._turns import Turn
 from fractor.runtime import Budget, Runtime, SQLiteStore
 
 RAN: list[str] = []

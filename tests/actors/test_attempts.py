@@ -36,7 +36,7 @@ from fractor.actors import (
     streamed,
     tool,
 )
-from fractor.actors._traces import trace_from_record
+from fractor.actors._observation._traces import trace_from_record
 from fractor.actors.cli import main
 from fractor.runtime import ActorStopped, Budget, MemoryStore, Runtime, SQLiteStore, StoreError
 

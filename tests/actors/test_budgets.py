@@ -30,7 +30,7 @@ from fractor.actors import (
     reply,
     tool,
 )
-from fractor.actors._models import Turn
+from fractor.actors._models._protocol import Turn
 from fractor.runtime import Budget, Caps, Event, Price, Runtime
 
 from .loopback import LoopbackServer, Reply, json_reply, sse_reply
@@ -295,7 +295,7 @@ async def test_a_request_cut_by_a_deadline_is_charged_its_input_estimate() -> No
 
 async def test_with_no_budget_a_cut_request_is_still_charged_its_input_estimate() -> None:
     """With no budget on the chain the estimate is not made per request (see
-    ``_requests.send``), only for a request that failed or was cut off."""
+    ``_execution._requests.send``), only for a request that failed or was cut off."""
     started = anyio.Event()
 
     async def slow(request: ModelRequest) -> Turn:

@@ -38,11 +38,11 @@ from fractor.actors import (
     reply,
     tool,
 )
-from fractor.actors._events import DETAILS, WireEvent, agent_event
-from fractor.actors._remote import Events, decode_up, encode
-from fractor.actors._streaming import IGNORED as STREAM_IGNORED_DETAILS
-from fractor.actors._streaming import SHOWN as STREAM_SHOWN
-from fractor.actors._streaming import AgentStream
+from fractor.actors._hosts._remote import Events, decode_up, encode
+from fractor.actors._observation._events import DETAILS, WireEvent, agent_event
+from fractor.actors._observation._stream import IGNORED as STREAM_IGNORED_DETAILS
+from fractor.actors._observation._stream import SHOWN as STREAM_SHOWN
+from fractor.actors._observation._stream import AgentStream
 from fractor.actors.cli._lines import LatestLines, ProgressLines, generic_line
 from fractor.actors.cli._run import STREAM_IGNORED, stream_note
 from fractor.actors.integrations import otel
@@ -105,7 +105,9 @@ def test_the_agent_layer_defines_every_kind_of_an_agents_tree_once() -> None:
     assert set(DETAILS) == set(KINDS), "each kind in DETAILS: the wire decodes it"
     assert all(DETAILS[kind] is cls for kind, cls in KINDS.items())
     assert KINDS["stop"].__module__ == "fractor.runtime._events"  # the kernel's own
-    agent_kinds = {cls for cls in CLASSES if cls.__module__ == "fractor.actors._events"}
+    agent_kinds = {
+        cls for cls in CLASSES if cls.__module__ == "fractor.actors._observation._events"
+    }
     assert agent_kinds == CLASSES - {KINDS["stop"]}
     # Each is exported from fractor.actors (the kernel's from fractor.runtime).
     exported = {getattr(fractor.actors, cls.__name__, None) for cls in agent_kinds}
@@ -334,7 +336,7 @@ def test_a_sequence_given_as_a_list_is_kept_as_its_type_says() -> None:
 
 
 class CacheHit(EventDetail, frozen=True, kw_only=True, tag="test_cache_hit"):
-    """A kind no consumer knows: defined here, not in ``fractor.actors._events``."""
+    """A kind no consumer knows: defined here, not in ``fractor.actors._observation._events``."""
 
     tool: str
     hits: int

@@ -21,7 +21,7 @@ from fractor.actors import (
     fail,
     reply,
 )
-from fractor.actors._execution import Execution
+from fractor.actors._execution._execution import Execution
 from fractor.runtime import MemoryStore, Runtime
 
 from .tools import hanging, stepped

@@ -41,7 +41,7 @@ from fractor.actors import (
     streamed,
     tool,
 )
-from fractor.actors._memory import conversation_tokens
+from fractor.actors._memory._summarizer import conversation_tokens
 from fractor.runtime import Budget, Event, Price, Runtime, SQLiteStore
 
 INSTRUCTIONS = "Answer briefly."

@@ -23,7 +23,7 @@ from fractor.actors._messages import (
     Usage,
     UserMessage,
 )
-from fractor.actors._models import (
+from fractor.actors._models._protocol import (
     FunctionModel,
     Model,
     ScriptedModel,

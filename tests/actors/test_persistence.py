@@ -28,8 +28,8 @@ from fractor.actors import (
     reply,
     tool,
 )
-from fractor.actors._persistence import AgentState, decode_state
-from fractor.actors._traces import trace_from_record
+from fractor.actors._agent._persistence import AgentState, decode_state
+from fractor.actors._observation._traces import trace_from_record
 from fractor.runtime import (
     ActorStopped,
     Budget,

@@ -21,7 +21,7 @@ from fractor.actors._messages import (
     Usage,
     UserMessage,
 )
-from fractor.actors._models import (
+from fractor.actors._models._protocol import (
     FunctionModel,
     Model,
     ScriptedModel,
@@ -30,7 +30,7 @@ from fractor.actors._models import (
     fail,
     reply,
 )
-from fractor.actors._react import MalformedAction, ReActModel
+from fractor.actors._models._react import MalformedAction, ReActModel
 from fractor.runtime import FractorError
 
 SEARCH = ToolSpec(

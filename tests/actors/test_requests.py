@@ -1,4 +1,4 @@
-"""One model request of an execution (``actors._requests.send``): its retries.
+"""One model request of an execution (``actors._execution._requests.send``): its retries.
 
 A retry waits what the agent's ``RetryPolicy`` says, and at least what the server
 asked (``Retry-After``); a wait that would pass the execution's deadline is not
@@ -12,7 +12,7 @@ import time
 import anyio
 
 from fractor.actors import Agent, OpenAIModel, RetryPolicy
-from fractor.actors._policy import retry_after
+from fractor.actors._agent._policy import retry_after
 from fractor.runtime import Budget, Runtime
 
 from .loopback import LoopbackServer, Received, json_reply

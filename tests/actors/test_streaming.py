@@ -33,7 +33,7 @@ from fractor.actors import (
     streamed,
     tool,
 )
-from fractor.actors._models import Turn
+from fractor.actors._models._protocol import Turn
 from fractor.runtime import Budget, MemoryStore, Record, Runtime
 
 from .tools import hanging

@@ -20,7 +20,7 @@ from fractor.actors import (
     reply,
     tool,
 )
-from fractor.actors._turns import Turn
+from fractor.actors._models._turns import Turn
 from fractor.runtime import Runtime, SQLiteStore
 
 HALF = "\ud800"

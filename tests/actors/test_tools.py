@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fractor.actors._messages import ToolCall, ToolOutcome, ToolSpec
-from fractor.actors._toolbox import Toolbox
-from fractor.actors._tools import Tool, ToolDefinitionError, tool
+from fractor.actors._tools._tool import Tool, ToolDefinitionError, tool
+from fractor.actors._tools._toolbox import Toolbox
 from fractor.runtime import FractorError
 
 

@@ -32,7 +32,7 @@ from fractor.actors import (
     reply,
     tool,
 )
-from fractor.actors._traces import trace_from_record, trace_record
+from fractor.actors._observation._traces import trace_from_record, trace_record
 from fractor.actors.cli import main
 from fractor.runtime import Budget, MemoryStore, Runtime, SQLiteStore, Store
 

@@ -32,7 +32,7 @@ from fractor.actors import (
     reply,
     tool,
 )
-from fractor.actors._output import inlined
+from fractor.actors._execution._output import inlined
 from fractor.runtime import Budget, Event, MemoryStore, Runtime, SQLiteStore, Store
 
 

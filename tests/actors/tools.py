@@ -18,7 +18,7 @@ from fractor.actors import (
     Tool,
     tool,
 )
-from fractor.actors._turns import Turn
+from fractor.actors._models._turns import Turn
 from fractor.runtime import Runtime
 
 

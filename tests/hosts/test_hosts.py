@@ -418,8 +418,8 @@ def test_an_agent_ships_whole_and_is_rebuilt_on_arrival() -> None:
 
 async def test_a_subtree_its_host_cannot_run_still_answers_failed() -> None:
     # Driven by hand, as a transport would: two subtrees with one node id on one host.
-    from fractor.actors._host import AgentHost, HostConfig
-    from fractor.actors._remote import Done, Start, decode_up, encode
+    from fractor.actors._hosts._host import AgentHost, HostConfig
+    from fractor.actors._hosts._remote import Done, Start, decode_up, encode
 
     host = AgentHost(HostConfig(name="h"))
     start = Start(

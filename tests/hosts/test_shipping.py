@@ -26,7 +26,7 @@ from fractor.actors import (
     reply,
     tool,
 )
-from fractor.actors._models import Turn
+from fractor.actors._models._protocol import Turn
 from fractor.runtime import Runtime
 
 from .trees import researcher

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from fractor.actors import ExecutionTrace, Result, ToolStart
-from fractor.actors._remote import (
+from fractor.actors._hosts._remote import (
     Ask,
     Deny,
     Done,

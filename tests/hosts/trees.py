@@ -23,7 +23,7 @@ from fractor.actors import (
     reply,
     tool,
 )
-from fractor.actors._models import Turn
+from fractor.actors._models._protocol import Turn
 from fractor.runtime import Budget
 
 

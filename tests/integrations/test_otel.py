@@ -40,7 +40,7 @@ from fractor.actors import (
     reply,
     tool,
 )
-from fractor.actors._calling import progress_reporter
+from fractor.actors._execution._calling import progress_reporter
 from fractor.actors.integrations import otel
 from fractor.actors.providers import OpenAIModel
 from fractor.runtime import Budget, Event, EventBus, EventDetail, Runtime, TreeSnapshot

@@ -10,7 +10,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from fractor.actors import Agent, RequestStart, ScriptedModel, call, calls, fail, reply, tool
-from fractor.actors._policy import RetryPolicy
+from fractor.actors._agent._policy import RetryPolicy
 from fractor.runtime import Budget, Event, Runtime, Subscription
 
 CONTEXTS: list[dict[str, object]] = []

@@ -51,8 +51,8 @@ import anyio.abc
 import msgspec
 
 from fractor.actors import AssistantMessage, Message, ToolResultMessage, UserMessage
-from fractor.actors._persistence import decode_state
-from fractor.actors._traces import TRACE_KIND, trace_from_record
+from fractor.actors._agent._persistence import decode_state
+from fractor.actors._observation._traces import TRACE_KIND, trace_from_record
 from fractor.runtime import SQLiteStore, StoreError
 
 from .crash_worker import AGENT_OF_PREFIX, answer_to

@@ -60,8 +60,8 @@ from .fuzz_memory import digest_calls, summarize
 from .fuzz_plan import GARBAGE, Plan, Spec
 
 if TYPE_CHECKING:
-    from fractor.actors._hosts import HostLink
-    from fractor.actors._remote import RemoteChild
+    from fractor.actors._hosts._hosts import HostLink
+    from fractor.actors._hosts._remote import RemoteChild
 
 __all__ = [
     "LATENCIES",

@@ -20,7 +20,7 @@ import anyio
 import msgspec
 
 from fractor.actors import AssistantMessage, ExecutionTrace, ModelRequest, ToolResultMessage
-from fractor.actors._memory import DEFAULT_SUMMARY_INSTRUCTIONS as INSTRUCTIONS
+from fractor.actors._memory._summarizer import DEFAULT_SUMMARY_INSTRUCTIONS as INSTRUCTIONS
 from fractor.runtime import Node, Runtime, RuntimeStatistics, TreeSnapshot
 
 from .fuzz_checks import (

@@ -52,7 +52,7 @@ from fractor.actors import (
     UserMessage,
     reply,
 )
-from fractor.actors._digest import RESUMED_CHAIN
+from fractor.actors._memory._digest import RESUMED_CHAIN
 from fractor.runtime import TreeSnapshot
 
 from .fuzz_checks import markers_in
@@ -458,7 +458,7 @@ def _resumed_chain(
     tasks: Mapping[str, list[ExecutionTrace]], resumed: str
 ) -> list[ExecutionTrace] | None:
     """The attempts of the executions a resumed one picks up from, following the
-    chain of resumes back (as ``actors._digest.resumable`` does, 8 at most); None
+    chain of resumes back (as ``actors._memory._digest.resumable`` does, 8 at most); None
     when one of them is not whole here."""
     chain: list[ExecutionTrace] = []
     for _ in range(RESUMED_CHAIN):

@@ -49,9 +49,9 @@ from fractor.actors import (
     StepRecord,
     Task,
 )
-from fractor.actors._events import WireEvent
-from fractor.actors._host import AgentHost
+from fractor.actors._hosts._host import AgentHost
 from fractor.actors._messages import safe_text
+from fractor.actors._observation._events import WireEvent
 from fractor.runtime import (
     ActorStopped,
     AskTimeout,
@@ -76,7 +76,7 @@ from .fuzz_plan import ASKS, Kill, Op, Plan, Spec
 from .fuzz_tops import Top, check_top, look, respawn, spawn
 
 if TYPE_CHECKING:
-    from fractor.actors._remote import RemoteChild
+    from fractor.actors._hosts._remote import RemoteChild
 
 __all__ = ["PRICE", "SECONDS_SLACK", "TreeReport", "TreeRun"]
 

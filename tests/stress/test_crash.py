@@ -20,8 +20,8 @@ from fractor.actors import (
     ToolResultMessage,
     UserMessage,
 )
-from fractor.actors._persistence import AgentState, encode_state
-from fractor.actors._traces import trace_record
+from fractor.actors._agent._persistence import AgentState, encode_state
+from fractor.actors._observation._traces import trace_record
 from fractor.runtime import Record, SQLiteStore, Usage
 
 from .crash import Ack, check_database, crash_rounds

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from fractor.actors import Agent, ModelRequest, OutputSchema, ProviderError, Result, UserMessage
-from fractor.actors._output import inlined
+from fractor.actors._execution._output import inlined
 from fractor.runtime import Runtime
 
 from ..loopback import LoopbackServer, json_reply

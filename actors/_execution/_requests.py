@@ -1,0 +1,336 @@
+"""One model request of an execution, under the supervisor: reserve (waiting for
+headroom that requests in flight hold), send, settle, with the agent's retries
+(DESIGN.md section 3, "Budgets"). Every attempt is checked and charged.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, cast
+
+import anyio
+import msgspec
+
+from fractor.runtime import InvalidUsage, Reservation, Usage
+
+from .._agent._policy import is_retryable, retry_after
+from .._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
+from .._observation._events import BudgetResume, BudgetWait, RequestEnd, RequestStart, Retry
+from ._recording import EMPTY_USAGE, Recorder
+
+if TYPE_CHECKING:
+    from .._agent._policy import RetryPolicy
+    from .._models._protocol import Model, Send, StreamingModel
+
+__all__ = ["EMPTY_USAGE", "admitting", "ascii_arguments", "safe_response", "send"]
+
+#: Characters per output token, for the estimate of a stream that was cut.
+_CHARS_PER_TOKEN = 4
+
+
+async def send(
+    recorder: Recorder,
+    model: Model,
+    request: ModelRequest,
+    retry: RetryPolicy,
+    *,
+    once: bool = False,
+) -> ModelResponse:
+    """One model request of an execution (whose ``recorder`` knows its node and
+    keeps its step in flight) under the budget: reserve (waiting for headroom if
+    others hold it), send, settle; with the agent's ``retry`` policy.
+
+    Every attempt is charged (``recorder.charged`` adds them up): a failed one what
+    the error reported or its input estimate, a cancelled one its input estimate.
+    A reply cut at a cap that the budget's sharing set (not the request's own) is
+    asked again with room for at least twice as much, waiting for it if needed;
+    if the settled usage has no room for that, the budget is spent and says so.
+
+    ``once``: one attempt and no more, for optional work (a summarization, sent only
+    with room for itself and the step it is done for): no retry and no second ask;
+    its error, or its reply as it came, is the caller's to take.
+    """
+    supervisor = recorder.supervisor
+    node = recorder.node
+    wanted = request.max_tokens
+    # The input estimate is the budget's pre-check: with no budget on the chain it is
+    # made only if the request fails (what it is charged then), never per request (it
+    # reads the whole context: a long conversation would pay for it every step).
+    estimated = node.limited
+    estimate = model.estimate_tokens(request) if estimated else 0
+    # What a request charged as its estimate (failed, cut, impossible usage) charges
+    # when it was reserved without one.
+    lazy = None if estimated else (lambda: model.estimate_tokens(request))
+    name = model.name
+    attempt = 0
+    at_least: int | None = None
+    while True:
+        try:
+            reservation = supervisor.reserve_nowait(
+                node, input_estimate=estimate, max_tokens=wanted, model=name, at_least=at_least
+            )
+        except anyio.WouldBlock:
+            reservation = await _wait_for_budget(recorder, estimate, wanted, name, at_least)
+        sent = request
+        if reservation.max_tokens != wanted:
+            sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
+        error: Exception
+        sink = recorder.sink
+        observed = recorder.observed
+        if observed:
+            # An observer recording contents gets the messages (a reference: no copy).
+            recorder.emit(
+                RequestStart(
+                    step=len(recorder.steps),
+                    attempt=attempt + 1,
+                    model=name,
+                    purpose=request.purpose,
+                    messages=request.messages if recorder.bus.contents else None,
+                )
+            )
+        # A model built on another, inside this call, has its requests admitted.
+        call = _Call(recorder, reservation)
+        try:
+            calling = _CALL.set(call)
+            try:
+                if sink is None:
+                    response = await model.request(sent)
+                else:
+                    recorder.streamed.clear()  # each attempt streams from its start
+                    response = await cast("StreamingModel", model).stream(sent, sink)
+            finally:
+                _CALL.reset(calling)
+        except Exception as exc:
+            reported = _reported(exc) or call.used
+            _charge(recorder, reservation, reported, name, lazy)
+            error = exc
+            if observed:
+                _request_end(recorder, name, reported, error=exception_text(exc))
+        except BaseException:
+            # Cut off (a deadline, a stop): what it read was spent, and what it streamed.
+            spent = _cut(recorder, reservation, lazy) or call.used
+            _charge(recorder, reservation, spent, name, lazy)
+            if observed:
+                _request_end(recorder, name, None, error="cut off before the model answered")
+            raise
+        else:
+            if observed:
+                _request_end(recorder, name, response.usage, response=response)
+            try:
+                charged = supervisor.settle(
+                    node, reservation, response.usage, model=name, estimate=lazy
+                )
+            except InvalidUsage as exc:
+                error = exc
+                recorder.charged = recorder.charged + exc.charged
+            else:
+                spent = recorder.charged
+                recorder.charged = charged if spent is EMPTY_USAGE else spent + charged
+                if once or response.finish_reason != "length" or reservation.limited_by is None:
+                    return response
+                # Cut by the budget's sharing, not by its own cap: ask again.
+                at_least = min(reservation.wanted, 2 * reservation.output)
+                if recorder.observed:
+                    recorder.emit(
+                        Retry(
+                            attempt=attempt + 1,
+                            error=f"reply cut at {reservation.output} tokens by the budget "
+                            f"shared with requests in flight; asking again with room for "
+                            f"{at_least}",
+                            delay=0.0,
+                        )
+                    )
+                continue
+        attempt += 1
+        if once or attempt > retry.retries or not is_retryable(error):
+            raise error
+        asked = retry_after(error)
+        delay = retry.delay(attempt, at_least=asked)
+        if supervisor.now() + delay >= node.deadline:
+            # No sleep that the deadline would cut: the execution times out now.
+            _no_time_to_retry(recorder, delay, asked)
+            raise error
+        if recorder.observed:
+            recorder.emit(Retry(attempt=attempt, error=f"{error!r}"[:300], delay=delay))
+        await anyio.sleep(delay)
+
+
+def _request_end(
+    recorder: Recorder,
+    model: str,
+    usage: Usage | None,
+    *,
+    response: ModelResponse | None = None,
+    error: str = "",
+) -> None:
+    """The event of one model request's end: its model, usage and finish reason (the
+    tool calls it asked for, by id and name), or its error; the response itself for
+    an observer that records contents."""
+    if response is None:
+        recorder.emit(
+            RequestEnd(
+                model=model,
+                input_tokens=usage.input_tokens if usage is not None else 0,
+                output_tokens=usage.output_tokens if usage is not None else 0,
+                finish_reason="error",
+                error=error[:300],
+            )
+        )
+        return
+    recorder.emit(
+        RequestEnd(
+            model=model,
+            response_model=response.model,
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+            finish_reason=response.finish_reason,
+            tool_calls=tuple((call.id, call.name) for call in response.tool_calls),
+            response=response if recorder.bus.contents else None,
+        )
+    )
+
+
+def _charge(
+    recorder: Recorder,
+    reservation: Reservation,
+    usage: Usage | None,
+    model: str,
+    estimate: Callable[[], int] | None,
+) -> None:
+    """Settle a request that failed or was cut off: what its error reported (if
+    that cannot be true, the whole reservation), or its input estimate."""
+    try:
+        charged = recorder.supervisor.settle(
+            recorder.node, reservation, usage, model=model, estimate=estimate
+        )
+    except InvalidUsage as exc:  # the request failed already: that error stands
+        charged = exc.charged
+    recorder.charged = recorder.charged + charged
+
+
+class _Call:
+    """One model call of an execution in progress (``send``): a model built on
+    another that sends requests of its own inside it (a ``ReActModel`` a user's model
+    calls directly) has each one after the first admitted before it is sent."""
+
+    __slots__ = ("recorder", "reservation", "sent", "used")
+
+    def __init__(self, recorder: Recorder, reservation: Reservation) -> None:
+        self.recorder = recorder
+        self.reservation = reservation
+        #: Requests sent through ``send`` so far: the first is the reservation's own.
+        self.sent = 0
+        #: What the answers to them reported: the call's usage if it fails after.
+        self.used: Usage | None = None
+
+    async def send(self, model: Model, request: ModelRequest) -> ModelResponse:
+        if self.sent:  # one more request: a counter, checked and charged at once
+            recorder = self.recorder  # (waits only while leased elsewhere)
+            await recorder.supervisor.charge_waiting(recorder.node, requests=1)
+            self.reservation.requests += 1
+        self.sent += 1
+        response = await model.request(request)
+        used = self.used
+        self.used = response.usage if used is None else used + response.usage
+        return response
+
+
+#: The model call in progress in this context, if any (see ``admitting``).
+_CALL: ContextVar[_Call | None] = ContextVar("fractor_model_call", default=None)
+
+
+def admitting(model: Model) -> Send:
+    """How a model built on another sends its own requests to ``model`` when it is
+    not given a ``send`` (``ReActModel.request``).
+
+    Inside an agent's model call (a user's model that calls a ``ReActModel``
+    directly), each request after the first is admitted by the agent's supervisor
+    before it is sent: one more request, checked and charged at once (its output is
+    within the call's reservation), so one that a ``requests`` limit has no room for
+    is refused and never sent. Anywhere else, ``model.request``.
+    """
+    call = _CALL.get()
+    if call is None:
+        return model.request
+    return functools.partial(call.send, model)
+
+
+def _no_time_to_retry(recorder: Recorder, delay: float, asked: float) -> None:
+    """The retry of a failed request would come after the execution's deadline:
+    stop its node ``timed_out`` now, saying why (the request's error ends the step,
+    and the execution reads its status from the node)."""
+    node = recorder.node
+    owner = node.deadline_owner or node
+    seconds = owner.limits.seconds if owner.limits is not None else None
+    shown = f"{seconds:g} s " if seconds is not None else ""
+    why = f"the server's Retry-After of {asked:g} s" if asked >= delay else "its backoff"
+    reason = (
+        f"deadline of {shown}would pass before the retry of a failed model request "
+        f"({delay:.3g} s away: {why}; budget of {owner.name} {owner.id!r})"
+    )
+    recorder.supervisor.stop_subtree(node, "timed_out", reason, cancel=False)
+
+
+async def _wait_for_budget(
+    recorder: Recorder, estimate: int, max_tokens: int | None, model: str, at_least: int | None
+) -> Reservation:
+    """Wait for headroom that requests in flight hold; visible as events, in the
+    tree (the node's ``waiting``) and in the runtime's statistics."""
+    observed = recorder.observed
+    began = time.perf_counter()
+    on_wait = (lambda why: recorder.emit(BudgetWait(reason=why))) if observed else None
+    try:
+        return await recorder.supervisor.reserve(
+            recorder.node,
+            input_estimate=estimate,
+            max_tokens=max_tokens,
+            model=model,
+            at_least=at_least,
+            on_wait=on_wait,
+        )
+    finally:
+        if observed:
+            recorder.emit(BudgetResume(seconds=time.perf_counter() - began))
+
+
+def ascii_arguments(calls: tuple[ToolCall, ...]) -> bool:
+    if len(calls) == 1:  # the usual step: no generator
+        return calls[0].arguments.isascii()
+    return all(tool_call.arguments.isascii() for tool_call in calls)
+
+
+def safe_response(response: ModelResponse) -> ModelResponse:
+    """A model's reply with its text made safe for every store and provider."""
+    calls = tuple(
+        c if c.arguments.isascii() else msgspec.structs.replace(c, arguments=safe_text(c.arguments))
+        for c in response.tool_calls
+    )
+    return msgspec.structs.replace(response, text=safe_text(response.text), tool_calls=calls)
+
+
+def _cut(
+    recorder: Recorder, reservation: Reservation, estimate: Callable[[], int] | None
+) -> Usage | None:
+    """What a request cut off mid-stream spent: its input estimate and an estimate
+    of the text received (within the request's output cap); ``None`` (the input
+    estimate) when nothing was streamed."""
+    streamed = recorder.streamed
+    if not streamed:
+        return None
+    read = reservation.input or (estimate() if estimate is not None else 0)
+    chars = sum(len(piece) for piece in streamed)
+    # Each piece streamed is at least a token, however few characters it holds.
+    output = max(-(-chars // _CHARS_PER_TOKEN), len(streamed))
+    cap = reservation.max_tokens
+    if cap is not None:
+        output = min(output, cap)
+    return Usage(input_tokens=read, output_tokens=output, requests=1)
+
+
+def _reported(error: Exception) -> Usage | None:
+    """The usage a failed request's error reports, if it reports one."""
+    usage = getattr(error, "usage", None)
+    return usage if isinstance(usage, Usage) else None

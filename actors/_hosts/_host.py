@@ -1,0 +1,371 @@
+"""An agent host: one event loop running many subtrees of other processes' trees.
+
+A host is where ``Runtime(hosts=...)`` places subtrees (a Ray actor with
+``RayHosts``; an object in this process with ``LocalHosts``). It runs one
+``Runtime`` of its own, with no budget, no store and no caps on depth or agents (the
+tree above enforces those through each subtree's lease); each subtree's top node
+runs under its lease, and where the lease runs out it asks the tree above for more
+(``runtime._ledger``). It speaks only bytes: ``start`` and ``down`` take messages,
+``drain`` hands back what goes up (asks, snapshots, answers), batched.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+import structlog
+
+from fractor.runtime import Caps, Event, Node, NodeSnapshot, Price, Runtime, Usage
+from fractor.runtime.lowlevel import Tally, Want, new_waiter, park, wake
+
+from .._messages import ExecutionTrace, Result, Task, exception_text
+from .._tools._approval import ApprovalRequest, approvals_of
+from ._remote import (
+    Ask,
+    Asking,
+    Decided,
+    Deny,
+    Done,
+    Events,
+    Grant,
+    Nodes,
+    Start,
+    Stop,
+    Up,
+    Withdrawn,
+    decode_down,
+    encode,
+    tally,
+)
+
+if TYPE_CHECKING:
+    from .._agent._agent import Agent
+
+__all__ = ["AgentHost", "HostConfig"]
+
+log = structlog.get_logger("fractor.actors.host")
+
+#: How many stops for subtrees not started (or already ended) a host remembers.
+EARLY_KEPT = 10_000
+#: How often a host sends the snapshots of its running subtrees' nodes.
+SNAPSHOT_PERIOD = 0.25
+
+
+class HostConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What a host's runtime needs of the driver's: prices and request sizes, and the
+    one cap that is per execution (steps)."""
+
+    name: str
+    prices: dict[str, Price] = {}
+    steps: int | None = 200
+    min_output_tokens: int = 256
+    default_max_tokens: int = 4_096
+
+
+class _Run:
+    __slots__ = ("above", "asking", "depth", "node", "parent_id", "run_id", "sent")
+
+    def __init__(self, run_id: int, node: Node, depth: int, above: tuple[str, ...] = ()) -> None:
+        self.run_id = run_id
+        self.node = node
+        #: The top node's depth in the whole tree, and the agents above it there.
+        self.depth = depth
+        self.above = above
+        self.asking = False
+        #: The last tally sent up in a snapshot.
+        self.sent: Any = None
+        #: Its top node's parent in the whole tree (set when its events are observed).
+        self.parent_id = ""
+
+
+class _Lender:
+    """A subtree's way to ask the tree above for more headroom: one ask at a time
+    (an operation still short after the answer asks again)."""
+
+    __slots__ = ("host", "run")
+
+    def __init__(self, host: AgentHost, run: _Run) -> None:
+        self.host = host
+        self.run = run
+
+    def want(self, node: Node, want: Want) -> None:
+        run = self.run
+        if run.asking:
+            return
+        run.asking = True
+        self.host.post(Ask(run=run.run_id, tally=tally(node), want=want))
+
+
+class _Forwarder:
+    """How a subtree's tool calls ask the driver for a person's approval, and where
+    the subtree sits in the whole tree (``Forwarder``)."""
+
+    __slots__ = ("host", "run")
+
+    def __init__(self, host: AgentHost, run: _Run) -> None:
+        self.host = host
+        self.run = run
+
+    @property
+    def above(self) -> tuple[str, ...]:
+        return self.run.above
+
+    @property
+    def depth(self) -> int:
+        return self.run.depth
+
+    def ask(self, request: ApprovalRequest) -> None:
+        self.host.post(Asking(run=self.run.run_id, request=request))
+
+    def withdraw(self, request_id: str) -> None:
+        self.host.post(Withdrawn(run=self.run.run_id, id=request_id))
+
+
+class AgentHost:
+    """Runs subtrees for other processes' trees (see the module's docstring)."""
+
+    def __init__(self, config: HostConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.runtime: Runtime | None = None
+        self._runs: dict[int, _Run] = {}
+        self._outbox: list[Up] = []
+        self._waiter: Any = None
+        self._ready = anyio.Event()
+        self._closed = False
+        self._task_group: Any = None
+        #: Stops that came before their subtree started (a transport may reorder).
+        self._early: dict[int, Stop] = {}
+        #: Subtrees whose trees observe their events (forwarded while any does), by
+        #: their top node's id.
+        self._observed: dict[str, _Run] = {}
+        self._events: list[Event] = []
+        #: Subtrees run so far.
+        self.started = 0
+
+    @property
+    def load(self) -> int:
+        """Subtrees running now."""
+        return len(self._runs)
+
+    async def serve(self) -> None:
+        """Run the host's runtime until cancelled (its subtrees are cancelled with it)."""
+        config = self.config
+        async with (
+            Runtime(
+                prices=config.prices or None,
+                caps=Caps(depth=None, agents=None, steps=config.steps),
+                min_output_tokens=config.min_output_tokens,
+                default_max_tokens=config.default_max_tokens,
+                grace=0,
+            ) as runtime,
+            anyio.create_task_group() as tg,
+        ):
+            self.runtime = runtime
+            approvals_of(runtime).prefix = f"{self.name}/"  # unique on the driver too
+            self._task_group = tg
+            tg.start_soon(self._snapshots)
+            self._ready.set()
+            await anyio.sleep_forever()
+
+    async def ready(self) -> None:
+        await self._ready.wait()
+
+    def start(self, data: bytes, agent: Agent) -> None:
+        """Start the subtree of one ``Start`` message (bytes) with ``agent``."""
+        for message in decode_down(data):
+            assert isinstance(message, Start)
+            self.started += 1
+            self._task_group.start_soon(self._run, message, agent)
+
+    def refuse(self, data: bytes, why: str) -> None:
+        """Answer the subtree of each ``Start`` message (bytes) ``failed`` at once: its
+        agent's definition could not be rebuilt here (``why``)."""
+        for message in decode_down(data):
+            assert isinstance(message, Start)
+            reason = f"the host {self.name!r} could not rebuild agent {message.name!r}: {why}"
+            log.warning("agent not rebuilt", host=self.name, node_id=message.node_id, error=why)
+            self._refused(message, reason)
+
+    def _refused(self, start: Start, reason: str) -> None:
+        """The answer of a subtree that never started here: ``failed``, with why."""
+        failed = _failed(reason, start.node_id, Usage())
+        self.post(Done(run=start.run, result=failed, tally=Tally()))
+
+    def down(self, data: bytes) -> None:
+        """Apply grants, refusals and stops from the tree above."""
+        runtime = self.runtime
+        assert runtime is not None
+        ledger = runtime.supervisor.ledger
+        supervisor = runtime.supervisor
+        for message in decode_down(data):
+            run = self._runs.get(message.run)
+            if run is None:
+                if isinstance(message, Stop):
+                    self._early[message.run] = message
+                    while len(self._early) > EARLY_KEPT:
+                        del self._early[next(iter(self._early))]
+                continue
+            if run.node.status != "running":
+                continue  # it answered already
+            node = run.node
+            if isinstance(message, Grant):
+                run.asking = False
+                seconds = node.limits.seconds if node.limits is not None else None
+                ledger.extend(node, msgspec.structs.replace(message.limits, seconds=seconds))
+            elif isinstance(message, Deny):
+                run.asking = False
+                ledger.refuse(node, message.refusal.error())
+            elif isinstance(message, Stop):
+                error = message.refusal.error() if message.refusal is not None else None
+                supervisor.stop_subtree(node, message.status, message.reason, error)
+                ledger.changed_at(node)
+            elif isinstance(message, Decided):
+                approvals_of(runtime).settle(
+                    message.id, approved=message.approved, reason=message.reason
+                )
+
+    def post(self, message: Up) -> None:
+        self._outbox.append(message)
+        if self._waiter is not None:
+            wake(self._waiter)
+
+    async def drain(self, timeout: float = math.inf) -> bytes:
+        """What goes up, batched; waits up to ``timeout`` for something to send."""
+        if not self._outbox and not self._events:
+            self._waiter = new_waiter()
+            try:
+                with anyio.move_on_after(timeout):
+                    await park(self._waiter)
+            finally:
+                self._waiter = None
+        self._flush_events()
+        batch, self._outbox = self._outbox, []
+        return encode(batch)
+
+    async def _run(self, start: Start, agent: Agent) -> None:
+        runtime = self.runtime
+        assert runtime is not None
+        supervisor = runtime.supervisor
+        try:
+            if start.node_id in supervisor.nodes:
+                raise ValueError(f"a subtree with node id {start.node_id!r} runs here already")
+            node = supervisor.open(
+                supervisor.root, name=start.name, limits=start.limits, node_id=start.node_id
+            )
+        except Exception as exc:  # it answers all the same: nothing waits for it forever
+            self._refused(start, f"the host {self.name!r} could not run it: {exception_text(exc)}")
+            return
+        run = self._runs[start.run] = _Run(start.run, node, start.depth, start.above)
+        node.lender = _Lender(self, run)
+        forwarders = approvals_of(runtime).forwarders
+        forwarders[node.id] = _Forwarder(self, run)
+        if start.events:
+            self._observe(run, start.parent_id)
+        if start.traces:
+            node.traces = []
+        early = self._early.pop(start.run, None)
+        if early is not None:
+            self.down(encode([early]))
+        try:
+            ref = await runtime.spawn(agent, id=node.id)
+            reply = ref.actor.ask_nowait(Task(text=start.text, node=node.id))
+            ref.actor.stop_nowait()
+            result: Result = await reply.wait()
+        except Exception as exc:
+            reason = f"the host {self.name!r} could not run it: {exception_text(exc)}"
+            log.warning("subtree failed on its host", host=self.name, node_id=node.id, error=reason)
+            supervisor.close(node, "failed", reason)
+            result = _failed(reason, node.id, node.usage())
+        finally:
+            del self._runs[start.run]
+            forwarders.pop(node.id, None)
+            if self._observed.pop(node.id, None) is not None and not self._observed:
+                runtime.event_bus.tap = None
+                runtime.event_bus.active = runtime.event_bus.log_events
+            self._flush_events()
+        traces: tuple[ExecutionTrace, ...] = ()
+        if node.traces:
+            # The top's executions hang from the parent in the whole tree.
+            traces = tuple(
+                msgspec.structs.replace(trace, parent_id=trace.parent_id or start.parent_id)
+                for trace in (execution.final_trace() for execution in node.traces)
+            )
+            node.traces = None
+        nodes = _marked(supervisor.subtree(node), self.name, start.depth)
+        self.post(Done(run=start.run, result=result, tally=tally(node), traces=traces, nodes=nodes))
+
+    def _observe(self, run: _Run, parent_id: str) -> None:
+        """Forward the events of ``run``'s subtree, at their place in the whole tree."""
+        run.parent_id = parent_id
+        self._observed[run.node.id] = run
+        runtime = self.runtime
+        assert runtime is not None
+        runtime.event_bus.tap = self._tap
+        runtime.event_bus.active = True
+
+    def _tap(self, event: Event) -> None:
+        run = self._observed.get(event.execution_id)
+        if run is None:  # below a top: find it
+            runtime = self.runtime
+            assert runtime is not None
+            node = runtime.supervisor.nodes.get(event.execution_id)
+            while node is not None and node.id not in self._observed:
+                node = node.parent
+            if node is None:
+                return  # not of an observed subtree
+            run = self._observed[node.id]
+        elif event.parent_id == "root":
+            event = msgspec.structs.replace(event, parent_id=run.parent_id)
+        event = msgspec.structs.replace(event, depth=event.depth + run.depth - 1)
+        if not self._events:
+            self.post_soon()
+        self._events.append(event)
+
+    def post_soon(self) -> None:
+        """Send the events gathered so far with the next batch up."""
+        if self._waiter is not None:
+            wake(self._waiter)
+
+    def _flush_events(self) -> None:
+        if self._events:
+            events, self._events = tuple(self._events), []
+            self._outbox.append(Events(events=events))
+
+    async def _snapshots(self) -> None:
+        """Every ``SNAPSHOT_PERIOD``, the nodes of each running subtree that changed."""
+        while True:
+            await anyio.sleep(SNAPSHOT_PERIOD)
+            runtime = self.runtime
+            if runtime is None or not self._runs:
+                continue
+            supervisor = runtime.supervisor
+            for run in list(self._runs.values()):
+                now = tally(run.node)
+                if now == run.sent and not run.node.children:
+                    continue
+                run.sent = now
+                nodes = _marked(supervisor.subtree(run.node), self.name, run.depth)
+                self.post(Nodes(run=run.run_id, tally=now, nodes=nodes))
+
+
+def _failed(reason: str, node_id: str, usage: Usage) -> Result:
+    """The answer of a subtree this host could not run."""
+    return Result(
+        text=f"[failed] {reason}",
+        status="failed",
+        stop_reason=reason,
+        usage=usage,
+        agent_id=node_id,
+        execution_id=node_id,
+    )
+
+
+def _marked(nodes: list[NodeSnapshot], host: str, depth: int) -> tuple[NodeSnapshot, ...]:
+    """Snapshots of a subtree's nodes, each marked with its host, at their depth in the
+    whole tree (the subtree's top is at ``depth`` there, and at 1 here)."""
+    replace = msgspec.structs.replace
+    return tuple(replace(node, host=host, depth=node.depth + depth - 1) for node in nodes)

@@ -1,0 +1,13 @@
+"""Observation: an execution's events, the stream of an ask, and traces (the live view is
+the command line's, ``fractor.actors.cli``).
+
+- ``_events.py``: The events of the agent layer: one frozen Struct per kind, defined
+  here once.
+- ``_stream.py``: Streaming an ask.
+- ``_traces.py``: Execution traces outside the actor: export, load, collect from a
+  store, render.
+
+A private package, one of the folders by kind of ``fractor.actors``: nothing is imported
+here, so importing one of its modules runs no other. The public names are re-exported by
+``fractor.actors``.
+"""

@@ -1,0 +1,347 @@
+"""The events of the agent layer: one frozen Struct per kind, defined here once.
+
+Each class is a kind of event an execution of an agent emits, tagged with the
+kind's name (``ToolStart`` is ``"tool_start"``), its fields typed; the kernel
+defines the envelope (``fractor.runtime.Event``), the base (``EventDetail``) and its
+own kinds (``ActorStop``), and knows none of these. The stream, OpenTelemetry, the
+live view and ``fractor run`` dispatch on these classes, and
+``tests/actors/test_events.py`` fails when one of them does not say what it does
+with a kind (handles it, or ignores it on purpose).
+
+``agent_event`` is the one place an agent's event is built (the execution's ``emit``
+calls it), from a kind's name and its fields or from a detail made already.
+
+Adding a kind: its class here (and in ``DETAILS``), its emit site
+(``execution.emit(TheKind(...))``), and what the stream does with it (``SHOWN`` or
+``IGNORED`` in ``_stream``: its items are public types; ``tests/actors/test_events.py``
+fails until it says). OpenTelemetry and the command line's lines show a kind they have
+no handler for from its fields (a span event ``fractor.<kind>``; ``kind field=value``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, cast
+
+from msgspec.structs import force_setattr
+
+from fractor.runtime import ActorStop, Event, EventDetail, EventKind
+
+from .._messages import Message, ModelResponse, Status
+
+__all__ = [
+    "DETAILS",
+    "ApprovalAsked",
+    "ApprovalDecision",
+    "BudgetResume",
+    "BudgetWait",
+    "CompactionEnd",
+    "DeadlineReached",
+    "Details",
+    "ExecutionEnd",
+    "ExecutionStart",
+    "LimitReached",
+    "ModelText",
+    "Refused",
+    "RequestEnd",
+    "RequestStart",
+    "Restart",
+    "Retry",
+    "Spawn",
+    "StepEnd",
+    "StepStart",
+    "ToolEnd",
+    "ToolProgress",
+    "ToolStart",
+    "WireEvent",
+    "agent_event",
+]
+
+
+class ExecutionStart(EventDetail, frozen=True, kw_only=True, tag="execution_start"):
+    """An execution starts: its task (the first 200 characters)."""
+
+    task: str
+    #: The key of the task handed in from outside, when it was (``EventBus.on_task``).
+    caller: str = ""
+
+
+class ExecutionEnd(EventDetail, frozen=True, kw_only=True, tag="execution_end"):
+    """An execution ended: how, after how many steps and tokens, with what answer
+    (the first 200 characters)."""
+
+    status: Status
+    reason: str
+    steps: int
+    tokens: int
+    answer: str = ""
+
+
+class Refused(EventDetail, frozen=True, kw_only=True, tag="refused"):
+    """A task refused before it started (a depth or agents limit)."""
+
+    reason: str
+    caller: str = ""
+
+
+class StepStart(EventDetail, frozen=True, kw_only=True, tag="step_start"):
+    """A step (a model request and the tool calls it asks for) starts."""
+
+    step: int
+
+
+class StepEnd(EventDetail, frozen=True, kw_only=True, tag="step_end"):
+    """A step ended: the tools it called, its tokens and seconds."""
+
+    step: int
+    tool_calls: tuple[str, ...] = ()
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.tool_calls.__class__ is not tuple:  # given as a list
+            force_setattr(self, "tool_calls", tuple(self.tool_calls))
+
+
+class ModelText(EventDetail, frozen=True, kw_only=True, tag="text"):
+    """A piece of the model's text (a stream's delta, or a response's whole text)."""
+
+    text: str
+    step: int = 0
+
+
+class RequestStart(EventDetail, frozen=True, kw_only=True, tag="request_start"):
+    """A model request is sent (attempt 1, 2, ...)."""
+
+    step: int
+    attempt: int
+    model: str
+    purpose: str = "step"
+    #: The request's messages, as a reference, while an observer records contents
+    #: (``EventBus.contents``).
+    messages: tuple[Message, ...] | None = None
+
+
+class RequestEnd(EventDetail, frozen=True, kw_only=True, tag="request_end"):
+    """A model request answered (or failed: ``error``)."""
+
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = ""
+    #: The model the provider says answered.
+    response_model: str = ""
+    #: The tool calls it asks for, (id, name).
+    tool_calls: tuple[tuple[str, str], ...] = ()
+    error: str = ""
+    #: The response, as a reference, while an observer records contents.
+    response: ModelResponse | None = None
+
+    def __post_init__(self) -> None:
+        calls = self.tool_calls
+        if calls.__class__ is not tuple or any(call.__class__ is not tuple for call in calls):
+            force_setattr(self, "tool_calls", tuple((str(i), str(n)) for i, n in calls))
+
+
+class ToolStart(EventDetail, frozen=True, kw_only=True, tag="tool_start"):
+    """A tool call starts: its JSON arguments (the first 200 characters)."""
+
+    tool: str
+    call_id: str
+    arguments: str = ""
+
+
+class ToolProgress(EventDetail, frozen=True, kw_only=True, tag="tool_progress"):
+    """What a running tool reported of its progress (an MCP server's progress
+    notifications), between its ``ToolStart`` and its ``ToolEnd``."""
+
+    tool: str
+    call_id: str
+    progress: float
+    total: float | None = None
+    message: str = ""
+
+
+class ToolEnd(EventDetail, frozen=True, kw_only=True, tag="tool_end"):
+    """A tool call ended: its result (the first 200 characters)."""
+
+    tool: str
+    call_id: str
+    is_error: bool = False
+    seconds: float = 0.0
+    result: str = ""
+    #: Answered from an earlier attempt's outcome, not run again.
+    reused: bool = False
+
+
+class Spawn(EventDetail, frozen=True, kw_only=True, tag="spawn"):
+    """A subagent call starts its child (``host``: where, if on a host)."""
+
+    child: str
+    child_id: str
+    call_id: str = ""
+    task: str = ""
+
+
+class Retry(EventDetail, frozen=True, kw_only=True, tag="retry"):
+    """A model request (or an answer that did not parse) is tried again."""
+
+    attempt: int
+    error: str
+    delay: float = 0.0
+
+
+class Restart(EventDetail, frozen=True, kw_only=True, tag="restart"):
+    """A failed execution runs again (``digest``: it reads a digest of the earlier
+    attempts), or a lost host's subtree is placed again (``host``)."""
+
+    reason: str
+    restarts: int
+    digest: bool = False
+
+
+class CompactionEnd(EventDetail, frozen=True, kw_only=True, tag="compaction"):
+    """The agent folded old turns into its summary (``ok``), or failed to (``error``)."""
+
+    ok: bool
+    turns: int
+    covered: int
+    input_tokens: int = 0
+    output_tokens: int = 0
+    error: str = ""
+
+
+class BudgetWait(EventDetail, frozen=True, kw_only=True, tag="budget_wait"):
+    """A request waits for budget others hold."""
+
+    reason: str
+
+
+class BudgetResume(EventDetail, frozen=True, kw_only=True, tag="budget_resume"):
+    """A request that waited for budget goes on, after ``seconds``."""
+
+    seconds: float
+
+
+class LimitReached(EventDetail, frozen=True, kw_only=True, tag="budget_exceeded"):
+    """A budget limit stopped the execution."""
+
+    reason: str
+
+
+class DeadlineReached(EventDetail, frozen=True, kw_only=True, tag="deadline"):
+    """The deadline stopped the execution."""
+
+    reason: str
+
+
+class ApprovalAsked(EventDetail, frozen=True, kw_only=True, tag="approval_request"):
+    """A tool call waits for a person's decision (``ApprovalRequest``): it asks
+    something of whoever observes, so no observer ever drops it."""
+
+    asks: ClassVar[bool] = True
+
+    id: str
+    tool: str
+    call_id: str
+    arguments: str = ""
+    #: The agents from the top-level agent down to the one that asks.
+    path: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.path.__class__ is not tuple:  # given as a list
+            force_setattr(self, "path", tuple(self.path))
+
+
+class ApprovalDecision(EventDetail, frozen=True, kw_only=True, tag="approval_decision"):
+    """A held tool call was approved or denied, after ``waited`` seconds."""
+
+    id: str
+    tool: str
+    call_id: str
+    approved: bool
+    reason: str = ""
+    waited: float = 0.0
+
+
+#: Every kind of detail an event of an agent's tree may carry: the kernel's and the
+#: agent layer's (what the wire decodes an event's detail as).
+Details: TypeAlias = (
+    ActorStop
+    | ExecutionStart
+    | ExecutionEnd
+    | Refused
+    | StepStart
+    | StepEnd
+    | ModelText
+    | RequestStart
+    | RequestEnd
+    | ToolStart
+    | ToolProgress
+    | ToolEnd
+    | Spawn
+    | Retry
+    | Restart
+    | CompactionEnd
+    | BudgetWait
+    | BudgetResume
+    | LimitReached
+    | DeadlineReached
+    | ApprovalAsked
+    | ApprovalDecision
+)
+
+#: Each detail class by its kind's name (built once).
+DETAILS: dict[str, type[EventDetail]] = {cls.kind: cls for cls in Details.__args__}
+_detail_of = DETAILS.get
+
+
+#: An event as the wire from a host decodes it: its detail any of ``Details`` (a bare
+#: ``Event`` names the base alone, which knows no kind). For type checkers, any
+#: ``Event`` (a host sends the events it made, of any kind).
+if TYPE_CHECKING:
+    WireEvent: TypeAlias = Event
+else:
+    WireEvent = Event[Details]
+
+
+def agent_event(
+    kind: EventKind | EventDetail,
+    *,
+    at: float,
+    agent: str,
+    agent_id: str,
+    execution_id: str,
+    parent_id: str,
+    depth: int,
+    detail: dict[str, Any] | None = None,
+) -> Event:
+    """One event of an execution of ``agent``: ``kind`` is its detail made already
+    (``ToolStart(tool=..., call_id=...)``, then ``detail`` is empty), or the name of
+    its kind with its fields in ``detail`` (``ValueError`` for a kind no class
+    defines, ``TypeError`` for a field its class lacks or a required one missing)."""
+    if detail is None:
+        detail = {}
+    cls = _detail_of(kind) if kind.__class__ is str else None
+    if cls is not None:
+        try:
+            made: EventDetail = cls(**detail)
+        except TypeError:
+            made = EventDetail.of(cast("str", kind), detail)  # raises: the fields expected
+    elif isinstance(kind, EventDetail):
+        if detail:
+            raise TypeError(
+                f"an event made as {type(kind).__qualname__}(...) takes no fields besides "
+                f"it, got {', '.join(detail)}"
+            )
+        made = kind
+    else:
+        made = EventDetail.of(kind, detail)  # a clear error
+    return Event(
+        at=at,
+        agent=agent,
+        agent_id=agent_id,
+        execution_id=execution_id,
+        parent_id=parent_id,
+        depth=depth,
+        detail=made,
+    )
