@@ -432,6 +432,8 @@ class Runtime:
             id = f"{name}-{next(self._ids)}"
         elif not isinstance(id, str) or not id:
             raise ValueError(f"actor id must be a non-empty string, got {id!r}")
+        else:
+            _check_text(id, "actor id")
         if id in self._cells:
             raise DuplicateActor(id)
         parent = self._cells.get(parent_id) if parent_id is not None else None
@@ -517,6 +519,18 @@ def _check_prices(prices: object) -> None:
             )
 
 
+def _check_text(text: str, what: str) -> None:
+    """``text`` encodes as UTF-8: a lone surrogate (``"\\udc80"``, from a bytes name
+    decoded with ``surrogateescape``, say) cannot be stored, logged or sent to a host,
+    so it is refused where it comes in rather than deep in a store's SQL."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} must encode as UTF-8, got {text!r} (a lone surrogate at {exc.start})"
+        ) from None
+
+
 def _check_spawn(spawnable: object, name: object, mailbox_size: object) -> None:
     """What ``spawn`` takes, checked before any actor is made (``id`` is checked as
     the cell is made: its default depends on the name)."""
@@ -531,4 +545,6 @@ def _check_spawn(spawnable: object, name: object, mailbox_size: object) -> None:
         )
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"actor name must be a non-empty string or None, got {name!r}")
+    if name is not None:
+        _check_text(name, "actor name")
     _check_mailbox_size(mailbox_size)

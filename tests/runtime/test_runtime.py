@@ -424,6 +424,10 @@ def test_runtime_refuses_options_of_the_wrong_kind(
         (Recorder, {}, TypeError, "got the class Recorder"),
         (None, {"name": 5}, ValueError, "actor name must be a non-empty string or None, got 5"),
         (None, {"name": ""}, ValueError, "actor name must be a non-empty string or None"),
+        # A lone surrogate cannot be stored, logged as UTF-8 or sent to a host: refused
+        # at the door, not deep in a store's SQL (UnicodeEncodeError).
+        (None, {"id": "bad\udc80"}, ValueError, "actor id must encode as UTF-8"),
+        (None, {"name": "bad\udc80"}, ValueError, "actor name must encode as UTF-8"),
         (None, {"mailbox_size": 0}, ValueError, "mailbox_size must be a whole number >= 1"),
         (None, {"mailbox_size": 1.5}, ValueError, "mailbox_size must be a whole number >= 1"),
     ],
