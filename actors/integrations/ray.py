@@ -28,7 +28,10 @@ with them run.
 Ray is started for you on this machine when it is not running (``address=None``:
 ``ray.init`` with ``init`` as its keyword arguments, shut down again as the runtime
 closes); ``address="ray://head:10001"`` (or ``"auto"``) joins an existing cluster,
-which is left running. The driver may run on asyncio or trio (hosts run asyncio
+which is left running. Ray picks each host's node (``RayHosts(scheduling=)``:
+Ray's default, which lets a few small hosts share a node, ``"spread"`` or
+``"strict_spread"``; see ``Scheduling``); ``RayHosts.nodes()`` says where they went.
+The driver may run on asyncio or trio (hosts run asyncio
 inside Ray); on trio, each host's messages are awaited in a worker thread.
 """
 
@@ -38,13 +41,15 @@ import asyncio
 import math
 import pickletools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import anyio
 import anyio.lowlevel
 import msgspec
 import ray
+import ray.util
 import sniffio
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fractor.actors.hosts import (
     DEFAULT_POOL,
@@ -63,7 +68,17 @@ if TYPE_CHECKING:
 
     from fractor.actors import Agent
 
-__all__ = ["HostPool", "RayHosts"]
+__all__ = ["HostPool", "RayHosts", "Scheduling"]
+
+#: Where Ray puts a pool's hosts among the cluster's nodes (``RayHosts(scheduling=)``):
+#: ``"default"``, Ray's default (it fills a node up to about half its resources before
+#: it uses another, so a few small hosts often share one node); ``"spread"``, Ray's
+#: ``SPREAD`` strategy on each host (over as many nodes as can hold them, best effort:
+#: hosts share a node only when the others cannot take one); ``"strict_spread"``, a
+#: ``STRICT_SPREAD`` placement group per pool (each host of a pool on its own node, or
+#: the runtime does not open: a pool cannot have more hosts than the cluster has nodes
+#: able to hold one).
+Scheduling = Literal["default", "spread", "strict_spread"]
 
 #: How long one wait for a host's messages lasts before it is asked again (seconds):
 #: bounds how long a trio worker thread outlives a closed runtime.
@@ -74,6 +89,9 @@ _IMPORTABLE = (
     "with Ray's runtime_env (RayHosts(init={'runtime_env': {'py_modules': [...]}}), "
     "or 'working_dir')"
 )
+#: How long a ``"strict_spread"`` pool's placement group may wait for its nodes
+#: (seconds) before the runtime refuses to open.
+PLACEMENT_SECONDS = 30.0
 
 
 class HostPool(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +128,10 @@ class _Host:
             self.task = asyncio.get_running_loop().create_task(self.host.serve())
         await self.host.ready()
         return self.config.name
+
+    def node(self) -> str:
+        """The id of the Ray node this host runs on (hex)."""
+        return str(ray.get_runtime_context().get_node_id())
 
     async def send(self, items: list[tuple[int, bytes]], agents: dict[int, list[Any]]) -> None:
         """Messages in their order: ``(key, data)`` starts a subtree with the agent of
@@ -240,7 +262,10 @@ class RayHosts(RemoteHosts):
     """Hosts on Ray (see the module's docstring): ``count`` hosts in the default pool,
     or ``pools`` by name (``{"default": HostPool(count=2), "gpu": HostPool(num_gpus=1)}``).
     ``address`` joins a running Ray cluster (None: start one here, with ``init`` as
-    ``ray.init``'s keyword arguments, if none runs in this process yet)."""
+    ``ray.init``'s keyword arguments, if none runs in this process yet).
+    ``scheduling`` says where Ray puts each pool's hosts among the cluster's nodes
+    (``Scheduling``: ``"default"``, ``"spread"`` or ``"strict_spread"``); ``nodes()``
+    says where they went."""
 
     def __init__(
         self,
@@ -250,8 +275,14 @@ class RayHosts(RemoteHosts):
         placement: PlacementStrategy = "round_robin",
         address: str | None = None,
         init: Mapping[str, Any] | None = None,
+        scheduling: Scheduling = "default",
     ) -> None:
         super().__init__(placement=placement)
+        if scheduling not in get_args(Scheduling):
+            raise ValueError(
+                f"scheduling must be one of {', '.join(map(repr, get_args(Scheduling)))}, "
+                f"got {scheduling!r}"
+            )
         if pools is None:
             pools = {DEFAULT_POOL: HostPool(count=count)}
         for name, pool in pools.items():
@@ -259,7 +290,15 @@ class RayHosts(RemoteHosts):
                 raise ValueError(f"a pool's name must be a non-empty string, got {name!r}")
             if not isinstance(pool, HostPool):
                 raise TypeError(f"pool {name!r} must be a HostPool, got {type(pool).__qualname__}")
+            if scheduling == "strict_spread" and not _bundle(pool):
+                raise ValueError(
+                    f"pool {name!r} asks Ray for no resources, so a 'strict_spread' "
+                    f"placement group cannot hold its hosts: give it some "
+                    f"(num_cpus, num_gpus or resources)"
+                )
         self.pools = dict(pools)
+        self.scheduling = scheduling
+        self._groups: list[Any] = []
         self.address = address
         self.init = dict(init or {})
         self._owns_ray = False
@@ -289,14 +328,21 @@ class RayHosts(RemoteHosts):
             self._owns_ray = True
         links: list[HostLink] = []
         for pool_name, pool in self.pools.items():
+            group = await self._group(pool_name, pool)
             for index in range(pool.count):
                 name = f"{pool_name}-{index}"
                 config = msgspec.msgpack.encode(self.config(runtime, name))
+                strategy: Any = "SPREAD" if self.scheduling == "spread" else "DEFAULT"
+                if group is not None:
+                    strategy = PlacementGroupSchedulingStrategy(
+                        placement_group=group, placement_group_bundle_index=index
+                    )
                 actor = _RayHost.options(
                     num_cpus=pool.num_cpus,
                     num_gpus=pool.num_gpus,
                     resources=pool.resources or None,
                     max_concurrency=100_000,
+                    scheduling_strategy=strategy,
                 ).remote(config)
                 self._actors.append(actor)
                 links.append(_RayLink(name, pool_name, actor, self))
@@ -305,6 +351,31 @@ class RayHosts(RemoteHosts):
             await self._get(link.actor.ready.remote())
             task_group.start_soon(link.sender)
         return links
+
+    async def _group(self, name: str, pool: HostPool) -> Any:
+        """A ``"strict_spread"`` pool's placement group, ready (one bundle per host);
+        None for the other schedulings."""
+        if self.scheduling != "strict_spread":
+            return None
+        group = ray.util.placement_group([_bundle(pool)] * pool.count, strategy="STRICT_SPREAD")
+        self._groups.append(group)
+        if not await anyio.to_thread.run_sync(group.wait, PLACEMENT_SECONDS):
+            raise RuntimeError(
+                f"pool {name!r}: Ray found no {pool.count} distinct nodes each able to hold "
+                f"one of its hosts ({_bundle(pool)}) within {PLACEMENT_SECONDS:g} s "
+                f"(scheduling='strict_spread'); add nodes, ask for fewer hosts or "
+                f"resources, or use scheduling='spread'"
+            )
+        return group
+
+    async def nodes(self) -> dict[str, str]:
+        """Each open host's name and the id of the Ray node it runs on (hex, as
+        ``ray.nodes()`` and ``ray.get_runtime_context().get_node_id()`` give it)."""
+        found: dict[str, str] = {}
+        for link in self.links:
+            assert isinstance(link, _RayLink)
+            found[link.name] = await self._get(link.actor.node.remote())
+        return found
 
     async def _get(self, ref: Any) -> Any:
         if self._asyncio:
@@ -327,11 +398,20 @@ class RayHosts(RemoteHosts):
 
     async def _shutdown(self) -> None:
         actors, self._actors = self._actors, []
+        groups, self._groups = self._groups, []
         self._shipped.clear()
         if not ray.is_initialized():
             return
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        for group in groups:
+            ray.util.remove_placement_group(group)
         if self._owns_ray:
             self._owns_ray = False
             await anyio.to_thread.run_sync(ray.shutdown)
+
+
+def _bundle(pool: HostPool) -> dict[str, float]:
+    """What one host of ``pool`` asks Ray for, as a placement group's bundle (no zeros)."""
+    bundle = {"CPU": pool.num_cpus, "GPU": pool.num_gpus, **pool.resources}
+    return {name: amount for name, amount in bundle.items() if amount > 0}
