@@ -12,9 +12,6 @@ and the line, on:
    can be read (nor changed) without the other. One circle is by design and stays:
    **the kernel's actor core** (``CORE``: an actor, its cell, its reference and the
    runtime that spawns them are one mechanism), and only within those modules.
-   Circles being taken apart while this is written (``BEING_REMOVED``) are
-   tolerated for now, each only while it stays within its modules: a circle that
-   grows, or two that join, fail as a new one does.
 2. **An upward import.** The layers, lowest first::
 
        runtime  <  actors (the core)  <  actors.providers  <  actors.integrations
@@ -105,20 +102,13 @@ CORE = frozenset(
     }
 )
 
-#: Circles being taken apart (issue 27), each tolerated only while it stays within its
-#: modules. Empty: the agent core's circle is gone (the definition below, ``Agent`` on
-#: top); nothing may be added here.
-BEING_REMOVED: tuple[frozenset[str], ...] = ()
 
-
-def check(
-    modules: Mapping[str, Module], tolerated: tuple[frozenset[str], ...] = BEING_REMOVED
-) -> list[str]:
+def check(modules: Mapping[str, Module]) -> list[str]:
     """Every problem of ``modules`` (by dotted name), one sentence each; a circle
-    within ``CORE`` or within one of ``tolerated`` is none."""
+    within ``CORE`` is none."""
     imports = [found for name in sorted(modules) for found in imports_of(name, modules)]
     return [
-        *circles(imports, (CORE, *tolerated)),
+        *circles(imports, (CORE,)),
         *upward(imports, modules),
         *private(imports, modules),
         *heavy(modules),
@@ -484,67 +474,15 @@ SOUND = {
 }
 
 
-# The synthetic graphs are checked with nothing tolerated (``BEING_REMOVED`` empties).
-
-
 @pytest.mark.parametrize(("sources", "expected"), BROKEN.values(), ids=BROKEN.keys())
 def test_the_checker_reports_a_broken_rule(sources: dict[str, str], expected: str) -> None:
-    problems = check(graph(sources), tolerated=())
+    problems = check(graph(sources))
     assert any(expected in problem for problem in problems), problems
 
 
 @pytest.mark.parametrize("sources", SOUND.values(), ids=SOUND.keys())
 def test_the_checker_accepts_a_sound_graph(sources: dict[str, str]) -> None:
-    assert check(graph(sources), tolerated=()) == []
-
-
-#: A circle of three modules, as one being taken apart would be listed.
-_LISTED = frozenset({"fractor.actors._a", "fractor.actors._b", "fractor.actors._c"})
-
-
-def test_a_circle_being_removed_is_tolerated_only_within_its_modules() -> None:
-    circle = {
-        "fractor.actors._a": "from ._b import B",
-        "fractor.actors._b": TYPE_ONLY + "from ._a import A",
-    }
-    assert check(graph(circle), tolerated=(_LISTED,)) == []
-    # It takes in a module not listed: reported, whole.
-    grown = {
-        **circle,
-        "fractor.actors._b": "from ._d import D",
-        "fractor.actors._d": "import fractor.actors._a",
-    }
-    (problem,) = check(graph(grown), tolerated=(_LISTED,))
-    assert problem.startswith(
-        "import circle fractor.actors._a -> fractor.actors._b -> fractor.actors._d -> "
-        "fractor.actors._a"
-    ), problem
-    # Two tolerated circles that join are one circle neither list holds.
-    other = frozenset({"fractor.actors._x", "fractor.actors._y"})
-    joined = {
-        **circle,
-        "fractor.actors._c": "from ._x import X",
-        "fractor.actors._x": "from ._y import Y\nfrom ._a import A",
-        "fractor.actors._y": "from ._x import X",
-        "fractor.actors._a": "from ._b import B\nfrom ._c import C",
-    }
-    assert check(graph(joined), tolerated=(_LISTED, other)) != []
-    # A new circle elsewhere is reported however much is tolerated.
-    new = {
-        **circle,
-        "fractor.actors._p": "from ._q import Q",
-        "fractor.actors._q": "from ._p import P",
-    }
-    (problem,) = check(graph(new), tolerated=(_LISTED,))
-    assert problem.startswith("import circle fractor.actors._p -> fractor.actors._q"), problem
-
-
-def test_only_circles_being_removed_are_tolerated() -> None:
-    # Each listed circle is one that was there when the list was made, apart from the
-    # kernel's core and from the others; the list only shrinks.
-    assert all(CORE.isdisjoint(listed) for listed in BEING_REMOVED)
-    assert all(a.isdisjoint(b) for a, b in itertools.combinations(BEING_REMOVED, 2))
-    assert len(BEING_REMOVED) <= 1
+    assert check(graph(sources)) == []
 
 
 # -- the repository ---------------------------------------------------------------------

@@ -20,11 +20,11 @@ no handler for from its fields (a span event ``fractor.<kind>``; ``kind field=va
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, cast
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 from msgspec.structs import force_setattr
 
-from fractor.runtime import ActorStop, Event, EventDetail, EventKind
+from fractor.runtime import ActorStop, Event, EventDetail
 
 from .._messages import Message, ModelResponse, Status
 
@@ -292,7 +292,6 @@ Details: TypeAlias = (
 
 #: Each detail class by its kind's name (built once).
 DETAILS: dict[str, type[EventDetail]] = {cls.kind: cls for cls in Details.__args__}
-_detail_of = DETAILS.get
 
 
 #: An event as the wire from a host decodes it: its detail any of ``Details`` (a bare
@@ -305,7 +304,7 @@ else:
 
 
 def agent_event(
-    kind: EventKind | EventDetail,
+    detail: EventDetail,
     *,
     at: float,
     agent: str,
@@ -313,29 +312,10 @@ def agent_event(
     execution_id: str,
     parent_id: str,
     depth: int,
-    detail: dict[str, Any] | None = None,
 ) -> Event:
-    """One event of an execution of ``agent``: ``kind`` is its detail made already
-    (``ToolStart(tool=..., call_id=...)``, then ``detail`` is empty), or the name of
-    its kind with its fields in ``detail`` (``ValueError`` for a kind no class
-    defines, ``TypeError`` for a field its class lacks or a required one missing)."""
-    if detail is None:
-        detail = {}
-    cls = _detail_of(kind) if kind.__class__ is str else None
-    if cls is not None:
-        try:
-            made: EventDetail = cls(**detail)
-        except TypeError:
-            made = EventDetail.of(cast("str", kind), detail)  # raises: the fields expected
-    elif isinstance(kind, EventDetail):
-        if detail:
-            raise TypeError(
-                f"an event made as {type(kind).__qualname__}(...) takes no fields besides "
-                f"it, got {', '.join(detail)}"
-            )
-        made = kind
-    else:
-        made = EventDetail.of(kind, detail)  # a clear error
+    """One event of an execution of ``agent``, its ``detail`` made where it happened
+    (``ToolStart(tool=..., call_id=...)``; a detail from a kind's name and fields is
+    the kernel's ``make_detail``, as ``EventBus.emit`` does)."""
     return Event(
         at=at,
         agent=agent,
@@ -343,5 +323,5 @@ def agent_event(
         execution_id=execution_id,
         parent_id=parent_id,
         depth=depth,
-        detail=made,
+        detail=detail,
     )
