@@ -19,13 +19,26 @@ no dashboard) and shuts it down when it is done.
   ``Budget(tokens=...)`` worth 60% of the tree's demand D (what an unbudgeted ask
   spends). What was spent is read from the stored traces of the ask's executions
   (every step's usage, the hosts' included): a record kept apart from the ledger's
-  count. Reported: lease round trips (asks the driver's ledger granted) per second
-  of the ask's wall, beside the raw actors' calls per second; utilization (tokens
-  spent over the budget). Judged: overshoot, how far what was spent or what the
-  lead's ``Result`` counts went past the budget on any of its fields (target 0);
-  and that the lead's ``Result`` counts what its tree spent, on every ask of this
-  workload (D for an unbudgeted one). A budgeted ask that does not answer within
+  count. Reported: lease round trips (asks the driver's ledger answered, counted as
+  below) per second of the ask's wall, beside the raw actors' calls per second;
+  utilization (tokens spent over the budget). Judged: overshoot, how far what was
+  spent or what the lead's ``Result`` counts went past the budget on any of its
+  fields (target 0); and that the lead's ``Result`` counts what its tree spent, on
+  every ask of this workload (D for an unbudgeted one). A budgeted ask that does not answer within
   ``HUNG_SECONDS`` is cancelled and reported as hung; no later one is run.
+- Ledger round trips per 1,000 remote requests (issue 28), counted on the asks the
+  Budgeted runtime makes anyway (no fan-out is run for them): the round trips from
+  the host subtrees to the driver's ledger during an ask (the difference of
+  ``rt.supervisor.ledger.asks`` around it: every ask the ledger answered, granted
+  or refused, once the ledger counts refusals; a ledger that counts only the asks
+  it granted undercounts a scarce run by its refusals), over the model requests the
+  ask's remote workers spent (every traced step of an execution other than the
+  lead's, which runs on the driver), x 1,000. Two rows: "no budget", the
+  unbudgeted ask that measures D (target 0: no field is limited and the workers
+  spawn nothing, so not even the agents cap needs a lease); "at 60% budget", every
+  budgeted ask (median, min and max; target at most 2,000, 2 round trips a request,
+  judged on the worst ask). The figure beside each is its target, and the ratio is
+  1 when it holds, else 0.
 - Cancel: a lead whose workers (100 a host, 20 when quick) each wait in a tool for a
   minute on their hosts; the lead's node is cancelled, and the time until the lead
   answers is measured: it answers once every remote worker has answered its stop
@@ -38,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +76,12 @@ TOOL_CALLS = 10
 TARGET = 0.8
 #: The budgeted tree's budget, as a share of its demand.
 BUDGET_SHARE = 0.6
+#: Target of the ledger round trips per 1,000 remote requests with no budget: none
+#: (no field is limited, and the workers spawn nothing, so the agents cap needs none).
+TRIPS_FREE = 0
+#: Target of the ledger round trips per 1,000 remote requests at ``BUDGET_SHARE``:
+#: at most 2 a request.
+TRIPS_SCARCE = 2_000
 #: A budgeted ask still unanswered after this long is cancelled and reported hung.
 HUNG_SECONDS = 15.0
 #: The Ray instance this workload starts for itself.
@@ -157,6 +177,18 @@ async def _raw_hosts() -> tuple[list[Any], float]:
     return hosts, time.perf_counter() - began
 
 
+def _remote_requests(traces: Any, execution_id: str) -> int:
+    """The model requests the workers of the ask ``execution_id`` spent: those of
+    every execution of ``traces`` but the lead's own (the lead runs on the driver,
+    every worker on a host)."""
+    return sum(
+        step.usage.requests
+        for trace in traces
+        if trace.execution_id != execution_id
+        for step in trace.steps
+    )
+
+
 def _spent(traces: Any) -> Usage:
     """What the executions of ``traces`` spent: their steps' usage, and the calls of
     the workers' tool they ran (calls of subagents are no tool calls)."""
@@ -188,13 +220,21 @@ def _overshoot(spent: Usage, budget: Budget) -> float:
 
 @dataclass(frozen=True, slots=True)
 class _Ask:
-    """One budgeted ask: its wall, the leases it asked for, what its tree spent (per
-    the traces) and what the lead's ``Result`` counts."""
+    """One ask of the ``MemoryStore`` runtime: its wall, the round trips its host
+    subtrees made to the driver's ledger, what its tree spent (per the traces), the
+    model requests its remote workers spent (per their traces) and what the lead's
+    ``Result`` counts."""
 
     seconds: float
     asks: int
     spent: Usage
+    remote_requests: int
     counted: Usage
+
+    def trips(self) -> float:
+        """Ledger round trips per 1,000 remote requests (a run of none counts as
+        one, so round trips without any request still show)."""
+        return 1000 * self.asks / max(self.remote_requests, 1)
 
 
 async def _fanout(
@@ -234,19 +274,18 @@ async def _fanout(
 
 async def _budgeted(
     worker: Agent, children: int, repeats: int
-) -> tuple[Usage, Budget, list[_Ask], int, float]:
-    """The demand D, the budget, the budgeted asks that answered, how many hung, and
-    the hosts' startup."""
+) -> tuple[_Ask, Budget, list[_Ask], int, float]:
+    """The unbudgeted ask (its spend is the demand D), the budget, the budgeted asks
+    that answered, how many hung, and the hosts' startup."""
     store = MemoryStore()
     began = time.perf_counter()
     async with Runtime(hosts=RayHosts(HOSTS), store=store) as rt:
         startup = time.perf_counter() - began
         free = await rt.spawn(_lead(worker, children))
-        result = await free.ask(_TASK)
-        if result.status != "completed":
-            raise RuntimeError(f"the unbudgeted fan-out ended {result.status!r}")
-        demand = _spent(await collect_trace_tree(store, result.execution_id))
-        budget = Budget(tokens=int(BUDGET_SHARE * demand.total_tokens))
+        unbudgeted = await _budgeted_ask(rt, free, store, complete=True)
+        if unbudgeted is None:
+            raise RuntimeError(f"the unbudgeted fan-out hung > {HUNG_SECONDS:g} s")
+        budget = Budget(tokens=int(BUDGET_SHARE * unbudgeted.spent.total_tokens))
         lead = await rt.spawn(_lead(worker, children, budget))
         asks: list[_Ask] = []
         hung = 0
@@ -256,18 +295,27 @@ async def _budgeted(
                 hung += 1
                 break  # the ledger is stuck: a next ask would wait behind this one
             asks.append(done)
-    return demand, budget, asks, hung, startup
+    return unbudgeted, budget, asks, hung, startup
 
 
-async def _budgeted_ask(rt: Runtime, lead: AgentRef, store: MemoryStore) -> _Ask | None:
+async def _budgeted_ask(
+    rt: Runtime, lead: AgentRef, store: MemoryStore, *, complete: bool = False
+) -> _Ask | None:
+    """One ask of ``lead``, with the ledger's count of round trips around it (what
+    ``Ledger.asks`` counts: see the module docstring); None if it hung. With
+    ``complete``, an ask that does not complete raises."""
     ledger = rt.supervisor.ledger
-    granted = ledger.asks
+    before = ledger.asks
     began = time.perf_counter()
     with anyio.move_on_after(HUNG_SECONDS):
         result = await lead.ask(_TASK)
         seconds = time.perf_counter() - began
-        spent = _spent(await collect_trace_tree(store, result.execution_id))
-        return _Ask(seconds, ledger.asks - granted, spent, result.usage)
+        trips = ledger.asks - before
+        if complete and result.status != "completed":
+            raise RuntimeError(f"the unbudgeted fan-out ended {result.status!r}")
+        traces = await collect_trace_tree(store, result.execution_id)
+        remote = _remote_requests(traces, result.execution_id)
+        return _Ask(seconds, trips, _spent(traces), remote, result.usage)
     return None
 
 
@@ -275,7 +323,7 @@ def _rows(
     fanout: Row,
     startups: list[float],
     raw_startup: float,
-    demand: Usage,
+    unbudgeted: _Ask,
     counted: list[Usage],
     budget: Budget,
     asks: list[_Ask],
@@ -309,12 +357,14 @@ def _rows(
     else:
         rows.append(_single(f"  lease asks/s {share} / raw calls/s", "ops/s", 0.0, raw_calls))
         rows[-1] = judged(rows[-1], f"every budgeted ask hung > {HUNG_SECONDS:g} s", False)
+    rows += _trips(unbudgeted, asks, hung)
     over = [max(_overshoot(a.spent, budget), _overshoot(a.counted, budget)) for a in asks]
     worst = max(over, default=0.0)
     overshoot = _single(f"  overshoot {share}", "x", worst, 0.0, ratio=float(worst <= 0))
     rows.append(judged(overshoot, "== 0, spent and counted", worst <= 0))
     # What the lead's Result counts, against what its tree spent: D for each
     # unbudgeted ask, the traced spend for each budgeted one.
+    demand = unbudgeted.spent
     pairs = [(usage, demand) for usage in counted] + [(a.counted, a.spent) for a in asks]
     shares = [usage.total_tokens / spent.total_tokens for usage, spent in pairs]
     exact = sum(usage == spent for usage, spent in pairs)
@@ -324,6 +374,50 @@ def _rows(
         judged(share_row, f"== 1 on every field ({exact}/{len(pairs)} asks)", exact == len(pairs))
     )
     return rows
+
+
+def _trips(unbudgeted: _Ask, asks: list[_Ask], hung: int) -> list[Row]:
+    """The two rows of ledger round trips per 1,000 remote requests: the unbudgeted
+    ask's (target ``TRIPS_FREE``) and the budgeted asks' (median, min and max over
+    the asks; target ``TRIPS_SCARCE``, judged on the worst ask). The figure beside
+    each is its target; the ratio is 1 when it holds, else 0."""
+    free = unbudgeted.trips()
+    rows = [
+        _trips_row(
+            "no budget",
+            [free],
+            TRIPS_FREE,
+            f"== {TRIPS_FREE:,} (no worker spawns: no agents to lease)",
+        )
+    ]
+    stuck = f"; {hung} ask hung > {HUNG_SECONDS:g} s" if hung else ""
+    if asks:
+        scarce = [ask.trips() for ask in asks]
+        target = f"<= {TRIPS_SCARCE:,} (2 a request), every ask{stuck}"
+        rows.append(_trips_row(f"at {BUDGET_SHARE:.0%} budget", scarce, TRIPS_SCARCE, target))
+    else:
+        missed = f"every budgeted ask hung > {HUNG_SECONDS:g} s"
+        row = _trips_row(f"at {BUDGET_SHARE:.0%} budget", [0.0], TRIPS_SCARCE, missed)
+        rows.append(judged(row, missed, False))
+    return rows
+
+
+def _trips_row(when: str, samples: list[float], target: int, says: str) -> Row:
+    """A row of round trips per 1,000 remote requests, judged on its worst sample."""
+    holds = max(samples) <= target
+    return Row(
+        workload=f"  ledger round trips per 1,000 remote requests, {when}",
+        unit="x",
+        fractor=statistics.median(samples),
+        baseline=float(target),
+        fractor_min=min(samples),
+        fractor_max=max(samples),
+        baseline_min=float(target),
+        baseline_max=float(target),
+        ratio=float(holds),
+        target=says,
+        holds=holds,
+    )
 
 
 def _single(
@@ -343,12 +437,12 @@ async def _scaleout(children: int, repeats: int) -> list[Row]:
     finally:
         for host in raw:
             ray.kill(host, no_restart=True)
-    demand, budget, asks, hung, startup_store = await _budgeted(worker, children, repeats)
+    unbudgeted, budget, asks, hung, startup_store = await _budgeted(worker, children, repeats)
     return _rows(
         fanout,
         [startup, startup_store],
         raw_startup,
-        demand,
+        unbudgeted,
         counted,
         budget,
         asks,
