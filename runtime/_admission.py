@@ -80,11 +80,14 @@ _COST_EPSILON = 1e-9
 class Need:
     """What one request needs at least: its input estimate and a minimum output."""
 
-    __slots__ = ("input", "model", "output", "price", "wanted")
+    __slots__ = ("asked", "input", "model", "output", "price", "wanted")
 
     def __init__(
         self, input: int, output: int, wanted: int, price: Price | None, model: str = ""
     ) -> None:
+        #: Whether it asked the tree above a leased subtree for room for all it wants
+        #: (once: what the answer leaves room for is then its fair share).
+        self.asked = False
         self.input = input
         #: The model's name (its price is looked up by it).
         self.model = model
@@ -642,7 +645,7 @@ class Admission:
                     self.stop(current, "budget_exceeded", str(error), error)
                     raise error
             current = current.parent
-        share = math.inf
+        share = left = math.inf
         limited_by: Node | None = None
         limit = ""
         queues = self._queues
@@ -678,13 +681,24 @@ class Admission:
                     )
                     mine = max(need.output, room // parts)
                     if mine < share:
-                        share, limited_by, limit = mine, current, field
+                        share, limited_by, limit, left = mine, current, field, room
             current = current.parent
         if share == math.inf:  # no output limit on the chain
             return hold(node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0)
         cap = int(min(need.wanted, share))
         if cap >= need.wanted:
             limited_by, limit = None, ""
+        elif (
+            limited_by is not None
+            and limited_by.lender is not None
+            and not need.asked
+            and 2 * left < limited_by.lender.fresh.get(limit, math.inf)
+        ):
+            # Cut by what is left of a lease spent past half, not by the real budget:
+            # ask the tree above for more (a share of the real budget's free headroom).
+            need.asked = True
+            limited_by.lender.want(limited_by, want_of(need))
+            return limited_by
         return hold(node, need.input, need.price, need.wanted, cap, cap, limited_by, limit)
 
     def _enqueue(self, wait: Wait, at: Node) -> None:

@@ -58,6 +58,9 @@ class Tally(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reserved_input: int = 0
     reserved_output: int = 0
     reserved_cost: float = 0.0
+    #: The executions of the subtree that may send a model request next (its top's
+    #: ``leaves``): how many parts of the tree's headroom its lease stands for.
+    leaves: int = 1
 
     def used(self, field: str) -> float:
         """What the subtree used of leased field ``field``."""
@@ -141,6 +144,11 @@ class Lender(Protocol[_N_contra]):
     """Where a host's subtree asks for more headroom when its lease runs out (a
     ``Lender[Node]`` on the subtree's top node there)."""
 
+    #: What each leased field had free when the lease last grew (``Ledger.extend``):
+    #: a request cut by what is left of the lease asks for more only once the
+    #: lease spent half of that (before, its cut is its fair share of the budget).
+    fresh: dict[str, float]
+
     def want(self, node: _N_contra, want: Want) -> None:
         """Ask (without waiting) for at least ``want`` more; the answer comes later
         as ``Ledger.extend`` or ``Ledger.refuse``."""
@@ -150,7 +158,7 @@ class Held:
     """The headroom leases hold on one node: the sum over the leases below it, one
     attribute for each of ``LEASED`` (those read by name are typed here)."""
 
-    __slots__ = (*LEASED, "holding", "leases", "lost")
+    __slots__ = (*LEASED, "holding", "leases", "lost", "parts")
     tokens: int
     input_tokens: int
     output_tokens: int
@@ -167,6 +175,9 @@ class Held:
         #: lost), and those of them holding a grant (not asking for more right now).
         self.leases = 0
         self.holding = 0
+        #: The parts the leases below stand for beyond the one their node counts in
+        #: ``Node.leaves``: a subtree of ten executions elsewhere is ten parts here.
+        self.parts = 0
         #: Of what is held, what leases of lost hosts hold: it never comes back.
         self.lost: Held | None = None
 
@@ -191,6 +202,7 @@ class Lease:
         "lost",
         "nodes",
         "tally",
+        "weight",
     )
 
     def __init__(self, fields: tuple[str, ...], depth: int | None) -> None:
@@ -207,6 +219,9 @@ class Lease:
         #: What this lease holds on the chain now (granted, not reported used).
         self.hold: dict[str, float] = {name: zero(name) for name in fields}
         self.tally = Tally()
+        #: The parts of the headroom it stands for (its subtree's ``leaves``, counted
+        #: in ``Held.parts`` beyond the first on the chain).
+        self.weight = 1
         #: Counted in ``Held.leases`` (it may give back) and ``Held.holding`` (it holds a
         #: grant and is not asking) on the chain.
         self.live = False

@@ -20,11 +20,13 @@ a request or a charge that only held headroom stands in the way of **waits** for
   admitted exactly like a request here: **spent** (the settled usage of a node of
   the chain leaves no room for what it needs: that node stops with its subtree and
   the ask is refused with the same ``BudgetExceeded``), or **waits** (first come,
-  first served, while held headroom stands in the way), or is **granted** at least
-  what it needs and at most a fair share of the free headroom (one part for each
-  execution under the budget that may ask next and holds none of it), and never
-  more than ``GROWTH`` times what it needs: a lease grows by a few operations at a
-  time, so a lost host takes little with it.
+  first served, while held headroom stands in the way), or is **granted** what it
+  needs or, when more, its share of the free headroom: the parts it stands for (the
+  executions of its subtree that may ask next, ``Tally.leaves``) of all the parts
+  under the budget (every such execution, here or on any host). A lease thus grows
+  with what is free and shrinks geometrically as the budget runs out: a subtree
+  asks again after spending a share, not after a few operations, so round trips
+  grow with the log of budget over request, not with the work.
 - **Ends** (``end``): the subtree answered; its last report is charged and the rest of
   its hold comes back. Or the host was lost (``end(..., lost=True)``): what it was
   granted and never reported is **counted as spent**, never refunded on a guess.
@@ -55,8 +57,11 @@ from ._waiter import Waiter, new_waiter, park, wake
 
 __all__ = ["GROWTH", "Ledger"]
 
-#: A grant is at most this many times what the ask needs (and a fair share at most).
-GROWTH = 4
+#: A grant is at most this many times what the ask's parts need, or what the lease
+#: used so far: about what a request of the default ``max_tokens`` needs over one of
+#: the minimum output (4,096 / 256), so a fresh lease holds a whole request.
+GROWTH = 16
+
 #: Relative slack for comparing costs (floating point sums), as in admission.
 _COST_EPSILON = 1e-9
 
@@ -98,8 +103,10 @@ class Ledger:
         self._serving = False
         self._freed: list[Node] = []
         self._changed: list[Waiter] = []
-        #: Asks served and granted so far; asks that waited.
+        #: Asks answered so far (granted or refused: each a round trip from a host),
+        #: those of them refused, and asks that waited.
         self.asks = 0
+        self.refusals = 0
         self.waits = 0
 
     # -- here: the node of a remote subtree ---------------------------------------
@@ -205,6 +212,7 @@ class Ledger:
             if delta:
                 setattr(node, _OWN[name], getattr(node, _OWN[name]) + delta)
         node.own_steps += tally.own_steps - last.own_steps
+        self._weigh(node, lease, max(tally.leaves, 1))
         self._hold(node, lease)
         if over is not None:  # a remote estimate fell short
             error = overshoot(over)
@@ -237,6 +245,7 @@ class Ledger:
             for name in lease.fields:
                 lease.granted[name] = lease.tally.used(name)
             self._hold(node, lease)
+        self._weigh(node, lease, 1)
         self._count(node, lease, "holding", 0)
         self._count(node, lease, "live", 0)
         self.changed_at(node)
@@ -269,6 +278,13 @@ class Ledger:
         """The lease of ``node`` (a host's top node) grew to ``limits``."""
         node.limits = limits
         node.limited = True
+        lender = node.lender
+        if lender is not None:
+            lender.fresh = {
+                name: getattr(limits, name) - _used(node, name) - _reserved(node, name)
+                for name in LEASED
+                if getattr(limits, name) is not None
+            }
         self.changed_at(node)
 
     def refuse(self, node: Node, error: BudgetExceeded) -> None:
@@ -363,7 +379,10 @@ class Ledger:
             for name in lease.fields:
                 need: float = getattr(want, name)
                 if not need:
-                    continue  # not asked for: it keeps what it holds
+                    top = self._top_up(node, lease, name)
+                    if top:
+                        grants[name] = top
+                    continue
                 grant = math.inf
                 for current in node.chain():
                     limit = self._limit(current, name)
@@ -396,16 +415,13 @@ class Ledger:
                         error = BudgetExceeded(name, limit, current.id, current.name, why=why)
                         self._stop(current, "budget_exceeded", str(error), error)
                         raise error
-                    held = current.held
-                    parts = current.leaves - current.in_flight - (held.holding if held else 0)
-                    share = min(max(free, 0) / max(parts, 1), GROWTH * need)
-                    if name not in _FRACTIONAL:
-                        share = math.floor(share)
-                    grant = min(grant, max(need, share))
+                    grant = min(grant, max(need, self._share(current, lease, name, free, need)))
                 grants[name] = grant
         except BudgetExceeded as error:
             ask.answer = error
             self._asking.pop(lease, None)
+            self.asks += 1
+            self.refusals += 1
             return error
         if wait is not None:
             return wait
@@ -419,6 +435,39 @@ class Ledger:
         ask.answer = limits
         self.asks += 1
         return limits
+
+    @staticmethod
+    def _share(node: Node, lease: Lease, name: str, free: float, need: float) -> float:
+        """What ``lease`` may be granted of ``free`` headroom of field ``name`` on
+        ``node``: its parts of all the parts under the budget (every execution that
+        may ask, here or elsewhere), and at most ``GROWTH`` times what its parts
+        need or what it used so far (a lease grows geometrically from what it needs,
+        so the first to ask never takes what siblings about to start will need)."""
+        held = node.held
+        parts = max(node.leaves + (held.parts if held else 0), 1)
+        share = max(free, 0) * min(lease.weight / parts, 1)
+        share = min(share, GROWTH * max(lease.weight * need, lease.tally.used(name)))
+        return share if name in _FRACTIONAL else math.floor(share)
+
+    def _top_up(self, node: Node, lease: Lease, name: str) -> float:
+        """What to add to a field an ask does not ask for, so that one round trip
+        serves every field: up to its share, from what is free now (never waiting,
+        never refusing). Counters start from one each; token and cost fields are
+        topped up only once a request asked for them."""
+        seed = 0 if name in _MEASURED or name in _SUMS else 1
+        if not seed and not lease.granted[name]:
+            return 0
+        target = math.inf
+        for current in node.chain():
+            limit = self._limit(current, name)
+            if limit is None:
+                continue
+            free = limit - _used(current, name) - _reserved(current, name)
+            free -= _held(current, name) - lease.hold[name]  # what others hold
+            target = min(target, self._share(current, lease, name, free, seed))
+        if target == math.inf:
+            return 0
+        return max(target - lease.hold[name], 0)
 
     def _hold(self, node: Node, lease: Lease) -> None:
         """Make the chain's holds match what ``lease`` was granted and not used."""
@@ -454,6 +503,19 @@ class Ledger:
             ):
                 value = caps.agents
         return value
+
+    @staticmethod
+    def _weigh(node: Node, lease: Lease, weight: int) -> None:
+        """Make ``lease`` stand for ``weight`` parts of its chain's headroom."""
+        delta = weight - lease.weight
+        if not delta or lease.lost:
+            return
+        lease.weight = weight
+        for current in node.chain():
+            held = current.held
+            if held is None:
+                held = current.held = Held()
+            held.parts += delta
 
     @staticmethod
     def _count(node: Node, lease: Lease, flag: str, on: int) -> None:

@@ -85,11 +85,12 @@ class _Lender:
     """A subtree's way to ask the tree above for more headroom: one ask at a time
     (an operation still short after the answer asks again)."""
 
-    __slots__ = ("host", "run")
+    __slots__ = ("fresh", "host", "run")
 
     def __init__(self, host: AgentHost, run: _Run) -> None:
         self.host = host
         self.run = run
+        self.fresh: dict[str, float] = {}
 
     def want(self, node: Node, want: Want) -> None:
         run = self.run

@@ -214,6 +214,7 @@ def tally(node: Node) -> Tally:
         reserved_input=node.reserved_input,
         reserved_output=node.reserved_output,
         reserved_cost=node.reserved_cost,
+        leaves=node.leaves,
     )
 
 

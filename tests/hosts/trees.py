@@ -140,3 +140,20 @@ async def asking(ref: AgentRef, **options: Any) -> AsyncIterator[list[Result]]:
         tg.start_soon(ask)
         await until(lambda: bool(ref.approvals()))
         yield results
+
+
+#: How long a writer's answer is, in characters (about 4 a token): longer than a
+#: request's minimum output, so a reply cut by a too small ``max_tokens`` shows.
+ESSAY = 8_000
+
+
+async def writing(request: ModelRequest) -> Turn:
+    """A worker that looks its task up twice, then answers with a long essay."""
+    asked = _asked(request)
+    if asked < 2:
+        return call("lookup", topic=f"{_task(request)} {asked}")
+    return reply(f"essay on {_task(request)}: " + "word " * (ESSAY // 5))
+
+
+def writer(**options: object) -> Agent:
+    return Agent("worker", FunctionModel(writing), tools=[lookup], **options)  # type: ignore[arg-type]

@@ -138,10 +138,10 @@ async def test_the_runtime_cap_on_agents_is_leased_like_a_budget() -> None:
     assert remote.lease.fields == ("agents",)
     assert remote.lease.limits().agents == 0
     granted = await sup.ledger.ask(remote, Tally(), Want(agents=3))
-    # Alone under the cap, its fair share is all that is left (49: top has 1), but a
-    # grant is at most GROWTH times what it needs.
-    assert granted.agents == GROWTH * 3
-    assert held(top, "agents") == GROWTH * 3
+    # Alone under the cap, its share is all that is left (49: top has 1), but a
+    # fresh lease gets at most GROWTH times what it needs.
+    assert granted.agents == GROWTH * 3 == 48
+    assert held(top, "agents") == 48
 
 
 # -- asks are granted ---------------------------------------------------------------
@@ -150,7 +150,7 @@ async def test_the_runtime_cap_on_agents_is_leased_like_a_budget() -> None:
 @pytest.mark.parametrize(
     ("want", "grant"),
     [
-        (500, 2_000),  # a fair share is 2,500, GROWTH times 500 less
+        (500, 2_500),
         (1_000, 2_500),
         (2_500, 2_500),
         (4_000, 4_000),
@@ -169,38 +169,77 @@ async def test_an_ask_gets_what_it_wants_or_a_fair_share_if_more(want: int, gran
     assert (parent.held.leases, parent.held.holding) == (1, 1)
 
 
-async def test_a_grant_is_at_most_growth_times_what_the_ask_needs() -> None:
+async def test_a_lease_grows_by_a_share_of_what_is_free_shrinking_as_it_runs_out() -> None:
     sup = started()
     parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000, cost=1.0))
-    remote = leased(sup, parent)  # alone: its fair share is all of it
-    limits = await sup.ledger.ask(remote, Tally(), Want(tokens=100, cost=0.01))
+    remote = leased(sup, parent)
+    children(sup, parent, "local")  # 2 parts: the remote subtree and the local child
+    limits = await sup.ledger.ask(remote, Tally(), Want(tokens=1_000, cost=0.1))
+    assert limits.tokens == 5_000
+    assert limits.cost == pytest.approx(0.5)
+    assert held(parent, "tokens") == 5_000
+    # It used it all: the next grant is half of what is free now, and so on: a
+    # subtree asks about log2(budget / request) times, not once per few requests.
+    grants: list[int] = []
+    spent = 5_000
+    while spent < 9_900:
+        limits = await sup.ledger.ask(remote, used(spent), Want(tokens=100))
+        assert limits.tokens is not None
+        grants.append(limits.tokens - spent)
+        spent = limits.tokens
+    assert grants == [2_500, 1_250, 625, 312, 156, 100]
+    assert held(parent, "tokens") == 100
+
+
+async def test_a_fresh_lease_gets_at_most_growth_times_what_it_needs_then_grows_with_use() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=100_000))
+    remote = leased(sup, parent)  # alone: its share is all of it
+    limits = await sup.ledger.ask(remote, Tally(), Want(tokens=100))
+    # The first to ask never takes what siblings about to start will need...
     assert limits.tokens == GROWTH * 100
-    assert limits.cost == pytest.approx(GROWTH * 0.01)
-    assert held(parent, "tokens") == GROWTH * 100
-    # It used it all: the next grant grows by as little again, never by all there is.
-    limits = await sup.ledger.ask(remote, used(400), Want(tokens=300))
-    assert limits.tokens == 400 + GROWTH * 300
-    assert held(parent, "tokens") == GROWTH * 300
+    # ... and a lease that used what it was given grows by GROWTH times that.
+    limits = await sup.ledger.ask(remote, used(1_600), Want(tokens=100))
+    assert limits.tokens == 1_600 + GROWTH * 1_600
+    limits = await sup.ledger.ask(remote, used(27_200), Want(tokens=100))
+    assert limits.tokens == 100_000  # all that is left: its share, alone
 
 
-async def test_an_ask_gets_only_the_fields_it_asks_for_the_others_keep_what_they_hold() -> None:
+async def test_a_subtree_of_several_executions_gets_a_share_for_each() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=12_000))
+    remote = leased(sup, parent)
+    children(sup, parent, "a", "b")
+    # Three executions there may ask: 3 parts of 5 (itself 3, a and b one each).
+    limits = await sup.ledger.ask(remote, Tally(leaves=3), Want(tokens=1_000))
+    assert limits.tokens == 12_000 * 3 // 5
+    assert parent.held is not None
+    assert parent.held.parts == 2
+    # When it ends, it stands for nothing any more.
+    sup.ledger.end(remote, Tally(leaves=3))
+    assert (parent.held.parts, held(parent, "tokens")) == (0, 0)
+
+
+async def test_an_ask_tops_up_the_fields_it_does_not_ask_for_and_never_takes_from_them() -> None:
     sup = started()
     parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000, tool_calls=8))
     remote = leased(sup, parent)
     children(sup, parent, "a", "b", "c")  # 4 parts
     limits = await sup.ledger.ask(remote, Tally(), Want(tokens=1_000))
-    assert (limits.tokens, limits.tool_calls) == (2_500, 0)  # no tool calls asked for
-    limits = await sup.ledger.ask(remote, used(500), Want(tool_calls=1))
-    # Tokens are not asked for: nothing given back, nothing more granted.
-    assert (limits.tokens, limits.tool_calls) == (2_500, 2)  # a fair share of 8
-    assert (held(parent, "tokens"), held(parent, "tool_calls")) == (2_000, 2)
-    limits = await sup.ledger.ask(remote, used(500, tool_calls=1), Want(tokens=3_000))
-    # Tool calls keep what they hold (one of two used), not topped up.
-    assert (limits.tokens, limits.tool_calls) == (500 + 3_000, 2)
+    # One round trip serves every field: tool calls, not asked for, get a share too.
+    assert (limits.tokens, limits.tool_calls) == (2_500, 2)
+    limits = await sup.ledger.ask(remote, used(500, tool_calls=2), Want(tool_calls=1))
+    # Tool calls, all used, get a quarter of the 6 free (1.5: one, what it needs);
+    # tokens, not asked for, are topped up to a quarter of the 9,500 free.
+    assert (limits.tokens, limits.tool_calls) == (2_875, 3)
+    assert (held(parent, "tokens"), held(parent, "tool_calls")) == (2_375, 1)
+    limits = await sup.ledger.ask(remote, used(2_875, tool_calls=2), Want(tokens=3_000))
+    # A share of tool calls is less than it holds: it keeps what it holds.
+    assert (limits.tokens, limits.tool_calls) == (2_875 + 3_000, 3)
     assert (held(parent, "tokens"), held(parent, "tool_calls")) == (3_000, 1)
 
 
-async def test_executions_that_hold_headroom_are_not_counted_in_the_fair_share() -> None:
+async def test_every_execution_that_may_ask_counts_in_the_share_holding_or_not() -> None:
     sup = started()
     parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000))
     first, second = leased(sup, parent, "first"), leased(sup, parent, "second")
@@ -210,9 +249,10 @@ async def test_executions_that_hold_headroom_are_not_counted_in_the_fair_share()
     assert (parent.held.leases, parent.held.holding) == (2, 1)
     reservation = sup.reserve_nowait(local, input_estimate=100, max_tokens=1_000)
     assert (reservation.input, reservation.output) == (100, 1_000)
-    # Free: 10,000 - 2,500 held - 1,100 reserved; parts: 4 - first - local.
-    assert (await sup.ledger.ask(second, Tally(), Want(tokens=1_000))).tokens == 3_200
-    assert held(parent, "tokens") == 5_700
+    # Free: 10,000 - 2,500 held - 1,100 reserved, in 4 parts (those holding count:
+    # they will ask again, so what is free is never all handed to one).
+    assert (await sup.ledger.ask(second, Tally(), Want(tokens=1_000))).tokens == 1_600
+    assert held(parent, "tokens") == 4_100
     assert (parent.held.leases, parent.held.holding) == (2, 2)
 
 
@@ -229,10 +269,10 @@ async def test_an_ask_charges_its_tally_and_gives_back_what_it_asks_for_and_does
     assert (parent.input_tokens, parent.output_tokens) == (200, 100)
     assert asking.tokens == 300 + 400 + 2_325
     assert held(parent, "tokens") == 400 + 2_325
-    # A small ask gets GROWTH times what it needs of the same 9,300 free.
+    # A small ask gets the same share of the same 9,300 free.
     limits = await sup.ledger.ask(remote, tally, Want(tokens=100))
-    assert limits.tokens == 300 + 400 + GROWTH * 100
-    assert held(parent, "tokens") == 400 + GROWTH * 100
+    assert limits.tokens == 300 + 400 + 2_325
+    assert held(parent, "tokens") == 400 + 2_325
 
 
 # -- held headroom makes local work wait, never stop ----------------------------------
@@ -396,8 +436,8 @@ async def test_an_ask_held_up_by_other_leases_waits_and_asks_are_served_in_order
     assert isinstance(big.answer, Budget)
     assert isinstance(small.answer, Budget)
     # 700 free: second first gets its 500 (a third of 700 is less), then third a
-    # half of the 200 left (served first, third would have had a third of 700).
-    assert (big.answer.tokens, small.answer.tokens) == (500, 100)
+    # third of the 200 left (served first, third would have had a third of 700).
+    assert (big.answer.tokens, small.answer.tokens) == (500, 66)
     assert parent.stop_status is None
 
 
@@ -767,9 +807,9 @@ async def test_two_asks_each_waiting_for_what_the_other_holds_are_not_both_left_
     sup = started()
     parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000, tool_calls=4))
     first, second = leased(sup, parent, "first"), leased(sup, parent, "second")
+    assert (await sup.ledger.ask(second, Tally(), Want(tool_calls=3))).tool_calls == 3
     assert (await sup.ledger.ask(first, Tally(), Want(tokens=600))).tokens == 600
-    assert (await sup.ledger.ask(second, Tally(), Want(tool_calls=3))).tool_calls == 4
-    calls = sup.ledger.ask_nowait(first, Tally(), Want(tool_calls=2))  # 0 free: it waits
+    calls = sup.ledger.ask_nowait(first, Tally(), Want(tool_calls=2))  # 1 free: it waits
     assert not isinstance(calls, Budget)
     assert first.lease is not None
     assert first.lease.hold["tokens"] == 0  # given back

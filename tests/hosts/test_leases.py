@@ -1,0 +1,50 @@
+"""Leases are honest (issue 28): a subtree on another host spends what it would spend
+at home, whatever budget the tree runs under, and asks the driver rarely.
+
+Each scenario runs on ``LocalHosts`` and on a real local Ray instance: a worker whose
+long answer outgrows a request's minimum output spends under a budget of 10 x its
+demand, or of 1.2 x it (its lead's last request needs room for a minimum output),
+exactly what it spends with no budget (the same requests, the same tokens: no reply
+cut by what is left of a lease and asked again).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fractor.actors import Agent, Result
+from fractor.runtime import Budget, Runtime, Usage
+
+from .conftest import MakeHosts
+from .trees import lead, writer
+
+
+async def _ask(agent: Agent, hosts: object | None, budget: Budget | None = None) -> Result:
+    async with Runtime(hosts=hosts, budget=budget) as rt:  # type: ignore[arg-type]
+        return await (await rt.spawn(agent)).ask("go")
+
+
+def _spent(usage: Usage) -> tuple[int, int, int, int]:
+    return usage.requests, usage.input_tokens, usage.output_tokens, usage.tool_calls
+
+
+@pytest.mark.parametrize("factor", [10.0, 1.2])
+async def test_a_remote_worker_spends_its_demand_under_a_budget(
+    make_hosts: MakeHosts, factor: float
+) -> None:
+    home = await _ask(lead(writer(), ["rivers"]), None)
+    assert home.status == "completed", home.stop_reason
+    demand = home.usage
+    limit = int(demand.total_tokens * factor)
+    budget = Budget(tokens=limit)
+    # At home, under the budget: the same spend.
+    budgeted = await _ask(lead(writer(), ["rivers"], budget), None)
+    assert budgeted.status == "completed", budgeted.stop_reason
+    assert _spent(budgeted.usage) == _spent(demand)
+    # On a host, under the budget on the lead, and on the runtime.
+    placed = await _ask(lead(writer(), ["rivers"], budget), make_hosts(1))
+    assert placed.status == "completed", placed.stop_reason
+    assert _spent(placed.usage) == _spent(demand)
+    whole = await _ask(lead(writer(), ["rivers"]), make_hosts(1), budget)
+    assert whole.status == "completed", whole.stop_reason
+    assert _spent(whole.usage) == _spent(demand)
