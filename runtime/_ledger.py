@@ -113,7 +113,8 @@ class Ledger:
 
     def open(self, node: Node) -> Lease:
         """Make ``node`` (just opened, with no execution here) the top of a remote
-        subtree: its lease starts empty; the subtree asks for what it needs."""
+        subtree: its lease starts empty but for one step (what its first operation
+        needs, when one is free); the subtree asks for what it needs."""
         fields = tuple(
             name
             for name in LEASED
@@ -132,6 +133,16 @@ class Ledger:
         lease = Lease(fields, None if depth is None else max(depth, 0))
         node.lease = lease
         self._count(node, lease, "live", 1)
+        if "steps" in fields and all(
+            self._free(current, "steps") >= 1
+            for current in node.chain()
+            if self._limit(current, "steps") is not None
+        ):
+            # What its first operation, a step, needs: its first round trip is then
+            # its first request's, which tops every other field up.
+            lease.granted["steps"] = 1
+            self._hold(node, lease)
+            self._count(node, lease, "holding", 1)
         return lease
 
     async def ask(self, node: Node, tally: Tally, want: Want) -> Budget:
@@ -449,11 +460,18 @@ class Ledger:
         share = min(share, GROWTH * max(lease.weight * need, lease.tally.used(name)))
         return share if name in _FRACTIONAL else math.floor(share)
 
+    def _free(self, node: Node, name: str) -> float:
+        """What ``node`` has free of field ``name``: neither used, nor reserved by
+        requests in flight, nor held by leases."""
+        limit = self._limit(node, name)
+        assert limit is not None
+        return limit - _used(node, name) - _reserved(node, name) - _held(node, name)
+
     def _top_up(self, node: Node, lease: Lease, name: str) -> float:
         """What to add to a field an ask does not ask for, so that one round trip
         serves every field: up to its share, from what is free now (never waiting,
-        never refusing). Counters start from one each; token and cost fields are
-        topped up only once a request asked for them."""
+        never refusing). Counters get at least one each while one is free; token
+        and cost fields are topped up only once a request asked for them."""
         seed = 0 if name in _MEASURED or name in _SUMS else 1
         if not seed and not lease.granted[name]:
             return 0
@@ -464,7 +482,11 @@ class Ledger:
                 continue
             free = limit - _used(current, name) - _reserved(current, name)
             free -= _held(current, name) - lease.hold[name]  # what others hold
-            target = min(target, self._share(current, lease, name, free, seed))
+            share = self._share(current, lease, name, free, seed)
+            # At least one of each counter while one is free: the subtree's next
+            # step and tool call need no round trip of their own, even when shares
+            # of a scarce budget round down to nothing.
+            target = min(target, max(share, min(seed, max(free, 0))))
         if target == math.inf:
             return 0
         return max(target - lease.hold[name], 0)

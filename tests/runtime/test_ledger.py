@@ -93,13 +93,21 @@ async def test_a_lease_starts_empty_on_every_limited_field_of_the_chain() -> Non
     lease = sup.ledger.open(sup.open(top, name="remote", limits=None))
     limits = lease.limits()
     assert lease.fields == ("tokens", "tool_calls", "steps", "cost")  # in Budget's order
-    assert limits == Budget(tokens=0, cost=0.0, tool_calls=0, steps=0)
+    # Empty but for one step, what its first operation needs (no round trip for it).
+    assert limits == Budget(tokens=0, cost=0.0, tool_calls=0, steps=1)
     assert isinstance(limits.tokens, int)
     assert isinstance(limits.cost, float)
-    for node in (top, sup.root):  # nothing held yet, but a lease that may give back
+    for node in (top, sup.root):  # held on the whole chain
         assert node.held is not None
-        assert (node.held.leases, node.held.holding, node.held.lost) == (1, 0, None)
-        assert all(held(node, name) == 0 for name in LEASED)
+        assert (node.held.leases, node.held.holding, node.held.lost) == (1, 1, None)
+        assert [name for name in LEASED if held(node, name)] == ["steps"]
+        assert held(node, "steps") == 1
+    # Where no step is free, it opens with nothing at all.
+    sup.charge(top, steps=2)
+    bare = sup.ledger.open(sup.open(top, name="bare", limits=None))
+    assert bare.limits().steps == 0
+    assert top.held is not None
+    assert top.held.holding == 1
 
 
 async def test_a_lease_on_a_chain_with_no_limits_grants_nothing_and_limits_nothing() -> None:
@@ -944,7 +952,9 @@ def build() -> World:
     remotes = []
     for name, under in (("r0", parent), ("r1", parent), ("r2", other)):
         node = sup.open(under, name=name, limits=None)
-        remotes.append(Remote(node, sup.ledger.open(node).limits()))
+        limits = sup.ledger.open(node).limits()
+        # A lease opens with a step when it can: granted, as an ask's grant is.
+        remotes.append(Remote(node, limits, granted=bool(limits.steps)))
     local_nodes = [
         sup.open(under, name=name, limits=None)
         for name, under in (("l0", parent), ("l1", parent), ("l2", other))

@@ -13,9 +13,9 @@ regimes, each on the lead:
 - ``scarce``: 60% of that demand, on the same fields.
 
 For each it counts the **ledger round trips** (asks from a host's subtree to the
-driver's ledger: every ``Ledger.ask`` served, granted or refused; the ledger's own
-statistic ``Ledger.asks`` counts the granted ones, ``Ledger.waits`` those that
-waited), per 1,000 operations (requests + tool calls spent by the tree); the
+driver's ledger: ``Ledger.asks``, every ask answered, granted or refused;
+``Ledger.refusals`` the refused ones, ``Ledger.waits`` those that waited), per
+1,000 operations (requests + tool calls spent by the tree); the
 **overshoot** (spent minus limit, on every budgeted field: 0 means none); whether
 every worker call was answered; and, in a second run of the same tree whose lookups
 are slow, the time from a cancellation of the lead until its ask answers, every
@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +64,10 @@ __all__ = ["REGIMES", "Outcome", "main", "simulate", "table"]
 #: The model's name, priced so that cost is a budgeted field too.
 MODEL = "sim"
 PRICE = Price(input_per_million=1_000, output_per_million=4_000)
+#: The least output a request reserves: replies here are ~25 tokens, so the default
+#: (256) would make a budget of 10 x their output hold only a few requests at once
+#: (they would wait for each other at home too): the simulation measures leases.
+MIN_OUTPUT = 16
 #: Lookups per worker before it answers (requests per worker: one more).
 LOOKUPS = 2
 #: Worker calls per turn of the lead.
@@ -130,8 +133,8 @@ class Outcome:
     status: str
     seconds: float
     operations: int
-    asks: int  # every ask served by the ledger (round trips)
-    granted: int  # ``Ledger.asks``
+    asks: int  # every ask answered by the ledger (round trips): ``Ledger.asks``
+    refused: int  # ``Ledger.refusals``
     waits: int  # ``Ledger.waits``
     issued: int  # worker calls the lead made
     answered: int  # worker calls with an outcome
@@ -145,21 +148,6 @@ class Outcome:
     @property
     def per_1000(self) -> float:
         return 1000 * self.asks / max(self.operations, 1)
-
-
-def _count_asks(rt: Runtime) -> Callable[[], int]:
-    """Count every ask the driver's ledger serves (granted or refused), through the
-    instance: the class and the runtime are left as they are."""
-    ledger = rt.supervisor.ledger
-    served = [0]
-    ask = ledger.ask
-
-    async def counted(*args: Any, **kwargs: Any) -> Budget:
-        served[0] += 1
-        return await ask(*args, **kwargs)
-
-    ledger.ask = counted  # type: ignore[method-assign]
-    return lambda: served[0]
 
 
 def _spent(snapshot: TreeSnapshot, execution_id: str) -> dict[str, float]:
@@ -194,8 +182,9 @@ def _budget(demand: dict[str, float], factor: float) -> Budget:
 
 
 async def _run(hosts: int, agents: int, budget: Budget | None, regime: str) -> Outcome:
-    async with Runtime(hosts=LocalHosts(hosts), prices={MODEL: PRICE}) as rt:
-        served = _count_asks(rt)
+    async with Runtime(
+        hosts=LocalHosts(hosts), prices={MODEL: PRICE}, min_output_tokens=MIN_OUTPUT
+    ) as rt:
         ledger = rt.supervisor.ledger
         ref = await rt.spawn(_tree(agents, budget, "topic", BATCH))
         began = time.perf_counter()
@@ -219,8 +208,8 @@ async def _run(hosts: int, agents: int, budget: Budget | None, regime: str) -> O
         status=result.status,
         seconds=seconds,
         operations=int(spent["requests"] + spent["tool_calls"]),
-        asks=served(),
-        granted=ledger.asks,
+        asks=ledger.asks,
+        refused=ledger.refusals,
         waits=ledger.waits,
         issued=issued,
         answered=answered,
@@ -235,7 +224,9 @@ async def _cancel(hosts: int, agents: int, budget: Budget | None, outcome: Outco
     start have started, and time until its ask answers."""
     _STATE["started"], _STATE["slow"] = 0, True
     results = []
-    async with Runtime(hosts=LocalHosts(hosts), prices={MODEL: PRICE}) as rt:
+    async with Runtime(
+        hosts=LocalHosts(hosts), prices={MODEL: PRICE}, min_output_tokens=MIN_OUTPUT
+    ) as rt:
         ref = await rt.spawn(_tree(agents, budget, "slow"))
         async with anyio.create_task_group() as tg:
 
@@ -288,7 +279,7 @@ async def simulate(
 def table(outcomes: list[Outcome], hosts: int, agents: int) -> str:
     """The outcomes as a text table."""
     head = (
-        f"{'regime':<9} {'status':<16} {'ops':>7} {'asks':>7} {'granted':>7} {'waits':>6} "
+        f"{'regime':<9} {'status':<16} {'ops':>7} {'asks':>7} {'refused':>7} {'waits':>6} "
         f"{'asks/1k ops':>11} {'answered':>9} {'overshoot':>9} {'run s':>7} "
         f"{'cancel s':>8} {'reached':>9}"
     )
@@ -297,7 +288,7 @@ def table(outcomes: list[Outcome], hosts: int, agents: int) -> str:
     for o in outcomes:
         over = max(o.overshoot.values(), default=0)
         lines.append(
-            f"{o.regime:<9} {o.status:<16} {o.operations:>7} {o.asks:>7} {o.granted:>7} "
+            f"{o.regime:<9} {o.status:<16} {o.operations:>7} {o.asks:>7} {o.refused:>7} "
             f"{o.waits:>6} {o.per_1000:>11.1f} {o.answered:>4}/{o.issued:<4} {over:>9g} "
             f"{o.seconds:>7.2f} {o.cancel_seconds:>8.3f} "
             f"{o.cancel_reached:>4}/{o.cancel_workers:<4}"
