@@ -46,7 +46,7 @@ import anyio
 
 from ._budget import Budget, Price, Usage
 from ._exceptions import BudgetExceeded, InvalidUsage
-from ._lease import LOST_WHY, Want
+from ._lease import HINT, LOST_WHY, Lender, Want
 from ._tree import Node, stopped
 from ._waiter import Waiter, new_waiter, park, wake
 
@@ -61,6 +61,7 @@ __all__ = [
     "Wait",
     "ahead",
     "chain_refusal",
+    "field_free",
     "free_output",
     "hold",
     "impossible",
@@ -69,6 +70,7 @@ __all__ = [
     "overshoot",
     "refusal",
     "requests_room",
+    "settled_output",
     "want_of",
     "why_waiting",
 ]
@@ -80,7 +82,7 @@ _COST_EPSILON = 1e-9
 class Need:
     """What one request needs at least: its input estimate and a minimum output."""
 
-    __slots__ = ("asked", "input", "model", "output", "price", "wanted")
+    __slots__ = ("asked", "input", "least", "model", "output", "price", "wanted")
 
     def __init__(
         self, input: int, output: int, wanted: int, price: Price | None, model: str = ""
@@ -93,6 +95,9 @@ class Need:
         self.model = model
         #: The minimum output: below this the request is not worth sending.
         self.output = output
+        #: The ordinary minimum, when ``output`` asks for more (a request asked again
+        #: after a cut wants room for more, but is refused only below this).
+        self.least = output
         #: The output the request would like: its max_tokens, or the default.
         self.wanted = wanted
         self.price = price
@@ -218,6 +223,49 @@ def refusal(node: Node, budget: Budget, need: Need, requests: int = 1) -> Budget
             needed = need.cost(need.output)
             return _refused(node, "cost", budget.cost, needed, left_cost, need.detail())
     return None
+
+
+def settled_output(node: Node, budget: Budget, need: Need) -> float:
+    """The output tokens ``node``'s settled usage leaves for the request after its
+    input (what ``refusal`` checks, as a number: ``math.inf`` with no output limit)."""
+    room = math.inf
+    if budget.output_tokens is not None:
+        room = budget.output_tokens - node.output_tokens
+    if budget.tokens is not None:
+        room = min(room, budget.tokens - node.input_tokens - node.output_tokens - need.input)
+    if budget.cost is not None and need.price is not None:
+        room = min(room, _cost_room(budget.cost - node.cost, budget.cost, need))
+    return room
+
+
+def _lease_short(node: Node, lender: Lender[Node], name: str, parts: int) -> bool:
+    """Whether a request on a host's leased subtree, cut by what its lease (on
+    ``node``) has left of field ``name``, should ask the tree above for more: the
+    lease spent past half of what it had when it last grew, or a part of the budget
+    above is worth ``HINT`` times what the lease has left for each of its ``parts``."""
+    free = field_free(node, name)
+    return 2 * free < lender.fresh.get(name, math.inf) or (
+        lender.hint.get(name, 0) > HINT * free / parts
+    )
+
+
+def field_free(node: Node, name: str) -> float:
+    """What ``node``'s budget has free of output-capping field ``name`` (tokens,
+    output tokens or cost), in the field's own units: neither used, nor reserved by
+    requests in flight, nor held by leases below."""
+    budget = node.limits
+    assert budget is not None
+    limit: float = getattr(budget, name)
+    held = node.held
+    taken: float
+    if name == "cost":
+        taken = node.cost + node.reserved_cost + (held.cost if held else 0.0)
+    elif name == "output_tokens":
+        taken = node.output_tokens + node.reserved_output + (held.output_tokens if held else 0)
+    else:
+        taken = node.input_tokens + node.output_tokens + node.reserved_input
+        taken += node.reserved_output + (held.tokens if held else 0)
+    return limit - taken
 
 
 def _cost_room(left: float, allowed: float, need: Need) -> float:
@@ -417,6 +465,7 @@ def want_of(need: Need) -> Want:
         cost=need.cost(need.output),
         requests=1,
         detail=need.detail(),
+        wanted_output=need.wanted,
     )
 
 
@@ -531,7 +580,9 @@ class Admission:
         wanted = max_tokens if max_tokens is not None else self.default_max_tokens
         minimum = self.min_output_tokens if at_least is None else at_least
         price = self.prices.get(model) if self.prices else None
-        return Need(max(input_estimate, 0), min(minimum, wanted), wanted, price, model)
+        need = Need(max(input_estimate, 0), min(minimum, wanted), wanted, price, model)
+        need.least = min(self.min_output_tokens, need.output)
+        return need
 
     def reserve_nowait(
         self,
@@ -637,6 +688,12 @@ class Admission:
                 if budget.cost is not None and need.price is None:
                     raise no_price(current, need.model)
                 error = refusal(current, budget, need)
+                if error is not None and need.output > need.least:
+                    # Asked again for more room than settled usage leaves: it gets what
+                    # is left, refused only when its ordinary minimum does not fit.
+                    fits = settled_output(current, budget, need)
+                    need.output = int(max(need.least, min(need.output, fits)))
+                    error = refusal(current, budget, need)
                 if error is not None:
                     if current.lender is not None:  # a leased subtree: ask for more
                         if not current.in_flight:
@@ -645,7 +702,8 @@ class Admission:
                     self.stop(current, "budget_exceeded", str(error), error)
                     raise error
             current = current.parent
-        share = left = math.inf
+        share = math.inf
+        per = 1
         limited_by: Node | None = None
         limit = ""
         queues = self._queues
@@ -681,7 +739,7 @@ class Admission:
                     )
                     mine = max(need.output, room // parts)
                     if mine < share:
-                        share, limited_by, limit, left = mine, current, field, room
+                        share, limited_by, limit, per = mine, current, field, parts
             current = current.parent
         if share == math.inf:  # no output limit on the chain
             return hold(node, need.input, need.price, need.wanted, max_tokens, max_tokens or 0)
@@ -692,10 +750,11 @@ class Admission:
             limited_by is not None
             and limited_by.lender is not None
             and not need.asked
-            and 2 * left < limited_by.lender.fresh.get(limit, math.inf)
+            and _lease_short(limited_by, limited_by.lender, limit, per)
         ):
-            # Cut by what is left of a lease spent past half, not by the real budget:
-            # ask the tree above for more (a share of the real budget's free headroom).
+            # Cut by what is left of a lease spent past half, or by one worth less
+            # than a part of the real budget now (siblings gave back, ``HINT``): ask
+            # the tree above for more (a share of the real budget's free headroom).
             need.asked = True
             limited_by.lender.want(limited_by, want_of(need))
             return limited_by

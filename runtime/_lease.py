@@ -13,6 +13,7 @@ Nothing here knows the tree: a node holds a ``Lease``, a ``Held`` and a ``Lender
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 import msgspec
@@ -22,6 +23,7 @@ from ._exceptions import BudgetExceeded
 from ._snapshots import NodeSnapshot
 
 __all__ = [
+    "HINT",
     "LEASED",
     "LOST_WHY",
     "Held",
@@ -90,11 +92,28 @@ class Want(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     agents: int = 0
     #: What it is, in words ("a model request of 2,212 input + 256 output").
     detail: str = ""
+    #: For a model request: the output it would like (its ``max_tokens``), beyond the
+    #: minimum its token fields count: a lease grows by whole requests, not minima.
+    wanted_output: int = 0
 
     def merge(self, other: Want) -> Want:
         """The larger of two wants, field by field."""
         fields = {name: max(getattr(self, name), getattr(other, name)) for name in LEASED}
-        return Want(**fields, detail=other.detail or self.detail)
+        wanted = max(self.wanted_output, other.wanted_output)
+        return Want(**fields, detail=other.detail or self.detail, wanted_output=wanted)
+
+    def whole(self, name: str) -> float:
+        """What a whole operation of this want takes of field ``name``: its need, or
+        for a model request's token and cost fields, with all the output it wants."""
+        need: float = getattr(self, name)
+        more = self.wanted_output - self.output_tokens
+        if more <= 0 or not need:
+            return need
+        if name in ("tokens", "output_tokens"):
+            return need + more
+        if name == "cost":  # (a bound: the minimum's cost, scaled)
+            return need * self.wanted_output / max(self.output_tokens, 1)
+        return need
 
     @staticmethod
     def of(name: str, amount: float) -> Want:
@@ -146,8 +165,12 @@ class Lender(Protocol[_N_contra]):
 
     #: What each leased field had free when the lease last grew (``Ledger.extend``):
     #: a request cut by what is left of the lease asks for more only once the
-    #: lease spent half of that (before, its cut is its fair share of the budget).
+    #: lease spent half of that (before, its cut is its fair share of the budget)...
     fresh: dict[str, float]
+    #: ... or once the tree above said that a part of its budget is worth more than
+    #: twice what the lease has left for each of its own parts (``Ledger.hint``:
+    #: siblings ended and gave back), field by field.
+    hint: dict[str, float]
 
     def want(self, node: _N_contra, want: Want) -> None:
         """Ask (without waiting) for at least ``want`` more; the answer comes later
@@ -195,6 +218,7 @@ class Lease:
         "depth",
         "fields",
         "granted",
+        "hinted",
         "hold",
         "holding",
         "host",
@@ -202,6 +226,7 @@ class Lease:
         "lost",
         "nodes",
         "tally",
+        "tell",
         "weight",
     )
 
@@ -222,6 +247,11 @@ class Lease:
         #: The parts of the headroom it stands for (its subtree's ``leaves``, counted
         #: in ``Held.parts`` beyond the first on the chain).
         self.weight = 1
+        #: What a part of the budget above was worth, field by field, when the lease
+        #: last grew or was told (``Ledger.hint``), and how to tell its host (set
+        #: by the layer that runs the subtree there; None: nobody to tell).
+        self.hinted: dict[str, float] = {}
+        self.tell: Callable[[dict[str, float]], None] | None = None
         #: Counted in ``Held.leases`` (it may give back) and ``Held.holding`` (it holds a
         #: grant and is not asking) on the chain.
         self.live = False
@@ -237,6 +267,12 @@ class Lease:
 
 
 LOST_WHY = "no room left: what is held is leased to a host that was lost"
+
+#: How much more a part of the budget above must be worth before a lease's host is
+#: told (``Ledger.hint``: then a part's worth grows geometrically from one message to
+#: the next), and before a request there cut by what is left of its lease asks for
+#: more than that (worth this many times what the lease has left for each part).
+HINT = 1.5
 
 
 def reserved(name: str, input: int, output: int, cost: float) -> float:

@@ -50,17 +50,17 @@ from collections.abc import Callable
 from ._admission import overshoot
 from ._budget import FIELDS, LEASED, Budget, Caps, Usage
 from ._exceptions import BudgetExceeded
-from ._lease import LOST_WHY, Held, Lease, Tally, Want, reserved, zero
+from ._lease import HINT, LOST_WHY, Held, Lease, Tally, Want, reserved, zero
 from ._snapshots import EndStatus
 from ._tree import Node, stopped
 from ._waiter import Waiter, new_waiter, park, wake
 
 __all__ = ["GROWTH", "Ledger"]
 
-#: A grant is at most this many times what the ask's parts need, or what the lease
-#: used so far: about what a request of the default ``max_tokens`` needs over one of
-#: the minimum output (4,096 / 256), so a fresh lease holds a whole request.
-GROWTH = 16
+#: A grant is at most this many times what a whole operation of the ask takes for
+#: each of the lease's parts (a model request with all the output it wants), or what
+#: the lease used so far: a fresh lease holds a few whole requests.
+GROWTH = 4
 
 #: Relative slack for comparing costs (floating point sums), as in admission.
 _COST_EPSILON = 1e-9
@@ -103,6 +103,10 @@ class Ledger:
         self._serving = False
         self._freed: list[Node] = []
         self._changed: list[Waiter] = []
+        #: The live leases, with their nodes (to tell them of headroom given back).
+        self._live: dict[Lease, Node] = {}
+        #: Of them, those whose hosts are told what a part is worth (``hint``).
+        self._told: set[Lease] = set()
         #: Asks answered so far (granted or refused: each a round trip from a host),
         #: those of them refused, and asks that waited.
         self.asks = 0
@@ -133,6 +137,7 @@ class Ledger:
         lease = Lease(fields, None if depth is None else max(depth, 0))
         node.lease = lease
         self._count(node, lease, "live", 1)
+        self._live[lease] = node
         if "steps" in fields and all(
             self._free(current, "steps") >= 1
             for current in node.chain()
@@ -259,7 +264,49 @@ class Ledger:
         self._weigh(node, lease, 1)
         self._count(node, lease, "holding", 0)
         self._count(node, lease, "live", 0)
+        self._live.pop(lease, None)
+        self._told.discard(lease)
         self.changed_at(node)
+        if self._told:
+            self.hint()
+
+    def hint(self) -> None:
+        """Tell each live lease whose budget's parts grew worth more than ``HINT``
+        times what they were when it last grew (or was told) what a part is worth
+        now: its host asks for more before cutting a reply short at what its lease
+        has left (one message down, no round trip, and few: a part's worth grows
+        geometrically from one message to the next). Called when a lease ends and
+        when a node closes (either gives a budget's parts more)."""
+        worths: dict[tuple[Node, str], float] = {}
+        for lease in self._told:
+            tell = lease.tell
+            node = self._live.get(lease)
+            if tell is None or node is None:
+                continue
+            worth = {}
+            for name, was in lease.hinted.items():
+                parent = node.parent
+                key = (parent if parent is not None else node, name)
+                now = worths.get(key)
+                if now is None:
+                    now = worths[key] = self._per_part(node, name)
+                if now > HINT * was:
+                    worth[name] = now
+            if worth:
+                lease.hinted.update(worth)
+                tell(worth)
+
+    def _per_part(self, node: Node, name: str) -> float:
+        """What one part of the budgets above ``node`` is worth of field ``name``: the
+        least, over its chain, of what settled usage leaves in each budget's parts."""
+        worth = math.inf
+        for current in node.chain():
+            limit = self._limit(current, name)
+            if limit is not None:
+                held = current.held
+                parts = max(current.leaves + (held.parts if held else 0), 1)
+                worth = min(worth, (limit - _used(current, name)) / parts)
+        return worth
 
     # -- waiting for a change -------------------------------------------------------
 
@@ -304,6 +351,11 @@ class Ledger:
         self.changed_at(node)
 
     # -- the arithmetic -----------------------------------------------------------
+
+    @property
+    def telling(self) -> bool:
+        """Whether some live lease's host is told what a part is worth (``hint``)."""
+        return bool(self._told)
 
     @property
     def asks_waiting(self) -> int:
@@ -426,7 +478,8 @@ class Ledger:
                         error = BudgetExceeded(name, limit, current.id, current.name, why=why)
                         self._stop(current, "budget_exceeded", str(error), error)
                         raise error
-                    grant = min(grant, max(need, self._share(current, lease, name, free, need)))
+                    share = self._share(current, lease, name, settled, free, want.whole(name))
+                    grant = min(grant, max(need, share))
                 grants[name] = grant
         except BudgetExceeded as error:
             ask.answer = error
@@ -439,6 +492,9 @@ class Ledger:
         for name, grant in grants.items():
             if grant != math.inf:
                 lease.granted[name] += grant
+                if name in _SHARED and lease.tell is not None:
+                    lease.hinted[name] = self._per_part(node, name)
+                    self._told.add(lease)
         self._hold(node, lease)
         self._count(node, lease, "holding", 1)
         self._asking.pop(lease, None)
@@ -448,15 +504,20 @@ class Ledger:
         return limits
 
     @staticmethod
-    def _share(node: Node, lease: Lease, name: str, free: float, need: float) -> float:
+    def _share(
+        node: Node, lease: Lease, name: str, settled: float, free: float, need: float
+    ) -> float:
         """What ``lease`` may be granted of ``free`` headroom of field ``name`` on
-        ``node``: its parts of all the parts under the budget (every execution that
-        may ask, here or elsewhere), and at most ``GROWTH`` times what its parts
-        need or what it used so far (a lease grows geometrically from what it needs,
-        so the first to ask never takes what siblings about to start will need)."""
+        ``node`` (whose settled usage leaves ``settled``): its parts of all the parts
+        under the budget (every execution that may ask, here or elsewhere, holding
+        or not) of what settled usage leaves, less what it holds already, and at most
+        ``GROWTH`` times what a whole operation (``need``) takes for each of its
+        parts, or what it used so far (a lease grows geometrically from what it
+        needs, so the first to ask never takes what siblings about to start need)."""
         held = node.held
         parts = max(node.leaves + (held.parts if held else 0), 1)
-        share = max(free, 0) * min(lease.weight / parts, 1)
+        share = settled * min(lease.weight / parts, 1) - lease.hold[name]
+        share = min(max(share, 0), max(free, 0))
         share = min(share, GROWTH * max(lease.weight * need, lease.tally.used(name)))
         return share if name in _FRACTIONAL else math.floor(share)
 
@@ -475,21 +536,21 @@ class Ledger:
         seed = 0 if name in _MEASURED or name in _SUMS else 1
         if not seed and not lease.granted[name]:
             return 0
-        target = math.inf
+        extra = math.inf
         for current in node.chain():
             limit = self._limit(current, name)
             if limit is None:
                 continue
-            free = limit - _used(current, name) - _reserved(current, name)
-            free -= _held(current, name) - lease.hold[name]  # what others hold
-            share = self._share(current, lease, name, free, seed)
-            # At least one of each counter while one is free: the subtree's next
-            # step and tool call need no round trip of their own, even when shares
-            # of a scarce budget round down to nothing.
-            target = min(target, max(share, min(seed, max(free, 0))))
-        if target == math.inf:
-            return 0
-        return max(target - lease.hold[name], 0)
+            settled = limit - _used(current, name)
+            free = settled - _reserved(current, name) - _held(current, name)
+            more = self._share(current, lease, name, settled, free, seed)
+            if lease.hold[name] < seed:
+                # At least one of each counter while one is free: the subtree's next
+                # step and tool call need no round trip of their own, even when
+                # shares of a scarce budget round down to nothing.
+                more = max(more, min(seed - lease.hold[name], max(free, 0)))
+            extra = min(extra, more)
+        return 0 if extra == math.inf else extra
 
     def _hold(self, node: Node, lease: Lease) -> None:
         """Make the chain's holds match what ``lease`` was granted and not used."""
@@ -556,6 +617,8 @@ class Ledger:
 
 #: Fields that requests in flight here hold (and may give back when they settle).
 _RESERVED = frozenset(field.name for field in FIELDS if field.reserved)
+#: Fields whose headroom caps a request's output (what a lease's host is told of).
+_SHARED = frozenset(("tokens", "output_tokens", "cost"))  # (as ``free_output`` reads them)
 #: Fields whose refusal says what was needed and what was left.
 _MEASURED = frozenset(field.name for field in FIELDS if field.kind in ("tokens", "cost"))
 #: What a ``Tally``'s usage carries (with cached tokens), and what it counts beside it.

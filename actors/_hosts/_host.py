@@ -32,6 +32,7 @@ from ._remote import (
     Events,
     Grant,
     Nodes,
+    Room,
     Start,
     Stop,
     Up,
@@ -85,12 +86,13 @@ class _Lender:
     """A subtree's way to ask the tree above for more headroom: one ask at a time
     (an operation still short after the answer asks again)."""
 
-    __slots__ = ("fresh", "host", "run")
+    __slots__ = ("fresh", "hint", "host", "run")
 
     def __init__(self, host: AgentHost, run: _Run) -> None:
         self.host = host
         self.run = run
         self.fresh: dict[str, float] = {}
+        self.hint: dict[str, float] = {}
 
     def want(self, node: Node, want: Want) -> None:
         run = self.run
@@ -220,6 +222,10 @@ class AgentHost:
             elif isinstance(message, Deny):
                 run.asking = False
                 ledger.refuse(node, message.refusal.error())
+            elif isinstance(message, Room):
+                lender = node.lender
+                if lender is not None:
+                    lender.hint = {**lender.hint, **message.worth}
             elif isinstance(message, Stop):
                 error = message.refusal.error() if message.refusal is not None else None
                 supervisor.stop_subtree(node, message.status, message.reason, error)

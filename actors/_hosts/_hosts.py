@@ -43,6 +43,7 @@ from ._remote import (
     Lost,
     RemoteChild,
     RemoteReply,
+    Room,
     Start,
     decode_up,
     encode,
@@ -233,6 +234,12 @@ class RemoteHosts:
             raise
         child.link, child.run_id = link, run_id
         link.runs[run_id] = child
+
+        def tell(worth: dict[str, float]) -> None:
+            if not link.lost:
+                link.send(encode([Room(run=run_id, worth=worth)]))
+
+        lease.tell = tell
         link.placed += 1
 
     def place_again(self, child: RemoteChild, lost: Lost) -> bool:

@@ -61,6 +61,7 @@ __all__ = [
     "Nodes",
     "RemoteChild",
     "RemoteReply",
+    "Room",
     "Start",
     "Stop",
     "Up",
@@ -107,6 +108,15 @@ class Grant(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     limits: Budget
 
 
+class Room(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Down: what a part of the budgets above is worth now, field by field (siblings
+    gave headroom back): the subtree asks for more before it cuts a reply short at
+    what its lease has left. Changes no limit."""
+
+    run: int
+    worth: dict[str, float]
+
+
 class Deny(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Down: the ask was refused: a limit of the tree above is spent."""
 
@@ -132,7 +142,7 @@ class Decided(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     reason: str = ""
 
 
-Down = Start | Grant | Deny | Stop | Decided
+Down = Start | Grant | Room | Deny | Stop | Decided
 
 
 class Ask(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -32,6 +32,7 @@ budgets to measure its demand, then under budgets that just hold that demand.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -297,6 +298,7 @@ class Observer:
     stops: list[Stop] = field(default_factory=list)
     ledger: dict[str, Usage] = field(default_factory=dict)
     admitting: Request | None = None
+    need: Need | None = None
     #: What went wrong inside the supervisor's calls, checked after the run.
     problems: list[str] = field(default_factory=list)
 
@@ -312,6 +314,7 @@ class Observer:
             self.admitting = Request(
                 node.id, node.name, chain, need.input, need.output, need.wanted
             )
+            self.need = need
             try:
                 return admit(node, need, max_tokens, seq)
             finally:
@@ -364,7 +367,11 @@ class Observer:
                     totals=node.usage(),
                     steps=node.steps,
                     ledger=self.ledger.get(node.id, Usage()),
-                    request=self.admitting,
+                    # (a request asked again lowers what it asks for to what the
+                    # settled usage leaves before it is refused: as refused)
+                    request=dataclasses.replace(self.admitting, output=self.need.output)
+                    if self.admitting is not None and self.need is not None
+                    else self.admitting,
                 )
             )
             stop_subtree(node, status, reason, error, cancel=cancel)

@@ -12,6 +12,7 @@ from anyio import wait_all_tasks_blocked
 
 from fractor.runtime import Budget, BudgetExceeded, Node, Reservation, Supervisor, Usage
 from fractor.runtime._admission import Admission
+from fractor.runtime.lowlevel import Want
 
 
 class Tree:
@@ -107,3 +108,46 @@ def test_output_sizes_are_whole_numbers() -> None:
         Supervisor(None, default_max_tokens=0)
     with pytest.raises(ValueError, match="min_output_tokens must be a whole number >= 1, got True"):
         Supervisor(None, min_output_tokens=True)
+
+
+class _Lender:
+    """A host's lender, recording what its subtree asks for."""
+
+    def __init__(self) -> None:
+        self.fresh: dict[str, float] = {}
+        self.hint: dict[str, float] = {}
+        self.wants: list[int] = []
+
+    def want(self, node: Node, want: Want) -> None:
+        self.wants.append(want.output_tokens)
+
+
+@pytest.mark.parametrize(
+    ("fresh", "hint", "asks"),
+    [
+        (1_000, 0.0, False),  # a fresh lease: its cut is its share
+        (2_100, 0.0, True),  # spent past half of what it had
+        (1_000, 1_400.0, False),  # a part above is worth less than 1.5 x its own
+        (1_000, 1_600.0, True),  # worth more: siblings gave back, ask for it
+    ],
+)
+async def test_a_request_cut_by_what_is_left_of_a_lease_asks_when_more_is_there(
+    fresh: float, hint: float, asks: bool
+) -> None:
+    tree = Tree(Budget(output_tokens=1_000))  # the lease, as the host sees it
+    admission, root = tree.admission, tree.root
+    lender = _Lender()
+    lender.fresh = {"output_tokens": fresh}
+    lender.hint = {"output_tokens": hint}
+    root.lender = lender
+    need = admission.need(input_estimate=10, max_tokens=4_000)
+    got = admission.admit(root, need, 4_000, 0)
+    if asks:  # it waits for the answer, then takes what the lease has then
+        assert got is root
+        assert lender.wants == [10]
+        again = admission.admit(root, need, 4_000, 0)
+        assert isinstance(again, Reservation)
+        assert (again.max_tokens, lender.wants) == (1_000, [10])
+    else:
+        assert isinstance(got, Reservation)
+        assert (got.max_tokens, lender.wants) == (1_000, [])

@@ -148,8 +148,8 @@ async def test_the_runtime_cap_on_agents_is_leased_like_a_budget() -> None:
     granted = await sup.ledger.ask(remote, Tally(), Want(agents=3))
     # Alone under the cap, its share is all that is left (49: top has 1), but a
     # fresh lease gets at most GROWTH times what it needs.
-    assert granted.agents == GROWTH * 3 == 48
-    assert held(top, "agents") == 48
+    assert granted.agents == GROWTH * 3 == 12
+    assert held(top, "agents") == 12
 
 
 # -- asks are granted ---------------------------------------------------------------
@@ -158,7 +158,7 @@ async def test_the_runtime_cap_on_agents_is_leased_like_a_budget() -> None:
 @pytest.mark.parametrize(
     ("want", "grant"),
     [
-        (500, 2_500),
+        (500, 2_000),  # a fair share is 2,500, GROWTH times 500 less
         (1_000, 2_500),
         (2_500, 2_500),
         (4_000, 4_000),
@@ -182,7 +182,7 @@ async def test_a_lease_grows_by_a_share_of_what_is_free_shrinking_as_it_runs_out
     parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000, cost=1.0))
     remote = leased(sup, parent)
     children(sup, parent, "local")  # 2 parts: the remote subtree and the local child
-    limits = await sup.ledger.ask(remote, Tally(), Want(tokens=1_000, cost=0.1))
+    limits = await sup.ledger.ask(remote, Tally(), Want(tokens=2_000, cost=0.2))
     assert limits.tokens == 5_000
     assert limits.cost == pytest.approx(0.5)
     assert held(parent, "tokens") == 5_000
@@ -203,14 +203,51 @@ async def test_a_fresh_lease_gets_at_most_growth_times_what_it_needs_then_grows_
     sup = started()
     parent = sup.open(sup.root, name="parent", limits=Budget(tokens=100_000))
     remote = leased(sup, parent)  # alone: its share is all of it
-    limits = await sup.ledger.ask(remote, Tally(), Want(tokens=100))
-    # The first to ask never takes what siblings about to start will need...
-    assert limits.tokens == GROWTH * 100
-    # ... and a lease that used what it was given grows by GROWTH times that.
-    limits = await sup.ledger.ask(remote, used(1_600), Want(tokens=100))
-    assert limits.tokens == 1_600 + GROWTH * 1_600
-    limits = await sup.ledger.ask(remote, used(27_200), Want(tokens=100))
-    assert limits.tokens == 100_000  # all that is left: its share, alone
+    # The first to ask never takes what siblings about to start will need: GROWTH
+    # times its need; a lease that used what it was given grows by GROWTH times that.
+    grants: list[int] = []
+    spent = 0
+    while spent < 100_000:
+        limits = await sup.ledger.ask(remote, used(spent), Want(tokens=100))
+        assert limits.tokens is not None
+        grants.append(limits.tokens - spent)
+        spent = limits.tokens
+    assert grants == [GROWTH * 100, GROWTH * 400, GROWTH * 2_000, GROWTH * 10_000, 50_000]
+
+
+async def test_a_request_ask_grows_a_lease_by_whole_requests_not_minima() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=100_000, cost=10.0))
+    remote = leased(sup, parent)
+    # A request of 100 input that wants 4,096 output needs room for 116 (its
+    # minimum output, 16): its lease holds GROWTH such requests whole.
+    want = Want(tokens=116, output_tokens=16, cost=0.001, wanted_output=4_096)
+    limits = await sup.ledger.ask(remote, Tally(), want)
+    assert limits.tokens == GROWTH * (100 + 4_096)
+    assert limits.cost == pytest.approx(GROWTH * 0.001 * 4_096 / 16)
+
+
+async def test_a_lease_host_is_told_when_a_part_of_the_budget_grows_half_again() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(output_tokens=900))
+    first, second, third = (leased(sup, parent, name) for name in ("first", "second", "third"))
+    told: list[tuple[str, dict[str, float]]] = []
+    for node in (first, second, third):
+        assert node.lease is not None
+        node.lease.tell = lambda worth, name=node.name: told.append((name, worth))
+        await sup.ledger.ask(node, Tally(), Want(output_tokens=16))
+    # Three parts of 900: each was granted when a part was worth 300 (or less).
+    sup.ledger.end(first, Tally(usage=Usage(output_tokens=100)))
+    sup.close(first, "completed")
+    # 800 left in 2 parts: 400, not half again over 300: nobody is told.
+    assert told == []
+    sup.ledger.end(second, Tally(usage=Usage(output_tokens=100)))
+    sup.close(second, "completed")
+    # 700 left for the one part left: third's host hears of it, once.
+    assert told == [("third", {"output_tokens": 700.0})]
+    sup.ledger.report(third, Tally(usage=Usage(output_tokens=10)))
+    sup.ledger.hint()
+    assert len(told) == 1
 
 
 async def test_a_subtree_of_several_executions_gets_a_share_for_each() -> None:
@@ -236,14 +273,14 @@ async def test_an_ask_tops_up_the_fields_it_does_not_ask_for_and_never_takes_fro
     limits = await sup.ledger.ask(remote, Tally(), Want(tokens=1_000))
     # One round trip serves every field: tool calls, not asked for, get a share too.
     assert (limits.tokens, limits.tool_calls) == (2_500, 2)
-    limits = await sup.ledger.ask(remote, used(500, tool_calls=2), Want(tool_calls=1))
+    limits = await sup.ledger.ask(remote, used(2_000, tool_calls=2), Want(tool_calls=1))
     # Tool calls, all used, get a quarter of the 6 free (1.5: one, what it needs);
-    # tokens, not asked for, are topped up to a quarter of the 9,500 free.
-    assert (limits.tokens, limits.tool_calls) == (2_875, 3)
-    assert (held(parent, "tokens"), held(parent, "tool_calls")) == (2_375, 1)
-    limits = await sup.ledger.ask(remote, used(2_875, tool_calls=2), Want(tokens=3_000))
-    # A share of tool calls is less than it holds: it keeps what it holds.
-    assert (limits.tokens, limits.tool_calls) == (2_875 + 3_000, 3)
+    # tokens, not asked for, are topped up to a quarter of the 8,000 free.
+    assert (limits.tokens, limits.tool_calls) == (4_000, 3)
+    assert (held(parent, "tokens"), held(parent, "tool_calls")) == (2_000, 1)
+    limits = await sup.ledger.ask(remote, used(4_000, tool_calls=2), Want(tokens=3_000))
+    # A share of tool calls is no more than it holds: it keeps what it holds.
+    assert (limits.tokens, limits.tool_calls) == (4_000 + 3_000, 3)
     assert (held(parent, "tokens"), held(parent, "tool_calls")) == (3_000, 1)
 
 
@@ -257,10 +294,11 @@ async def test_every_execution_that_may_ask_counts_in_the_share_holding_or_not()
     assert (parent.held.leases, parent.held.holding) == (2, 1)
     reservation = sup.reserve_nowait(local, input_estimate=100, max_tokens=1_000)
     assert (reservation.input, reservation.output) == (100, 1_000)
-    # Free: 10,000 - 2,500 held - 1,100 reserved, in 4 parts (those holding count:
-    # they will ask again, so what is free is never all handed to one).
-    assert (await sup.ledger.ask(second, Tally(), Want(tokens=1_000))).tokens == 1_600
-    assert held(parent, "tokens") == 4_100
+    # A quarter of what settled usage leaves (10,000 in 4 parts, those holding
+    # count: they will ask again, so what is free is never all handed to one, nor
+    # does the first's part shrink the second's).
+    assert (await sup.ledger.ask(second, Tally(), Want(tokens=1_000))).tokens == 2_500
+    assert held(parent, "tokens") == 5_000
     assert (parent.held.leases, parent.held.holding) == (2, 2)
 
 
@@ -273,14 +311,15 @@ async def test_an_ask_charges_its_tally_and_gives_back_what_it_asks_for_and_does
     tally = Tally(usage=Usage(input_tokens=200, output_tokens=100), reserved_output=400)
     asking = sup.ledger.ask_nowait(remote, tally, Want(tokens=1_000))
     assert isinstance(asking, Budget)
-    # 300 used, 400 in flight stay held; free 9,300 in 4 parts: 2,325 more.
+    # 300 used, 400 in flight stay held; a quarter of the 9,700 settled usage
+    # leaves is 2,425, of which it holds 400: 2,025 more.
     assert (parent.input_tokens, parent.output_tokens) == (200, 100)
-    assert asking.tokens == 300 + 400 + 2_325
-    assert held(parent, "tokens") == 400 + 2_325
-    # A small ask gets the same share of the same 9,300 free.
+    assert asking.tokens == 300 + 400 + 2_025
+    assert held(parent, "tokens") == 400 + 2_025
+    # A small ask gets GROWTH times what the lease used (1,200), less than a share.
     limits = await sup.ledger.ask(remote, tally, Want(tokens=100))
-    assert limits.tokens == 300 + 400 + 2_325
-    assert held(parent, "tokens") == 400 + 2_325
+    assert limits.tokens == 300 + 400 + GROWTH * 300
+    assert held(parent, "tokens") == 400 + GROWTH * 300
 
 
 # -- held headroom makes local work wait, never stop ----------------------------------
@@ -443,9 +482,9 @@ async def test_an_ask_held_up_by_other_leases_waits_and_asks_are_served_in_order
     sup.ledger.end(first, used(300))
     assert isinstance(big.answer, Budget)
     assert isinstance(small.answer, Budget)
-    # 700 free: second first gets its 500 (a third of 700 is less), then third a
-    # third of the 200 left (served first, third would have had a third of 700).
-    assert (big.answer.tokens, small.answer.tokens) == (500, 66)
+    # 700 free: second first gets its 500 (a third of 700 is less), then third its
+    # third of 700, of which 200 are left (served first, it would have had 233).
+    assert (big.answer.tokens, small.answer.tokens) == (500, 200)
     assert parent.stop_status is None
 
 
@@ -470,8 +509,8 @@ async def test_a_cancelled_ask_lets_the_asks_behind_it_be_served() -> None:
         await wait_all_tasks_blocked()
         assert small.done
     assert isinstance(small.value, Budget)
-    assert small.value.tokens == 50
-    assert held(parent, "tokens") == 950
+    assert small.value.tokens == 100  # its third of 1,000 is more than the 100 free
+    assert held(parent, "tokens") == 1_000
 
 
 async def test_ending_a_lease_answers_its_waiting_ask_with_no_new_work() -> None:

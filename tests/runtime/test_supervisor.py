@@ -525,12 +525,39 @@ async def test_a_request_admitted_and_then_cancelled_gives_its_reservation_back(
 
 async def test_at_least_raises_the_minimum_of_a_request_asked_again() -> None:
     sup = started(Budget(output_tokens=1000), min_output_tokens=10)
-    with pytest.raises(BudgetExceeded) as caught:
-        sup.reserve_nowait(sup.root, input_estimate=1, max_tokens=None, at_least=1001)
-    assert (caught.value.need, caught.value.left) == (1001, 1000)
-    sup = started(Budget(output_tokens=1000), min_output_tokens=10)
     reservation = sup.reserve_nowait(sup.root, input_estimate=1, max_tokens=None, at_least=600)
     assert reservation.max_tokens == 1000
+
+
+@pytest.mark.parametrize(
+    ("budget", "fits"),
+    [
+        (Budget(output_tokens=1_000), 1_000),
+        (Budget(tokens=1_100), 1_000),  # 100 of input
+        (Budget(cost=0.011), 1_000),  # $0.001 of input at $1/M, $10/M of output
+    ],
+)
+async def test_a_request_asked_again_is_never_refused_while_its_minimum_fits(
+    budget: Budget, fits: int
+) -> None:
+    # Once failed: a reply cut by the budget's sharing was asked again with room for
+    # twice its length, and refused for that ("needs about 1,024, 935 left") though
+    # the request's minimum fitted and its real reply might: what the settled usage
+    # leaves is what it gets.
+    price = Price(input_per_million=10, output_per_million=10)
+    sup = started(budget, min_output_tokens=10, prices={"m": price})
+    reservation = sup.reserve_nowait(
+        sup.root, input_estimate=100, max_tokens=4_096, model="m", at_least=2_048
+    )
+    assert reservation.max_tokens == fits
+    assert sup.root.stop_status is None
+    # Spent past its minimum, it is refused saying what its minimum needs.
+    sup = started(budget, min_output_tokens=10, prices={"m": price})
+    first = sup.reserve_nowait(sup.root, input_estimate=100, max_tokens=fits - 5, model="m")
+    sup.settle(sup.root, first, Usage(input_tokens=100, output_tokens=fits - 5, requests=1))
+    with pytest.raises(BudgetExceeded) as caught:
+        sup.reserve_nowait(sup.root, input_estimate=0, max_tokens=4_096, model="m", at_least=2_048)
+    assert "10 output" in caught.value.need_detail or caught.value.need == 10
 
 
 async def test_input_estimates_held_by_others_make_a_request_wait() -> None:
