@@ -235,10 +235,15 @@ class Ledger:
             self._stop(over[0], "budget_exceeded", str(error), error)
         self.changed_at(node)
 
-    def end(self, node: Node, tally: Tally | None, *, lost: bool = False) -> None:
+    def end(
+        self, node: Node, tally: Tally | None, *, lost: bool = False, dead: bool = False
+    ) -> None:
         """The remote subtree of ``node`` ended: charge its last ``tally`` and take back
-        its hold; when its host was ``lost``, what it was granted and did not report
-        stays held for good (counted as spent, never refunded on a guess)."""
+        its hold. When its host was ``lost``, what it was granted and did not report
+        stays held for good (counted as spent, never refunded on a guess), unless the
+        host is known ``dead`` (its process is gone: its work cannot settle any more):
+        then only what its requests in flight held at its last report stays (the
+        provider may have billed them), and the rest comes back."""
         lease = node.lease
         if lease is None or lease.lost:
             return
@@ -249,6 +254,12 @@ class Ledger:
             ask.answer = BudgetExceeded("no new work", 0, node.id, node.name)
             wake(ask.waiter)
         if lost:
+            if dead:  # nothing more can be used: keep what may have been billed
+                last = lease.tally
+                for name in lease.fields:
+                    kept = min(lease.hold[name], last.reserved(name))
+                    lease.granted[name] = last.used(name) + kept
+                self._hold(node, lease)
             lease.lost = True
             for current in node.chain():  # what it holds stays held: spent
                 held = current.held

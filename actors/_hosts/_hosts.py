@@ -105,6 +105,12 @@ class RemoteHosts:
     async def _receive(self, link: HostLink) -> bytes:
         raise NotImplementedError
 
+    def _dead(self, link: HostLink, error: Exception) -> bool:
+        """Whether ``error``, which lost ``link``, says its host is gone for good (its
+        process ended): then what its leases held beyond their requests in flight
+        comes back. False unless the transport knows."""
+        return False
+
     async def _shutdown(self) -> None:
         """Let go of the hosts (every subtree has answered)."""
 
@@ -288,9 +294,12 @@ class RemoteHosts:
         except Exception as exc:
             reason = f"host {link.name!r} lost: {exception_text(exc)}"
             link.lost = reason
-            log.warning("host lost", host=link.name, error=reason, running=len(link.runs))
+            dead = self._dead(link, exc)
+            log.warning(
+                "host lost", host=link.name, error=reason, running=len(link.runs), dead=dead
+            )
             for child in list(link.runs.values()):
-                child.deliver(Lost(reason))
+                child.deliver(Lost(reason, dead=dead))
 
     def _publish(self, link: HostLink, message: Events) -> None:
         """A host's events, into this runtime's: marked with the host, at this
@@ -395,6 +404,10 @@ class LocalHosts(RemoteHosts):
                 link.receiving = scope
                 return await link.host.drain()
         raise ConnectionError("the host process died")
+
+    def _dead(self, link: HostLink, error: Exception) -> bool:
+        assert isinstance(link, _LocalLink)
+        return link.scope.cancel_called  # killed: its tasks are cancelled with it
 
     def kill(self, name: str) -> None:
         """Kill one host at once, as a process dies: its subtrees end with it."""

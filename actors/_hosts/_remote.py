@@ -260,9 +260,11 @@ class HostLink:
 
 
 class Lost(msgspec.Struct, frozen=True):
-    """(Here only) the subtree's host was lost: why."""
+    """(Here only) the subtree's host was lost: why, and whether it is known dead (its
+    process is gone, so nothing of its subtrees can be used or settled any more)."""
 
     reason: str
+    dead: bool = False
 
 
 class RemoteReply:
@@ -384,7 +386,7 @@ class RemoteChild:
             # Settle the ledger at once: an ask of the subtree may still wait here.
             self.supervisor.ledger.end(self.node, message.tally)
         elif isinstance(message, Lost):
-            self.supervisor.ledger.end(self.node, None, lost=True)
+            self.supervisor.ledger.end(self.node, None, lost=True, dead=message.dead)
             for request_id in list(self.asked):  # nobody there waits for them now
                 self._withdraw(request_id)
         self.inbox.append(message)
@@ -508,7 +510,7 @@ class RemoteChild:
         else:
             if self.lost is not None:
                 status, reason = "failed", self.lost.reason
-                supervisor.ledger.end(node, None, lost=True)
+                supervisor.ledger.end(node, None, lost=True, dead=self.lost.dead)
             else:  # its answer did not come in time: what it held stays held
                 status, reason = supervisor.why_stopped(node)
                 reason = f"{reason}; the host {link.name!r} did not answer the stop"

@@ -387,6 +387,11 @@ class RayHosts(RemoteHosts):
         data: bytes = await self._get(link.actor.drain.remote(POLL_SECONDS))
         return data
 
+    def _dead(self, link: HostLink, error: Exception) -> bool:
+        # Ray says the actor's process ended and will not restart (a lost node, an
+        # out-of-memory kill, ray.kill); a timeout or an unavailable actor may not be.
+        return isinstance(error, ray.exceptions.ActorDiedError)
+
     def kill(self, name: str) -> None:
         """Kill one host's Ray actor at once (as a crash would): for tests and drills."""
         for link in self.links:

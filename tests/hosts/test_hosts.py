@@ -201,7 +201,7 @@ async def test_a_cancellation_reaches_remote_subtrees(make_hosts: MakeHosts) -> 
     assert all("did not answer" not in n.stop_reason for n in workers)
 
 
-async def test_a_lost_host_answers_failed_and_its_leases_count_as_spent(
+async def test_a_dead_host_answers_failed_and_what_its_leases_held_comes_back(
     make_hosts: MakeHosts,
 ) -> None:
     # Workers alternate between the two hosts: the even ones (on default-0) dig
@@ -231,10 +231,13 @@ async def test_a_lost_host_answers_failed_and_its_leases_count_as_spent(
     assert [n.status for n in lost] == ["failed"] * 3
     assert all("host 'default-0' lost" in n.stop_reason for n in lost)
     assert [n.status for n in alive] == ["completed"] * 3
-    # What the lost subtrees were granted and never reported stays held: spent.
+    # The host is known dead (killed: its process is gone), and its subtrees were in a
+    # tool call, no request in flight: everything their leases held came back.
     assert held is not None
     assert held.leases == 0
-    assert held.tokens > 0
+    assert (held.tokens, held.tool_calls) == (0, 0)
+    assert held.lost is not None
+    assert (held.lost.tokens, held.lost.tool_calls) == (0, 0)
 
 
 async def test_an_agent_pinned_to_a_pool_runs_there(make_hosts: MakeHosts) -> None:
@@ -363,10 +366,11 @@ async def test_a_subtree_of_a_lost_host_is_placed_again_if_its_restart_policy_al
     assert len(restarts) == 2
     assert all("host 'default-0' lost" in e.detail["reason"] for e in restarts)
     assert {e.detail["host"] for e in restarts} == {"default-1"}
-    # What the lost leases held stays spent; the rest came back.
+    # The host is known dead and its workers were in a tool, no request in flight:
+    # what their lost leases held came back, all of it.
     assert held is not None
     assert held.lost is not None
-    assert held.tokens == held.lost.tokens > 0
+    assert held.tokens == held.lost.tokens == 0
 
 
 @pytest.mark.parametrize(

@@ -549,6 +549,33 @@ async def test_a_lost_lease_keeps_what_it_was_granted_and_did_not_report_held_fo
     assert parent.input_tokens + parent.output_tokens == 200
 
 
+async def test_a_lease_of_a_dead_host_gives_back_all_but_what_was_in_flight() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000, tool_calls=10))
+    remote = leased(sup, parent)
+    (local,) = children(sup, parent, "local")
+    await sup.ledger.ask(remote, Tally(), Want(tokens=900, tool_calls=4))
+    # Its last report: 200 used, a request in flight holding 150 (the provider may
+    # have billed it: that part stays spent), 1 tool call used.
+    tally = Tally(
+        usage=Usage(input_tokens=100, output_tokens=100, tool_calls=1), reserved_output=150
+    )
+    sup.ledger.report(remote, tally)
+    sup.ledger.end(remote, None, lost=True, dead=True)
+    assert held(parent, "tokens") == 150
+    assert held(parent, "tool_calls") == 0
+    assert parent.held is not None
+    assert parent.held.lost is not None
+    assert (parent.held.lost.tokens, parent.held.lost.tool_calls) == (150, 0)
+    assert parent.held.leases == 0
+    # The rest serves others at once: 1,000 - 200 used - 150 lost.
+    sup.close(remote, "failed")
+    reservation = sup.reserve_nowait(local, input_estimate=50, max_tokens=600)
+    assert reservation.max_tokens == 600
+    sup.ledger.end(remote, used(300))  # a late answer changes nothing
+    assert held(parent, "tokens") == 150
+
+
 async def test_a_request_waiting_on_a_lease_is_refused_when_its_host_is_lost() -> None:
     sup = started()
     parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
