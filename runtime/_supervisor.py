@@ -237,7 +237,7 @@ class Supervisor:
         self.nodes.pop(node.id, None)
         self._finished.append(node)
         self.admission.closed(node)
-        if self.ledger.telling and node.limited:  # a budget's parts are worth more now
+        if node.limited and self.ledger.telling:  # a budget's parts are worth more now
             self.ledger.hint()
 
     def stop_subtree(
