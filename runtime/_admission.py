@@ -697,6 +697,9 @@ class Admission:
                 if error is not None:
                     if current.lender is not None:  # a leased subtree: ask for more
                         if not current.in_flight:
+                            # (its answer is a share of the budget above as it is
+                            # now: no second ask for this request)
+                            need.asked = True
                             current.lender.want(current, want_of(need))
                         return current
                     self.stop(current, "budget_exceeded", str(error), error)
@@ -719,6 +722,7 @@ class Admission:
                 if room < need.output:
                     held = current.held
                     if current.lender is not None and not current.in_flight:
+                        need.asked = True
                         current.lender.want(current, want_of(need))
                         return current
                     if not current.in_flight and not (held is not None and held.alive(field) > 0):

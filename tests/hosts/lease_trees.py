@@ -14,11 +14,9 @@ from dataclasses import dataclass
 
 from fractor.actors import (
     Agent,
-    AssistantMessage,
     FunctionModel,
     ModelRequest,
     ScriptedModel,
-    UserMessage,
     call,
     calls,
     reply,
@@ -26,6 +24,8 @@ from fractor.actors import (
 )
 from fractor.actors._models._protocol import Turn
 from fractor.runtime import Budget, Price
+
+from .trees import _asked, _task
 
 #: The one model name of the trees, and its price (cost is a real field).
 MODEL = "fake"
@@ -75,18 +75,6 @@ def text_of(name: str, tokens: int) -> str:
     chars = tokens * _CHARS_PER_TOKEN
     body = head + _FILLER * (chars // len(_FILLER) + 1)
     return body[:chars]
-
-
-def _asked(request: ModelRequest) -> int:
-    """How many steps of this execution asked for calls."""
-    return sum(isinstance(m, AssistantMessage) and bool(m.tool_calls) for m in request.messages)
-
-
-def _task(request: ModelRequest) -> str:
-    for message in request.messages:
-        if isinstance(message, UserMessage):
-            return message.content
-    return ""
 
 
 async def working(request: ModelRequest) -> Turn:
