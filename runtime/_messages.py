@@ -54,3 +54,8 @@ class RuntimeStatistics(msgspec.Struct, frozen=True, kw_only=True):
     budget_waits: int = 0
     #: Seconds those requests spent waiting, in all.
     budget_wait_seconds: float = 0.0
+    #: Asks of subtrees on other hosts for more headroom answered by this runtime's
+    #: ledger (each a round trip), those refused, and those that waited for headroom.
+    lease_asks: int = 0
+    lease_refusals: int = 0
+    lease_waits: int = 0

@@ -470,6 +470,7 @@ class Runtime:
     def statistics(self) -> RuntimeStatistics:
         """A snapshot of the whole runtime; never waits, stops nothing."""
         cells = self._cells.values()
+        ledger = self.supervisor.ledger
         return RuntimeStatistics(
             live_actors=len(self._cells),
             spawned=self._spawned,
@@ -480,6 +481,9 @@ class Runtime:
             budget_waiting=self.supervisor.waiting,
             budget_waits=self.supervisor.waits,
             budget_wait_seconds=self.supervisor.wait_seconds,
+            lease_asks=ledger.asks,
+            lease_refusals=ledger.refusals,
+            lease_waits=ledger.waits,
         )
 
     def events(self, buffer: int = 1_000) -> AbstractAsyncContextManager[Subscription]:

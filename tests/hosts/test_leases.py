@@ -48,3 +48,23 @@ async def test_a_remote_worker_spends_its_demand_under_a_budget(
     whole = await _ask(lead(writer(), ["rivers"]), make_hosts(1), budget)
     assert whole.status == "completed", whole.stop_reason
     assert _spent(whole.usage) == _spent(demand)
+
+
+async def test_statistics_count_the_round_trips_of_leases(make_hosts: MakeHosts) -> None:
+    tasks = [f"t{i}" for i in range(4)]
+    async with Runtime(hosts=make_hosts(2)) as rt:
+        free = await (await rt.spawn(lead(writer(), tasks))).ask("go")
+        unbudgeted = rt.statistics()
+    assert free.status == "completed", free.stop_reason
+    assert (unbudgeted.lease_asks, unbudgeted.lease_refusals) == (0, 0)
+    budget = Budget(tokens=free.usage.total_tokens // 2)
+    async with Runtime(hosts=make_hosts(2)) as rt:
+        short = await (await rt.spawn(lead(writer(), tasks, budget))).ask("go")
+        stats = rt.statistics()
+        ledger = rt.supervisor.ledger
+        asks, refusals, waits = ledger.asks, ledger.refusals, ledger.waits
+    assert short.status == "budget_exceeded"
+    # Every ask of a remote subtree answered (granted or refused) is one round trip.
+    assert stats.lease_asks == asks >= len(tasks)
+    assert stats.lease_refusals == refusals > 0
+    assert stats.lease_waits == waits
