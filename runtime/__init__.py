@@ -7,6 +7,7 @@ from ._actor import Actor as Actor
 from ._actor import ActorContext as ActorContext
 from ._actor import FailurePolicy as FailurePolicy
 from ._actor import Spawnable as Spawnable
+from ._admission import OutputSharing as OutputSharing
 from ._admission import Reservation as Reservation
 from ._budget import Budget as Budget
 from ._budget import Caps as Caps
@@ -77,6 +78,7 @@ __all__ = [
     "Node",
     "NodeSnapshot",
     "NodeStatus",
+    "OutputSharing",
     "PendingReply",
     "Price",
     "Record",

@@ -40,7 +40,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 
@@ -57,6 +57,7 @@ __all__ = [
     "MAX_TOKENS_PER_REQUEST",
     "Admission",
     "Need",
+    "OutputSharing",
     "Reservation",
     "Wait",
     "ahead",
@@ -77,6 +78,11 @@ __all__ = [
 
 #: Relative slack for comparing costs (floating point sums).
 _COST_EPSILON = 1e-9
+
+#: How requests in flight under one output-capping limit share its headroom: a fair
+#: share each (``"fair"``), or all a request wants, waiting for requests in flight
+#: when it is not free (``"whole"``).
+OutputSharing = Literal["fair", "whole"]
 
 
 class Need:
@@ -516,6 +522,7 @@ class Admission:
         *,
         default_max_tokens: int,
         min_output_tokens: int,
+        whole: bool = False,
         stop: Callable[[Node, EndStatus, str, BudgetExceeded], None],
         serve_asks: Callable[[], None],
         leases_changed: Callable[[], Awaitable[None]],
@@ -534,6 +541,9 @@ class Admission:
         self.default_max_tokens = default_max_tokens
         #: The least output a request is sent with (capped by its own max_tokens).
         self.min_output_tokens = min_output_tokens
+        #: Whether a request reserves all it wants, waiting for requests in flight
+        #: when that is not free, instead of a fair share (``OutputSharing``).
+        self.whole = whole
         #: Stop a node's subtree: ``stop(node, status, reason, error)`` (every stop
         #: made here goes through it).
         self.stop = stop
@@ -734,7 +744,23 @@ class Admission:
                         self.stop(current, "budget_exceeded", str(error), error)
                         raise error
                     return current
-                if room != math.inf:
+                if room != math.inf and self.whole:
+                    # All it wants, or wait while requests in flight (or leases that
+                    # may give back) hold what it lacks; alone, what there is.
+                    held = current.held
+                    if room < need.wanted:
+                        if current.in_flight:
+                            return current
+                        if current.lender is not None and not need.asked:
+                            need.asked = True  # a lease: ask the budget above for it
+                            current.lender.want(current, want_of(need))
+                            return current
+                        if held is not None and held.alive(field) > 0:
+                            return current
+                    whole = min(need.wanted, int(room))
+                    if whole < share:
+                        share, limited_by, limit, per = whole, current, field, 1
+                elif room != math.inf:
                     # A fair share: one part for each execution under the budget
                     # that may ask next and holds none of it yet (all of it, alone).
                     held = current.held

@@ -88,7 +88,11 @@ class Ledger:
         *,
         serve: Callable[[Node], None],
         stop: Callable[[Node, EndStatus, str, BudgetExceeded], None],
+        whole: bool = False,
     ) -> None:
+        #: Whether requests reserve all they want or wait (``OutputSharing``): an
+        #: ask is then granted all a request wants of output-capping fields, or waits.
+        self._whole = whole
         #: The root of the tree, and the runtime's bounds on any tree (the cap on
         #: the agents under one top-level execution is a limit a lease grants).
         self._root = root
@@ -489,7 +493,20 @@ class Ledger:
                         error = BudgetExceeded(name, limit, current.id, current.name, why=why)
                         self._stop(current, "budget_exceeded", str(error), error)
                         raise error
-                    share = self._share(current, lease, name, settled, free, want.whole(name))
+                    whole = want.whole(name)
+                    if self._whole and name in _SHARED:
+                        held = current.held
+                        others = held.alive(name) - lease.hold[name] if held else 0
+                        if free < whole and (
+                            (current.in_flight and name in _RESERVED) or others > 0
+                        ):
+                            wait = wait or (current, name)  # all it wants, once free
+                            continue
+                        share = min(
+                            max(free, 0), GROWTH * max(lease.weight * whole, lease.tally.used(name))
+                        )
+                    else:
+                        share = self._share(current, lease, name, settled, free, whole)
                     grant = min(grant, max(need, share))
                 grants[name] = grant
         except BudgetExceeded as error:

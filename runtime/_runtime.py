@@ -26,6 +26,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from ._actor import Spawnable
+from ._admission import OutputSharing
 from ._budget import Budget, Caps, Price
 from ._cell import TASK_HANDLES, ActorGroup, Cell
 from ._events import EventBus, Subscription
@@ -106,6 +107,12 @@ class Runtime:
     execution by default; see ``Caps``): ``caps=None`` removes them. ``hosts`` are
     other processes where subtrees of the tree may run (see ``Hosts`` and
     ``fractor.actors.integrations.ray.RayHosts``): started on entering, closed on leaving.
+    ``output_sharing`` is how requests in flight under one output-capping limit
+    (tokens, output tokens, cost) share its headroom: ``"fair"`` (a fair share each:
+    they run together, and a reply longer than its share is cut and asked again) or
+    ``"whole"`` (each reserves all it wants or waits for requests in flight: a reply
+    is cut only when the budget itself is short; requests serialize under a tight
+    limit).
     """
 
     def __init__(
@@ -121,6 +128,7 @@ class Runtime:
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         caps: Caps | None = DEFAULT_CAPS,
         hosts: Hosts | None = None,
+        output_sharing: OutputSharing = "fair",
     ) -> None:
         if (
             isinstance(grace, bool)
@@ -159,6 +167,7 @@ class Runtime:
             min_output_tokens=min_output_tokens,
             default_max_tokens=default_max_tokens,
             caps=caps,
+            output_sharing=output_sharing,
         )
         self.grace = grace
         #: Where subtrees may run besides this process (None: only here).

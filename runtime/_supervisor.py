@@ -58,7 +58,7 @@ from collections.abc import Callable
 
 import anyio
 
-from ._admission import Admission
+from ._admission import Admission, OutputSharing
 from ._budget import CHARGED, Budget, Caps, Price, derived
 from ._exceptions import BudgetExceeded
 from ._lease import LOST_WHY, HeldUp, Want
@@ -93,6 +93,7 @@ class Supervisor:
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         min_output_tokens: int = MIN_OUTPUT_TOKENS,
         caps: Caps | None = None,
+        output_sharing: OutputSharing = "fair",
     ) -> None:
         if caps is not None and not isinstance(caps, Caps):
             raise TypeError(f"caps must be a fractor.Caps or None, got {type(caps).__qualname__}")
@@ -111,14 +112,21 @@ class Supervisor:
         #: The running backend's clock (set by ``start``).
         self.now: Callable[[], float] = anyio.current_time
         #: The leases of subtrees that run on other hosts.
+        if output_sharing not in ("fair", "whole"):
+            raise ValueError(f'output_sharing must be "fair" or "whole", got {output_sharing!r}')
         self.ledger = ledger = Ledger(
-            self.root, caps, serve=self.serve_chain, stop=self.stop_subtree
+            self.root,
+            caps,
+            serve=self.serve_chain,
+            stop=self.stop_subtree,
+            whole=output_sharing == "whole",
         )
         #: The admission of model requests, and the requests waiting for headroom.
         self.admission = admission = Admission(
             dict(prices or {}),
             default_max_tokens=default_max_tokens,
             min_output_tokens=min_output_tokens,
+            whole=output_sharing == "whole",
             stop=self.stop_subtree,
             serve_asks=ledger.serve,
             leases_changed=ledger.changed,
@@ -439,6 +447,11 @@ class Supervisor:
     def default_max_tokens(self) -> int:
         """The output cap reserved for a request that names none, when a limit applies."""
         return self.admission.default_max_tokens
+
+    @property
+    def output_sharing(self) -> OutputSharing:
+        """How requests in flight share an output-capping limit's headroom."""
+        return "whole" if self.admission.whole else "fair"
 
     @property
     def min_output_tokens(self) -> int:

@@ -62,6 +62,7 @@ def test_runtime_surface_names() -> None:
         "EventDetail", "ActorStop",
         "FailurePolicy", "FractorError", "Hosts", "InvalidUsage",
         "MailboxFull", "MailboxStatistics", "MemoryStore", "Node", "NodeSnapshot", "NodeStatus",
+        "OutputSharing",
         "PendingReply", "Price", "Record", "Reservation", "Runtime", "RuntimeClosed",
         "RuntimeStatistics", "SQLiteStore", "Spawnable", "Store", "StoreError", "Supervisor",
         "Subscription", "TreeSnapshot", "UnknownMessage",

@@ -18,7 +18,16 @@ import anyio
 import msgspec
 import structlog
 
-from fractor.runtime import Caps, Event, Node, NodeSnapshot, Price, Runtime, Usage
+from fractor.runtime import (
+    Caps,
+    Event,
+    Node,
+    NodeSnapshot,
+    OutputSharing,
+    Price,
+    Runtime,
+    Usage,
+)
 from fractor.runtime.lowlevel import Tally, Want, new_waiter, park, wake
 
 from .._messages import ExecutionTrace, Result, Task, exception_text
@@ -64,6 +73,7 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True):
     steps: int | None = 200
     min_output_tokens: int = 256
     default_max_tokens: int = 4_096
+    output_sharing: OutputSharing = "fair"
 
 
 class _Run:
@@ -163,6 +173,7 @@ class AgentHost:
                 caps=Caps(depth=None, agents=None, steps=config.steps),
                 min_output_tokens=config.min_output_tokens,
                 default_max_tokens=config.default_max_tokens,
+                output_sharing=config.output_sharing,
                 grace=0,
             ) as runtime,
             anyio.create_task_group() as tg,

@@ -156,6 +156,7 @@ class RemoteHosts:
             steps=caps.steps if caps is not None else None,
             min_output_tokens=supervisor.min_output_tokens,
             default_max_tokens=supervisor.default_max_tokens,
+            output_sharing=supervisor.output_sharing,
         )
 
     def place(self, parent: Node, agent: Agent, supervisor: Supervisor) -> Placement | None:

@@ -27,8 +27,10 @@ field (tokens, output tokens, cost, requests, tool calls) placed on the lead
    fair share each), so under a limit a tenth above the demand a long reply is cut
    and asked again at home too, as the timing of the requests in flight decides
    (measured: 12 workers, 4,453 output tokens, a limit of 4,898 stops after 45 of 52
-   requests). That hosts add no cut of their own there is shown by the fixed trees
-   of ``test_leases.py`` (a lease too small, siblings that gave headroom back).
+   requests). With ``Runtime(output_sharing="whole")`` (a request reserves all it
+   wants or waits for requests in flight, here and through its lease on hosts), no
+   reply is cut by sharing, and 1.1 x the demand of these two fields completes
+   exactly too, at home and on hosts (``test_whole_output_sharing_...``).
    The runtimes run with ``min_output_tokens=16``, and a generous token (cost) limit
    is at least the demand plus 16 output tokens (their cost): a request is admitted
    only if its minimum output fits, so the lead's last request (a 3-token reply)
@@ -79,7 +81,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from fractor.actors import LocalHosts, RemoteHosts, Result, collect_trace_tree
-from fractor.runtime import Budget, MemoryStore, Runtime, TreeSnapshot, Usage
+from fractor.runtime import Budget, MemoryStore, OutputSharing, Runtime, TreeSnapshot, Usage
 
 from .conftest import MakeHosts
 from .lease_trees import MODEL, PRICE, Plan, lead, plan
@@ -175,6 +177,7 @@ async def run(
     place: str = "lead",
     budget: Budget | None = None,
     store: MemoryStore | None = None,
+    sharing: OutputSharing = "fair",
 ) -> Run:
     """Ask the tree's lead "go" in a runtime of its own, the budget on ``place``."""
     with anyio.fail_after(RUN_TIMEOUT):
@@ -184,6 +187,7 @@ async def run(
             min_output_tokens=MIN_OUTPUT,
             budget=budget if place == "runtime" else None,
             store=store,
+            output_sharing=sharing,
         ) as rt:
             ref = await rt.spawn(lead(list(tree.plans), budget if place == "lead" else None))
             result = await ref.ask("go")
@@ -281,7 +285,9 @@ def exact(run: Run, need: Demand) -> bool:
     )
 
 
-async def generous(tree: Tree, hosts: Hosts, need: Demand, case: Case) -> list[str]:
+async def generous(
+    tree: Tree, hosts: Hosts, need: Demand, case: Case, sharing: OutputSharing = "fair"
+) -> list[str]:
     """1. A budget of 1.1 x the demand completes, spending exactly the demand (on a
     field the admission shares among requests in flight, ``SHARED``: whenever it
     does so without hosts)."""
@@ -289,8 +295,8 @@ async def generous(tree: Tree, hosts: Hosts, need: Demand, case: Case) -> list[s
     budget = budget_of(case.field, limit)
     where = f"generous {case.field}={limit:g} on the {case.place}"
     problems = []
-    bound = case.field not in SHARED
-    done = await run(tree, hosts, place=case.place, budget=budget)
+    bound = case.field not in SHARED or sharing == "whole"
+    done = await run(tree, hosts, place=case.place, budget=budget, sharing=sharing)
     over = limit * (1 + 1e-9) if case.field == "cost" else limit
     if spent_on(done.spent, case.field) > over:
         problems.append(f"{where}: overshoot, spent {shown(done.spent)}")
@@ -396,3 +402,20 @@ async def test_every_budget_on_local_hosts_spends_the_demand_or_nearly_all_of_th
 @given(tree=trees())
 async def test_a_generous_budget_without_hosts_spends_the_demand(tree: Tree) -> None:
     await check(tree, None, EVERY_CASE, [])
+
+
+@example(tree=WIDE, field="output_tokens", place="runtime")
+@settings(QUICK, max_examples=2)
+@given(tree=trees(), field=st.sampled_from(SHARED), place=st.sampled_from(PLACES))
+async def test_whole_output_sharing_spends_the_demand_of_output_and_cost_limits(
+    make_hosts: MakeHosts, tree: Tree, field: str, place: str
+) -> None:
+    # With Runtime(output_sharing="whole") a request reserves all it wants or waits
+    # for requests in flight (here and, through its lease, on hosts): no reply is cut
+    # by sharing, so 1.1 x the demand of output tokens or cost completes exactly, at
+    # home and on hosts.
+    need = await demand(tree, make_hosts)
+    case = Case(field, place)
+    problems = await generous(tree, None, need, case, "whole")
+    problems += await generous(tree, make_hosts, need, case, "whole")
+    assert not problems, "\n".join([f"{tree!r}: demand {shown(need.usage)}", *problems])

@@ -21,6 +21,7 @@ from fractor.runtime import (
     BudgetExceeded,
     InvalidUsage,
     Node,
+    OutputSharing,
     Price,
     Reservation,
     Supervisor,
@@ -1282,3 +1283,29 @@ async def test_a_closed_node_keeps_its_end_when_its_subtree_is_stopped_after() -
     assert child.stop_status is None
     # What still runs below it is stopped all the same.
     assert grandchild.stop_status == "cancelled"
+
+
+@pytest.mark.parametrize("sharing", ["fair", "whole"])
+async def test_output_sharing_decides_between_a_fair_share_and_all_it_wants(
+    sharing: OutputSharing,
+) -> None:
+    sup = Supervisor(Budget(output_tokens=1_000), min_output_tokens=10, output_sharing=sharing)
+    sup.start()
+    first, second = (sup.open(sup.root, name=name, limits=None) for name in ("a", "b"))
+    held = sup.reserve_nowait(first, input_estimate=10, max_tokens=800)
+    if sharing == "fair":  # a share each: they run together, cut at 500
+        assert held.max_tokens == 500
+        assert sup.reserve_nowait(second, input_estimate=10, max_tokens=800).max_tokens == 500
+        return
+    # All it wants; the second waits for the first to settle rather than be cut.
+    assert held.max_tokens == 800
+    with pytest.raises(anyio.WouldBlock):
+        sup.reserve_nowait(second, input_estimate=10, max_tokens=800)
+    sup.settle(first, held, Usage(input_tokens=10, output_tokens=700, requests=1))
+    assert sup.reserve_nowait(second, input_estimate=10, max_tokens=800).max_tokens == 300
+    assert sup.output_sharing == "whole"
+
+
+def test_output_sharing_is_fair_or_whole() -> None:
+    with pytest.raises(ValueError, match='output_sharing must be "fair" or "whole"'):
+        Supervisor(None, output_sharing="greedy")  # type: ignore[arg-type]
