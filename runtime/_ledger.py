@@ -293,7 +293,7 @@ class Ledger:
         geometrically from one message to the next). Called when a lease ends and
         when a node closes (either gives a budget's parts more)."""
         worths: dict[tuple[Node, str], float] = {}
-        for lease in self._told:
+        for lease in list(self._told):  # (a tell may end a lease)
             tell = lease.tell
             node = self._live.get(lease)
             if tell is None or node is None:
