@@ -591,7 +591,8 @@ class Admission:
         minimum = self.min_output_tokens if at_least is None else at_least
         price = self.prices.get(model) if self.prices else None
         need = Need(max(input_estimate, 0), min(minimum, wanted), wanted, price, model)
-        need.least = min(self.min_output_tokens, need.output)
+        if at_least is not None:  # asked again: refused only below the usual minimum
+            need.least = min(self.min_output_tokens, need.output)
         return need
 
     def reserve_nowait(

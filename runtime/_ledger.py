@@ -282,16 +282,15 @@ class Ledger:
         self._live.pop(lease, None)
         self._told.discard(lease)
         self.changed_at(node)
-        if self._told:
-            self.hint()
 
     def hint(self) -> None:
         """Tell each live lease whose budget's parts grew worth more than ``HINT``
         times what they were when it last grew (or was told) what a part is worth
         now: its host asks for more before cutting a reply short at what its lease
         has left (one message down, no round trip, and few: a part's worth grows
-        geometrically from one message to the next). Called when a lease ends and
-        when a node closes (either gives a budget's parts more)."""
+        geometrically from one message to the next). Called when a node under a
+        budget closes (a remote subtree's, after its lease ended, included): its
+        part and what it held come back to the others."""
         worths: dict[tuple[Node, str], float] = {}
         for lease in list(self._told):  # (a tell may end a lease)
             tell = lease.tell
@@ -318,9 +317,7 @@ class Ledger:
         for current in node.chain():
             limit = self._limit(current, name)
             if limit is not None:
-                held = current.held
-                parts = max(current.leaves + (held.parts if held else 0), 1)
-                worth = min(worth, (limit - _used(current, name)) / parts)
+                worth = min(worth, (limit - _used(current, name)) / _parts(current))
         return worth
 
     # -- waiting for a change -------------------------------------------------------
@@ -494,19 +491,13 @@ class Ledger:
                         self._stop(current, "budget_exceeded", str(error), error)
                         raise error
                     whole = want.whole(name)
-                    if self._whole and name in _SHARED:
+                    if self._whole and name in _SHARED and free < whole:
                         held = current.held
                         others = held.alive(name) - lease.hold[name] if held else 0
-                        if free < whole and (
-                            (current.in_flight and name in _RESERVED) or others > 0
-                        ):
+                        if (current.in_flight and name in _RESERVED) or others > 0:
                             wait = wait or (current, name)  # all it wants, once free
                             continue
-                        share = min(
-                            max(free, 0), GROWTH * max(lease.weight * whole, lease.tally.used(name))
-                        )
-                    else:
-                        share = self._share(current, lease, name, settled, free, whole)
+                    share = self._share(current, lease, name, settled, free, whole)
                     grant = min(grant, max(need, share))
                 grants[name] = grant
         except BudgetExceeded as error:
@@ -531,9 +522,8 @@ class Ledger:
         self.asks += 1
         return limits
 
-    @staticmethod
     def _share(
-        node: Node, lease: Lease, name: str, settled: float, free: float, need: float
+        self, node: Node, lease: Lease, name: str, settled: float, free: float, need: float
     ) -> float:
         """What ``lease`` may be granted of ``free`` headroom of field ``name`` on
         ``node`` (whose settled usage leaves ``settled``): its parts of all the parts
@@ -541,11 +531,13 @@ class Ledger:
         or not) of what settled usage leaves, less what it holds already, and at most
         ``GROWTH`` times what a whole operation (``need``) takes for each of its
         parts, or what it used so far (a lease grows geometrically from what it
-        needs, so the first to ask never takes what siblings about to start need)."""
-        held = node.held
-        parts = max(node.leaves + (held.parts if held else 0), 1)
-        share = settled * min(lease.weight / parts, 1) - lease.hold[name]
-        share = min(max(share, 0), max(free, 0))
+        needs, so the first to ask never takes what siblings about to start need).
+        With whole sharing, an output-capping field's share is all that is free."""
+        if self._whole and name in _SHARED:
+            share = max(free, 0)
+        else:
+            share = settled * min(lease.weight / _parts(node), 1) - lease.hold[name]
+            share = min(max(share, 0), max(free, 0))
         share = min(share, GROWTH * max(lease.weight * need, lease.tally.used(name)))
         return share if name in _FRACTIONAL else math.floor(share)
 
@@ -674,6 +666,13 @@ def _used(node: Node, name: str) -> float:
         return total
     value: float = getattr(node, name)
     return value
+
+
+def _parts(node: Node) -> int:
+    """The parts of ``node``'s headroom: every execution under it that may ask next,
+    here (``Node.leaves``) or on a host (each lease its subtree's ``leaves``)."""
+    held = node.held
+    return max(node.leaves + (held.parts if held else 0), 1)
 
 
 def _held(node: Node, name: str) -> float:
