@@ -38,6 +38,7 @@ from ._messages import ModelResponse as ModelResponse
 from ._messages import OutputSchema as OutputSchema
 from ._messages import Progress as Progress
 from ._messages import Result as Result
+from ._messages import ServerLimits as ServerLimits
 from ._messages import Status as Status
 from ._messages import StepRecord as StepRecord
 from ._messages import SummaryRecord as SummaryRecord
@@ -192,6 +193,7 @@ __all__ = [
     "Retrying",
     "ScriptExhausted",
     "ScriptedModel",
+    "ServerLimits",
     "Sink",
     "Spawn",
     "Status",

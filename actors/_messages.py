@@ -40,6 +40,7 @@ __all__ = [
     "OutputSchema",
     "Progress",
     "Result",
+    "ServerLimits",
     "Status",
     "StepRecord",
     "SummaryRecord",
@@ -131,14 +132,45 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     purpose: Literal["step", "summary"] = "step"
 
 
+class ServerLimits(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What one response's headers said of the server's rate limits: each field is
+    None when the server did not say it (or said something unreadable).
+
+    ``*_limit`` is the most the bucket holds, ``*_remaining`` what is left of it,
+    ``*_reset`` the seconds from the response until it is full again (OpenAI's
+    ``x-ratelimit-*`` headers, Anthropic's ``anthropic-ratelimit-*``, whose resets
+    are timestamps, read as seconds from when they came). ``tokens_*`` is OpenAI's
+    one token bucket, or the tightest of Anthropic's; ``input_tokens_*`` and
+    ``output_tokens_*`` are Anthropic's separate ones. ``retry_after`` is the
+    seconds the server asked to wait before the next request (``retry-after``,
+    ``retry-after-ms``, or an OpenAI 429's "Please try again in 644ms").
+    """
+
+    requests_limit: int | None = None
+    requests_remaining: int | None = None
+    requests_reset: float | None = None
+    tokens_limit: int | None = None
+    tokens_remaining: int | None = None
+    tokens_reset: float | None = None
+    input_tokens_limit: int | None = None
+    input_tokens_remaining: int | None = None
+    input_tokens_reset: float | None = None
+    output_tokens_limit: int | None = None
+    output_tokens_remaining: int | None = None
+    output_tokens_reset: float | None = None
+    retry_after: float | None = None
+
+
 class ModelResponse(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """What a model answered: text, tool calls, usage and why it stopped."""
+    """What a model answered: text, tool calls, usage and why it stopped, and what
+    the server's headers said of its rate limits (``limits``, None when nothing)."""
 
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = Usage()
     finish_reason: FinishReason = "stop"
     model: str = ""
+    limits: ServerLimits | None = None
 
 
 Status = Literal["completed", "budget_exceeded", "timed_out", "cancelled", "failed"]

@@ -104,6 +104,8 @@ def test_actors_surface_names() -> None:
         "DeadlineReached", "ExecutionEnd", "ExecutionStart", "LimitReached", "ModelText",
         "Refused", "RequestEnd", "RequestStart", "Restart", "Retry", "Spawn", "StepEnd",
         "StepStart", "ToolEnd", "ToolProgress", "ToolStart", "ToolCallProgress",
+        # what a server's headers said of its rate limits
+        "ServerLimits",
     }  # fmt: skip
     assert set(actors.__all__) == expected
 

@@ -214,7 +214,9 @@ class AnthropicModel(ProviderModel):
             kwargs["extra_body"] = dict(self._options)
         return kwargs
 
-    async def send(self, client: Any, request: ModelRequest) -> tuple[int, bytes]:
+    async def send(
+        self, client: Any, request: ModelRequest
+    ) -> tuple[int, bytes, Mapping[str, str]]:
         raw = await client.messages.with_raw_response.create(**self.body(request))
         return await read_raw(raw)
 

@@ -32,10 +32,12 @@ from types import ModuleType
 from typing import Any, ClassVar, Protocol, Self
 
 import anyio
+import msgspec
 
 from .._messages import ModelRequest, ModelResponse
 from .._models._protocol import Sink
 from ._errors import ProviderError, malformed, redact, timed_out, translate_sdk_error
+from ._ratelimits import server_limits
 from ._sse import MAX_EVENT, EventTooLarge, SinkFailed, StreamReader, finish_stream, sse_events
 
 __all__ = [
@@ -346,12 +348,12 @@ class ProviderModel:
         failure: ProviderError | None = None
         with anyio.move_on_after(self._timeout):
             try:
-                status, body = await self.send(client, request)
+                status, body, headers = await self.send(client, request)
             except Exception as exc:
                 failure = self._failure(exc)
             else:
                 try:
-                    return self.parse(status, body, request)
+                    return _with_limits(self.parse(status, body, request), headers)
                 except ProviderError as error:
                     failure = error.redacted(self._secrets())
                 except Exception as exc:
@@ -403,6 +405,7 @@ class ProviderModel:
             else min(MAX_EVENT, _EVENT_FRAMING + _EVENT_BYTES_PER_CHAR * too_long)
         )
         status: int | None = None
+        headers: Mapping[str, str] | None = None
         failure: ProviderError
         try:
             with anyio.move_on_after(self._timeout):
@@ -415,9 +418,10 @@ class ProviderModel:
                 reading = False
                 try:
                     status = int(response.status_code)
+                    headers = response.headers
                     if "json" in response.headers.get("content-type", ""):
                         body: bytes = await response.read()
-                        answer = self.parse(status, body, request)
+                        answer = _with_limits(self.parse(status, body, request), headers)
                         if answer.text:
                             guarded(answer.text)
                         return answer
@@ -434,7 +438,7 @@ class ProviderModel:
                                 model=self._model,
                                 status=status,
                             )
-                    return reader.response(status)
+                    return _with_limits(reader.response(status), headers)
                 finally:
                     # Shielded, so a cancellation closes too: the server sees the client go.
                     with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
@@ -470,6 +474,9 @@ class ProviderModel:
                     failure = reader.broken(status, self._cut(exc)).redacted(self._secrets())
         if failure.usage is None and status is not None:
             failure.spent(reader.usage())
+        if failure.limits is None and headers:
+            # A stream that broke part-way: its response's headers still said them.
+            failure.limits = server_limits(headers)
         raise failure
 
     def _cut(self, exc: Exception) -> str:
@@ -507,7 +514,9 @@ class ProviderModel:
 
     async def send(
         self, client: Any, request: ModelRequest
-    ) -> tuple[int, bytes]:  # pragma: no cover - abstract
+    ) -> tuple[int, bytes, Mapping[str, str]]:  # pragma: no cover - abstract
+        """Send ``request`` in one piece: the response's status, body and headers
+        (an HTTP error status raises the SDK's error)."""
         raise NotImplementedError
 
     def parse(
@@ -532,12 +541,19 @@ def _stalled(exc: Exception) -> bool:
     return isinstance(exc, TimeoutError) or type(exc).__name__.endswith("Timeout")
 
 
-async def read_raw(raw: Any) -> tuple[int, bytes]:
-    """Status and body of an SDK ``with_raw_response`` result (either flavour)."""
+async def read_raw(raw: Any) -> tuple[int, bytes, Mapping[str, str]]:
+    """Status, body and headers of an SDK ``with_raw_response`` result (either
+    flavour): the httpx response's own, no copy (its body read once)."""
     http_response = raw.http_response
     body: bytes = await http_response.aread()
     status: int = http_response.status_code
-    return status, body
+    return status, body, http_response.headers
+
+
+def _with_limits(response: ModelResponse, headers: Mapping[str, str]) -> ModelResponse:
+    """``response`` with what ``headers`` said of the rate limits, if they said any."""
+    limits = server_limits(headers)
+    return response if limits is None else msgspec.structs.replace(response, limits=limits)
 
 
 class _Held:

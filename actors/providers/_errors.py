@@ -24,9 +24,12 @@ from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
+import msgspec
+
 from fractor.runtime import FractorError
 
-from .._messages import Usage
+from .._messages import ServerLimits, Usage
+from ._ratelimits import retry_after_in, server_limits
 
 __all__ = [
     "REDACTED",
@@ -45,7 +48,9 @@ class ProviderError(FractorError):
     ``provider`` is ``"openai"`` or ``"anthropic"``, ``model`` the model name,
     ``status`` the HTTP status (``None`` when no response came back), ``retryable``
     whether the same request may succeed later (read by ``RetryPolicy``), and
-    ``retry_after`` the seconds the provider asked to wait, when it said so.
+    ``retry_after`` the seconds the provider asked to wait, when it said so, and
+    ``limits`` all that the response's headers said of the server's rate limits
+    (``ServerLimits``; None when it said nothing, or no response came back).
 
     ``detail`` is what the server or an exception said, as it came (it may be long,
     and it may echo the key): the message shows it in parentheses after ``what``, cut
@@ -66,6 +71,7 @@ class ProviderError(FractorError):
         retryable: bool = False,
         retry_after: float | None = None,
         usage: Usage | None = None,
+        limits: ServerLimits | None = None,
     ) -> None:
         where = f"{provider} model {model!r}" if model else provider
         if status is not None:
@@ -85,6 +91,7 @@ class ProviderError(FractorError):
         #: What the failed request spent, when it is known: the usage a stream that
         #: broke part-way reported, or its input estimate plus what was received.
         self.usage = usage
+        self.limits = limits
         # Whole, for ``redacted`` alone: it may hold a secret that the cut text
         # shows only the head of.
         self._what = what
@@ -105,6 +112,7 @@ class ProviderError(FractorError):
             retryable=self.retryable,
             retry_after=self.retry_after,
             usage=self.usage,
+            limits=self.limits,
         )
 
     def spent(self, usage: Usage) -> ProviderError:
@@ -161,22 +169,6 @@ def _error_fields(body: object) -> tuple[str, str]:
     return "", ""
 
 
-def _retry_after(headers: Mapping[str, str] | None) -> float | None:
-    if not headers:
-        return None
-    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            seconds = float(value) / scale
-        except ValueError:
-            continue
-        if seconds >= 0:
-            return seconds
-    return None
-
-
 def status_error(
     provider: str,
     model: str,
@@ -187,9 +179,21 @@ def status_error(
     key_hint: str,
     base_url: str,
 ) -> ProviderError:
-    """The ``ProviderError`` for an HTTP error status, classified for ``RetryPolicy``."""
+    """The ``ProviderError`` for an HTTP error status, classified for ``RetryPolicy``,
+    with what its headers said of the rate limits (``limits``; an OpenAI 429's
+    "Please try again in 644ms." is its ``retry_after`` when no header said one)."""
     message, code = _error_fields(body)
     said = f"{code}: {message}" if code and message else message or code
+    limits = server_limits(headers) if headers else None
+    if status == 429 and (limits is None or limits.retry_after is None):
+        asked = retry_after_in(message)
+        if asked is not None:
+            limits = (
+                ServerLimits(retry_after=asked)
+                if limits is None
+                else msgspec.structs.replace(limits, retry_after=asked)
+            )
+    too_large_for_rate = status == 429 and "request too large" in message.lower()
     retryable: bool
     if status in (401, 403):
         retryable = False
@@ -209,6 +213,15 @@ def status_error(
         retryable = False
         what = "the account's quota is used up"
         advice = "check the plan and billing of this account; not retried"
+    elif too_large_for_rate:
+        # OpenAI: a request larger than the whole per-minute token limit. Waiting
+        # never lets it through; whatever x-should-retry says, it is not retried.
+        retryable = False
+        what = "the request is larger than the rate limit allows at all"
+        advice = (
+            "shorten the context or lower max_tokens, or use a model with a higher "
+            "tokens-per-minute limit; not retried"
+        )
     elif status in (408, 409, 429):
         retryable = True
         what = "rate limited or busy"
@@ -232,7 +245,7 @@ def status_error(
         what = "the request was rejected"
         advice = "fix the request or the model options; not retried"
     should_retry = (headers or {}).get("x-should-retry")
-    if should_retry in ("true", "false"):
+    if should_retry in ("true", "false") and not too_large_for_rate:
         retryable = should_retry == "true"
     return ProviderError(
         provider,
@@ -242,7 +255,8 @@ def status_error(
         model=model,
         status=status,
         retryable=retryable,
-        retry_after=_retry_after(headers),
+        retry_after=None if limits is None else limits.retry_after,
+        limits=limits,
     )
 
 

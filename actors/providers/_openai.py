@@ -56,7 +56,7 @@ from .._messages import (
     UserMessage,
 )
 from .._models._protocol import Sink
-from ._base import ProviderModel, output_cap
+from ._base import ProviderModel, output_cap, read_raw
 from ._estimates import estimate_request_tokens
 from ._openai_response import CHARS_PER_TOKEN, read_completion
 from ._openai_stream import OpenAIStreamReader
@@ -73,6 +73,10 @@ DEFAULT_MAX_OUTPUT_TOKENS = 16_384
 _PER_MESSAGE = 3
 _REPLY_PRIMING = 3
 _PER_TOOL = 8
+
+#: The request options of ``with_raw_response``: the SDK returns its raw response
+#: (a ``LegacyAPIResponse``, the httpx response read) instead of parsing the body.
+_RAW_RESPONSE: Any = {"headers": {"X-Stainless-Raw-Response": "true"}}
 
 
 class OpenAIModel(ProviderModel):
@@ -191,18 +195,25 @@ class OpenAIModel(ProviderModel):
             kwargs["extra_body"] = extra
         return kwargs
 
-    async def send(self, client: Any, request: ModelRequest) -> tuple[int, bytes]:
+    async def send(
+        self, client: Any, request: ModelRequest
+    ) -> tuple[int, bytes, Mapping[str, str]]:
         """Post the request as its JSON body, through the client's own ``post``: the
         same request, headers and errors as ``chat.completions.create``, minus that
         method's transformation of every parameter against its types (a walk of the
         whole context on each request: about a tenth of the client's work per
-        request in the provider benchmark, more with a long context)."""
+        request in the provider benchmark, more with a long context).
+
+        Asked as ``with_raw_response`` asks (its header): the SDK hands back the
+        response it read, body and headers (the rate limits), with no parsing."""
         kwargs = self.body(request)
         extra = kwargs.pop("extra_body", None)
         if extra:
             kwargs.update(extra)
-        body: bytes = await client.post("/chat/completions", cast_to=bytes, body=kwargs)
-        return 200, body  # any other 2xx reads the same; an error status raised
+        raw = await client.post(
+            "/chat/completions", cast_to=bytes, body=kwargs, options=_RAW_RESPONSE
+        )
+        return await read_raw(raw)  # an error status raised
 
     def parse(self, status: int, body: bytes, request: ModelRequest) -> ModelResponse:
         return read_completion(self, status, body, request)

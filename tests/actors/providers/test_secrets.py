@@ -126,7 +126,7 @@ async def test_a_failure_of_any_kind_carries_no_secret_nor_the_exception_behind_
             await model.request(_request())
         failures.append(caught.value)
 
-        async def below(client: object, request: ModelRequest) -> tuple[int, bytes]:
+        async def below(client: object, request: ModelRequest) -> tuple[int, bytes, dict[str, str]]:
             raise ValueError(f"Illegal header value b'Bearer {CANARY}'")
 
         monkeypatch.setattr(model, "send", below)
@@ -134,8 +134,10 @@ async def test_a_failure_of_any_kind_carries_no_secret_nor_the_exception_behind_
             await model.request(_request())
         failures.append(caught.value)
 
-        async def answered(client: object, request: ModelRequest) -> tuple[int, bytes]:
-            return 200, b"{}"
+        async def answered(
+            client: object, request: ModelRequest
+        ) -> tuple[int, bytes, dict[str, str]]:
+            return 200, b"{}", {}
 
         def choke(status: int, body: bytes, request: ModelRequest) -> ModelResponse:
             raise KeyError(f"choices (key {CANARY})")
