@@ -12,7 +12,10 @@
 - ``Asker``: what reading a response needs of the model that asked for it (each
   wire format's response and stream readers take one).
 - Around it: ``_errors.py`` (``ProviderError``), ``_sse.py`` (server-sent events,
-  ``StreamReader``), ``_estimates.py`` (the token estimates of the budget pre-check).
+  ``StreamReader``), ``_estimates.py`` (the token estimates of the budget pre-check),
+  ``_ratelimits.py`` (what a response's headers say of the server's rate limits:
+  every answer, whole or streamed, carries it as ``ModelResponse.limits``, and every
+  HTTP error as ``ProviderError.limits``).
 
 Both providers send requests through their official SDK, with the SDK's own retries
 off: the agent's ``RetryPolicy`` is the one that retries. The SDKs are optional
