@@ -246,12 +246,13 @@ def settled_output(node: Node, budget: Budget, need: Need) -> float:
 
 def _lease_short(node: Node, lender: Lender[Node], name: str, parts: int) -> bool:
     """Whether a request on a host's leased subtree, cut by what its lease (on
-    ``node``) has left of field ``name``, should ask the tree above for more: the
-    lease spent past half of what it had when it last grew, or a part of the budget
-    above is worth ``HINT`` times what the lease has left for each of its ``parts``."""
-    free = field_free(node, name)
-    return 2 * free < lender.fresh.get(name, math.inf) or (
-        lender.hint.get(name, 0) > HINT * free / parts
+    ``node``) has left of field ``name`` for each of its ``parts``, should ask the
+    tree above for more: a part of the lease is worth less than half what it was
+    when the lease last grew (it was spent, or more subtrees share it now), or a
+    part of the budget above is worth ``HINT`` times as much."""
+    per_part = field_free(node, name) / parts
+    return 2 * per_part < lender.fresh.get(name, math.inf) or (
+        lender.hint.get(name, 0) > HINT * per_part
     )
 
 

@@ -1,8 +1,9 @@
 """A lease and its messages: the parts of the ledger that cross between hosts.
 
-A subtree placed on another host runs under a ``Lease`` of its node's budgets here
-(``_ledger`` grants, holds and takes back headroom). What crosses between hosts
-about it: the subtree's ``Tally`` (what it used, what it holds in flight), the
+A subtree placed on another host runs under a ``Lease`` of its parent's budgets
+here, shared with its parent's other subtrees on that host (each a ``Member`` of
+it; ``_ledger`` grants, holds and takes back headroom). What crosses between hosts
+about it: each subtree's ``Tally`` (what it used, what it holds in flight), the
 ``Want`` of an operation waiting there for more, a ``Refusal`` (a
 ``BudgetExceeded``, whole); and on each node here, ``Held``: what the leases below
 it hold. ``HeldUp`` is the signal of a charge that must wait for held headroom.
@@ -30,6 +31,7 @@ __all__ = [
     "HeldUp",
     "Lease",
     "Lender",
+    "Member",
     "Refusal",
     "Tally",
     "Want",
@@ -163,13 +165,15 @@ class Lender(Protocol[_N_contra]):
     """Where a host's subtree asks for more headroom when its lease runs out (a
     ``Lender[Node]`` on the subtree's top node there)."""
 
-    #: What each leased field had free when the lease last grew (``Ledger.extend``):
-    #: a request cut by what is left of the lease asks for more only once the
-    #: lease spent half of that (before, its cut is its fair share of the budget)...
+    #: What each leased field had free for each part of the lease (each execution
+    #: there that may ask next) when it last grew (``Ledger.extend``): a request cut
+    #: by what is left of the lease asks for more only once a part is worth less
+    #: than half of that, spent or shared by more subtrees (before, its cut is its
+    #: fair share of the budget)...
     fresh: dict[str, float]
     #: ... or once the tree above said that a part of its budget is worth more than
-    #: twice what the lease has left for each of its own parts (``Ledger.hint``:
-    #: siblings ended and gave back), field by field.
+    #: ``HINT`` times what the lease has left for each of its own parts
+    #: (``Ledger.hint``: siblings ended and gave back), field by field.
     hint: dict[str, float]
 
     def want(self, node: _N_contra, want: Want) -> None:
@@ -211,10 +215,31 @@ class Held:
         return held - getattr(lost, name) if lost is not None else held
 
 
+class Member:
+    """One remote subtree of a ``Lease``: what its host last reported of it."""
+
+    __slots__ = ("leaves", "live", "nodes", "tally")
+
+    def __init__(self) -> None:
+        self.tally = Tally()
+        #: The parts of the headroom it stands for (its ``Tally.leaves``).
+        self.leaves = 1
+        #: The last snapshot of the subtree's nodes below its top, from its host.
+        self.nodes: tuple[NodeSnapshot, ...] = ()
+        self.live = True
+
+
 class Lease:
-    """The lease of one remote subtree, on its node here."""
+    """The headroom one node here leases to one host: a **pool** its subtrees
+    there (the node's children placed on that host while one of them runs) draw
+    from together, so that they ask the driver as one. A node of each of them
+    points to it (``Node.lease``); what the lease holds sits on the chain of the
+    node they hang from (its *anchor*)."""
 
     __slots__ = (
+        "base",
+        "close",
+        "count",
         "depth",
         "fields",
         "granted",
@@ -222,48 +247,78 @@ class Lease:
         "hold",
         "holding",
         "host",
+        "idle",
+        "key",
+        "level",
         "live",
         "lost",
-        "nodes",
-        "tally",
+        "members",
+        "ref",
+        "reserved",
+        "tainted",
         "tell",
+        "used",
         "weight",
     )
 
     def __init__(self, fields: tuple[str, ...], depth: int | None) -> None:
-        #: The host the subtree runs on (its name, for snapshots and reasons).
+        #: The host its subtrees run on (its name, for snapshots and reasons).
         self.host = ""
-        #: The last snapshot of the subtree's nodes below its top, from its host.
-        self.nodes: tuple[NodeSnapshot, ...] = ()
-        #: The limited fields of the chain: the only ones leased.
+        #: What groups subtrees into this pool (their host's link; None: a pool of
+        #: one), and the pool's number there (set by the layer that runs it).
+        self.key: object = None
+        self.ref = 0
+        #: Its subtrees, live and ended, by their nodes here.
+        self.members: dict[object, Member] = {}
+        #: How many of them are live (not ended).
+        self.count = 0
+        #: The limited fields of the anchor's chain: the only ones leased.
         self.fields = fields
-        #: How much deeper the subtree may grow below its top node (None: no limit).
+        #: How much deeper a subtree may grow below its top node (None: no limit).
         self.depth = depth
         #: The remote limits: what was granted in all, field by field.
         self.granted: dict[str, float] = {name: zero(name) for name in fields}
         #: What this lease holds on the chain now (granted, not reported used).
         self.hold: dict[str, float] = {name: zero(name) for name in fields}
-        self.tally = Tally()
-        #: The parts of the headroom it stands for (its subtree's ``leaves``, counted
-        #: in ``Held.parts`` beyond the first on the chain).
-        self.weight = 1
+        #: What its subtrees used (reported) and what their requests in flight hold,
+        #: in all, field by field.
+        self.used: dict[str, float] = {name: zero(name) for name in fields}
+        self.reserved: dict[str, float] = {name: zero(name) for name in fields}
+        #: The parts of the headroom it stands for: its live subtrees' ``leaves``
+        #: (each counted in ``Held.parts`` beyond the one its node is here).
+        self.weight = 0
         #: What a part of the budget above was worth, field by field, when the lease
         #: last grew or was told (``Ledger.hint``), and how to tell its host (set
         #: by the layer that runs the subtree there; None: nobody to tell).
         self.hinted: dict[str, float] = {}
         self.tell: Callable[[dict[str, float]], None] | None = None
+        #: How to tell its host that the lease ended while idle (its anchor closed).
+        self.close: Callable[[], None] | None = None
         #: Counted in ``Held.leases`` (it may give back) and ``Held.holding`` (it holds a
         #: grant and is not asking) on the chain.
         self.live = False
         self.holding = False
         self.lost = False
+        #: No subtree of it runs now: it gave back all it held and waits for its
+        #: anchor's next subtree on that host; then it is granted again, from what
+        #: is free and with no round trip, what it was granted while it was live
+        #: (``level``, field by field: what its subtrees used, and what it held).
+        self.idle = False
+        self.level: dict[str, float] = {}
+        #: What its subtrees had used when it last became live (what it was granted
+        #: beyond that is the ``level`` it goes idle with).
+        self.base: dict[str, float] = {}
+        #: A subtree of it was lost alone (its host did not answer a stop): what
+        #: the lease holds when it ends stays held, as a lost host's.
+        self.tainted = False
 
     def limits(self) -> Budget:
-        """The remote subtree's limits: its lease, as a ``Budget``."""
+        """The pool's limits on its host: its lease, as a ``Budget`` (no depth: each
+        subtree carries it, ``Ledger.own_limits``)."""
         fields: dict[str, float] = {}
         for name, value in self.granted.items():
             fields[name] = value if name in _FRACTIONAL else int(value)
-        return Budget(depth=self.depth, **fields)  # type: ignore[arg-type]
+        return Budget(**fields)  # type: ignore[arg-type]
 
 
 LOST_WHY = "no room left: what is held is leased to a host that was lost"

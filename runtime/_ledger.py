@@ -2,39 +2,48 @@
 
 A subtree placed on another host (another process, another machine) runs under a
 supervisor of its own there, which cannot see the budgets of the tree it belongs to.
-So its top node there runs under a **lease**: limits of its own, made of headroom
-granted by the node it hangs from here, field by field, for every limit of that
-node's chain (tokens, input and output tokens, cost, requests, tool calls, steps,
-agents; depth travels as it is, time as a deadline in seconds).
+So it runs under a **lease**: limits made of headroom granted by the node it hangs
+from here (the lease's *anchor*), field by field, for every limit of the anchor's
+chain (tokens, input and output tokens, cost, requests, tool calls, steps, agents).
+Its own budget, the depth left and its deadline travel with it as limits of its
+own (``own_limits``). The subtrees one anchor places on one host share one lease
+(``open(node, key=host)``), a **pool** they draw from together: round trips grow
+with hosts, not with subtrees.
 
-Here, what a lease grants and its subtree has not used yet is **held**: it counts
-on every node of the chain like a request in flight, so nobody else spends it, and
-a request or a charge that only held headroom stands in the way of **waits** for it
-(it never stops: admission stays honest). A lease ends in one of three ways:
+Here, what a lease grants and its subtrees have not used yet is **held**: it counts
+on every node of the anchor's chain like a request in flight, so nobody else spends
+it, and a request or a charge that only held headroom stands in the way of
+**waits** for it (it never stops: admission stays honest). A lease lives through:
 
-- **Reports** (``report``): the remote subtree's usage so far, charged here on the
-  whole chain; the hold shrinks by as much (the subtree never overshoots its lease).
-- **Asks** (``ask``): the remote subtree ran out (an operation there needs more
-  than its lease has left). It reports, gives back what it does not hold in flight
-  of the fields it asks for, and asks for at least what it needs of them. The ask is
-  admitted exactly like a request here: **spent** (the settled usage of a node of
-  the chain leaves no room for what it needs: that node stops with its subtree and
-  the ask is refused with the same ``BudgetExceeded``), or **waits** (first come,
-  first served, while held headroom stands in the way), or is **granted** what it
-  needs or, when more, its share of the free headroom: the parts it stands for (the
-  executions of its subtree that may ask next, ``Tally.leaves``) of all the parts
-  under the budget (every such execution, here or on any host). A lease thus grows
-  with what is free and shrinks geometrically as the budget runs out: a subtree
-  asks again after spending a share, not after a few operations, so round trips
-  grow with the log of budget over request, not with the work.
-- **Ends** (``end``): the subtree answered; its last report is charged and the rest of
-  its hold comes back. Or the host was lost (``end(..., lost=True)``): what it was
-  granted and never reported is **counted as spent**, never refunded on a guess.
+- **Reports** (``report``): a remote subtree's usage so far, charged here on its
+  node's chain; the lease's hold shrinks by as much (its subtrees never overshoot
+  it).
+- **Asks** (``ask``): the lease ran out on its host (an operation there needs more
+  than it has left). Its subtrees report; it gives back what they do not hold in
+  flight (its host spends nothing more until the answer: ``freeze``), and asks for
+  at least what the operation needs. The ask is admitted exactly like a request
+  here: **spent** (the settled usage of a node of the chain leaves no room for what
+  it needs: that node stops with its subtree and the ask is refused with the same
+  ``BudgetExceeded``), or **waits** (first come, first served, while held headroom
+  stands in the way), or is **granted** what it needs or, when more, its share of
+  the free headroom: the parts it stands for (the executions of its subtrees that
+  may ask next, ``Tally.leaves``) of all the parts under the budget (every such
+  execution, here or on any host), at most ``GROWTH`` times a whole operation for
+  each part or what it used so far. A lease thus grows geometrically with what is
+  free and shrinks as the budget runs out: round trips grow with the log of budget
+  over request, not with the work.
+- **Idleness**: its last subtree answered (``end``): its last report is charged and
+  all it holds comes back; it waits, idle, for the anchor's next subtree on its
+  host, which revives it with what an ask would grant, no round trip. It ends when
+  the anchor closes (``closed``). Or its host was lost (``end(..., lost=True)``):
+  what it was granted and never reported is **counted as spent**, never refunded on
+  a guess (unless the host is known dead: then what its requests in flight held).
 
-On the host, the top node of the subtree has a ``lender``: where its own admission
-would stop the subtree because the lease ran out, it asks the lender (once nothing
-of its own in flight there could come back) and waits; ``extend`` applies the new
-limits, and a refusal stops the subtree with the reason given here.
+On the host, the lease is a node above its subtrees' top nodes with a ``lender``:
+where that runtime's admission would stop a subtree because the lease ran out, it
+asks the lender (once nothing of its own in flight there could come back) and
+waits; ``extend`` applies the new limits, and a refusal stops its subtrees with the
+reason given here.
 
 The ledger is a part of the supervisor that knows nothing of it: it is handed the
 root of the tree, the runtime's caps, and what to call to serve the requests waiting
@@ -47,10 +56,12 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+import msgspec
+
 from ._admission import overshoot
 from ._budget import FIELDS, LEASED, Budget, Caps, Usage
 from ._exceptions import BudgetExceeded
-from ._lease import HINT, LOST_WHY, Held, Lease, Tally, Want, reserved, zero
+from ._lease import HINT, LOST_WHY, Held, Lease, Member, Tally, Want, reserved, zero
 from ._snapshots import EndStatus
 from ._tree import Node, stopped
 from ._waiter import Waiter, new_waiter, park, wake
@@ -67,10 +78,12 @@ _COST_EPSILON = 1e-9
 
 
 class _Ask:
-    __slots__ = ("answer", "fields", "node", "waiter", "want")
+    __slots__ = ("anchor", "answer", "fields", "node", "waiter", "want")
 
     def __init__(self, node: Node, want: Want, waiter: Waiter, fields: tuple[str, ...]) -> None:
+        #: The remote subtree's node that asks (for its lease), and its lease's anchor.
         self.node = node
+        self.anchor = _anchor(node)
         self.want = want
         self.waiter = waiter
         #: The leased fields it asks for.
@@ -107,8 +120,12 @@ class Ledger:
         self._serving = False
         self._freed: list[Node] = []
         self._changed: list[Waiter] = []
-        #: The live leases, with their nodes (to tell them of headroom given back).
+        #: The live leases, with their anchors (to tell them of headroom given back),
+        #: and those that subtrees join, by anchor and key.
         self._live: dict[Lease, Node] = {}
+        self._pools: dict[tuple[Node, object], Lease] = {}
+        #: Idle leases, by anchor (they end when it closes).
+        self._idle: dict[Node, set[Lease]] = {}
         #: Of them, those whose hosts are told what a part is worth (``hint``).
         self._told: set[Lease] = set()
         #: Asks answered so far (granted or refused: each a round trip from a host),
@@ -119,40 +136,131 @@ class Ledger:
 
     # -- here: the node of a remote subtree ---------------------------------------
 
-    def open(self, node: Node) -> Lease:
+    def open(self, node: Node, key: object = None) -> Lease:
         """Make ``node`` (just opened, with no execution here) the top of a remote
-        subtree: its lease starts empty but for one step (what its first operation
-        needs, when one is free); the subtree asks for what it needs."""
+        subtree, and return its lease. With a ``key`` (its host), it joins the live
+        lease its parent holds for that key, if there is one: the subtrees of one
+        node on one host draw from one pool and ask as one. A new lease starts empty
+        but for one step (what its first operation needs, when one is free); its
+        subtrees ask for what they need."""
+        parent = node.parent
+        assert parent is not None, "the root runs here"
+        lease = self._pools.get((parent, key)) if key is not None else None
+        if lease is None:
+            lease = self._start(parent, key)
+        lease.members[node] = Member()
+        lease.weight += 1
+        lease.count += 1
+        node.lease = lease
+        if lease.idle:
+            self._revive(parent, lease)
+        return lease
+
+    def _start(self, anchor: Node, key: object) -> Lease:
+        """A new lease of ``anchor``'s headroom for its children on a host."""
         fields = tuple(
             name
             for name in LEASED
-            if any(self._limit(current, name) is not None for current in node.chain())
+            if any(self._limit(current, name) is not None for current in anchor.chain())
         )
         depth: int | None = None
-        for current in node.chain():
+        below = anchor.depth + 1  # its subtrees' tops
+        for current in anchor.chain():
             budget = current.limits
             if budget is not None and budget.depth is not None:
-                room = current.depth + budget.depth - node.depth
+                room = current.depth + budget.depth - below
                 depth = room if depth is None else min(depth, room)
         caps = self._caps
         if caps is not None and caps.depth is not None:
-            room = caps.depth - node.depth
+            room = caps.depth - below
             depth = room if depth is None else min(depth, room)
         lease = Lease(fields, None if depth is None else max(depth, 0))
-        node.lease = lease
-        self._count(node, lease, "live", 1)
-        self._live[lease] = node
+        lease.key = key
+        if key is not None:
+            self._pools[anchor, key] = lease
+        self._count(anchor, lease, "live", 1)
+        self._live[lease] = anchor
         if "steps" in fields and all(
             self._free(current, "steps") >= 1
-            for current in node.chain()
+            for current in anchor.chain()
             if self._limit(current, "steps") is not None
         ):
             # What its first operation, a step, needs: its first round trip is then
             # its first request's, which tops every other field up.
             lease.granted["steps"] = 1
-            self._hold(node, lease)
-            self._count(node, lease, "holding", 1)
+            self._hold(anchor, lease)
+            self._count(anchor, lease, "holding", 1)
         return lease
+
+    def _revive(self, anchor: Node, lease: Lease) -> None:
+        """An idle lease's anchor placed a subtree on its host again: it is live, and
+        is granted what an ask for what it was granted while it was live last would
+        be (its share of what is free, at most ``GROWTH`` times that or what it used
+        so far; never waiting, never refused): no round trip for the subtree's
+        first operations, and a lease keeps growing from one batch to the next."""
+        lease.idle = False
+        lease.base = dict(lease.used)
+        idle = self._idle.get(anchor)
+        if idle is not None:
+            idle.discard(lease)
+        self._count(anchor, lease, "live", 1)
+        self._live[lease] = anchor
+        level, lease.level = lease.level, {}
+        granted = False
+        for name in lease.fields:
+            want = level.get(name, 0)
+            if not want:
+                continue
+            grant = math.inf
+            for current in anchor.chain():
+                limit = self._limit(current, name)
+                if limit is None:
+                    continue
+                settled = limit - _used(current, name)
+                free = settled - _reserved(current, name) - _held(current, name)
+                grant = min(grant, self._share(current, lease, name, settled, free, want))
+            if grant > 0:
+                lease.granted[name] += grant
+                granted = True
+                if name in _SHARED and lease.tell is not None:
+                    lease.hinted[name] = self._per_part(anchor, name)
+                    self._told.add(lease)
+        if granted:
+            self._hold(anchor, lease)
+            self._count(anchor, lease, "holding", 1)
+
+    def closed(self, node: Node) -> None:
+        """``node`` closed: its idle leases end (each host is told, ``Lease.close``)."""
+        for lease in self._idle.pop(node, ()):
+            if self._pools.get((node, lease.key)) is lease:
+                del self._pools[node, lease.key]
+            lease.idle = False
+            if lease.close is not None:
+                lease.close()
+
+    @property
+    def idle(self) -> dict[Node, set[Lease]]:
+        """The anchors of idle leases, with their leases (``closed`` ends them)."""
+        return self._idle
+
+    def own_limits(self, node: Node) -> Budget:
+        """The limits of the remote subtree of ``node`` on its host besides its
+        lease's: its node's own budget, less what it used already (a subtree placed
+        again after its host was lost), and the tightest depth of its chain."""
+        lease = node.lease
+        assert lease is not None, f"{node!r} has no lease"
+        budget = node.limits
+        depth = lease.depth
+        fields: dict[str, float] = {}
+        if budget is not None:
+            if budget.depth is not None:
+                depth = budget.depth if depth is None else min(depth, budget.depth)
+            for name in LEASED:
+                limit = getattr(budget, name)
+                if limit is not None:
+                    left = max(limit - _used(node, name), 0)
+                    fields[name] = left if name in _FRACTIONAL else int(left)
+        return Budget(depth=depth, **fields)  # type: ignore[arg-type]
 
     async def ask(self, node: Node, tally: Tally, want: Want) -> Budget:
         """The remote subtree of ``node`` ran out: charge its ``tally``, take back what
@@ -183,18 +291,20 @@ class Ledger:
         lease = node.lease
         assert lease is not None, f"{node!r} has no lease"
         self.report(node, tally)
-        # It gives back what it does not hold in flight of the fields it asks for.
-        for name in lease.fields:
-            if getattr(want, name):
-                lease.granted[name] = tally.used(name) + tally.reserved(name)
-        self._hold(node, lease)
-        self._count(node, lease, "holding", 0)
+        anchor = _anchor(node)
+        if not lease.tainted:
+            # It gives back what it does not hold in flight (its host spends nothing
+            # more until the answer: ``freeze``).
+            for name in lease.fields:
+                lease.granted[name] = lease.used[name] + lease.reserved[name]
+        self._hold(anchor, lease)
+        self._count(anchor, lease, "holding", 0)
         ask = _Ask(node, want, new_waiter(), lease.fields)
-        if not lease.live:
+        if not lease.live or lease.lost:
             raise BudgetExceeded("no new work", 0, node.id, node.name)
         self._asking[lease] = ask
         self._asks.append(ask)
-        self.changed_at(node)  # what it gave back may serve others; and it is served
+        self.changed_at(anchor)  # what it gave back may serve others; and it is served
         answer = ask.answer
         if answer is None:
             self.waits += 1
@@ -207,10 +317,11 @@ class Ledger:
         """Charge what the remote subtree of ``node`` used since its last report."""
         lease = node.lease
         assert lease is not None
-        last = lease.tally
-        if tally == last or not lease.live:
+        member = lease.members[node]
+        last = member.tally
+        if tally == last or not member.live:
             return  # (a report that comes after the end is older than the end's)
-        lease.tally = tally
+        member.tally = tally
         # What it used since, field by field: the subtree's totals, and its own.
         usage, was = tally.usage, last.usage
         deltas = [(name, getattr(usage, name) - getattr(was, name)) for name in _USAGE]
@@ -232,8 +343,14 @@ class Ledger:
             if delta:
                 setattr(node, _OWN[name], getattr(node, _OWN[name]) + delta)
         node.own_steps += tally.own_steps - last.own_steps
-        self._weigh(node, lease, max(tally.leaves, 1))
-        self._hold(node, lease)
+        # The pool's sums, and its parts.
+        used, reserved = lease.used, lease.reserved
+        for name in lease.fields:
+            used[name] += tally.used(name) - last.used(name)
+            reserved[name] += tally.reserved(name) - last.reserved(name)
+        anchor = _anchor(node)
+        self._weigh(anchor, lease, member, max(tally.leaves, 1))
+        self._hold(anchor, lease)
         if over is not None:  # a remote estimate fell short
             error = overshoot(over)
             self._stop(over[0], "budget_exceeded", str(error), error)
@@ -242,46 +359,84 @@ class Ledger:
     def end(
         self, node: Node, tally: Tally | None, *, lost: bool = False, dead: bool = False
     ) -> None:
-        """The remote subtree of ``node`` ended: charge its last ``tally`` and take back
-        its hold. When its host was ``lost``, what it was granted and did not report
-        stays held for good (counted as spent, never refunded on a guess), unless the
-        host is known ``dead`` (its process is gone: its work cannot settle any more):
-        then only what its requests in flight held at its last report stays (the
-        provider may have billed them), and the rest comes back."""
+        """The remote subtree of ``node`` ended: charge its last ``tally``. When it
+        was the last live one of its lease, the lease ends: what it holds comes back.
+
+        When its host was ``lost``, what the lease was granted and its subtrees did
+        not report stays held for good (counted as spent, never refunded on a
+        guess), unless the host is known ``dead`` (its process is gone: its work
+        cannot settle any more): then only what its requests in flight held at
+        their last reports stays (the provider may have billed them), and the rest
+        comes back. A subtree lost alone (its host did not answer a stop) keeps its
+        lease's hold held for good when the lease ends."""
         lease = node.lease
-        if lease is None or lease.lost:
+        if lease is None:
             return
-        if tally is not None:
+        member = lease.members.get(node)
+        if member is None or not member.live:
+            return
+        if tally is not None and not lease.lost:
             self.report(node, tally)
+        anchor = _anchor(node)
+        if lost and dead:
+            if not lease.lost:
+                self._lose(anchor, lease, dead=True)
+        elif lost:
+            lease.tainted = True
+        self._weigh(anchor, lease, member, 1)
+        member.live = False
+        lease.weight -= 1
+        lease.count -= 1
+        if lease.count:
+            self.changed_at(anchor)
+            return
+        # Its last subtree ended: the lease gives back all it holds, and waits idle
+        # for the anchor's next subtree on its host (or ends, if it was lost).
+        if lease.tainted and not lease.lost:
+            self._lose(anchor, lease, dead=False)
+        self._answer_ask(lease, node)
+        if not lease.lost:
+            base = lease.base
+            lease.level = {name: lease.granted[name] - base.get(name, 0) for name in lease.fields}
+            for name in lease.fields:
+                lease.granted[name] = lease.used[name]
+            self._hold(anchor, lease)
+        self._count(anchor, lease, "holding", 0)
+        self._count(anchor, lease, "live", 0)
+        self._live.pop(lease, None)
+        self._told.discard(lease)
+        if lease.key is not None and self._pools.get((anchor, lease.key)) is lease:
+            if lease.lost or anchor.status != "running":
+                del self._pools[anchor, lease.key]
+            else:
+                lease.idle = True
+                self._idle.setdefault(anchor, set()).add(lease)
+        self.changed_at(anchor)
+
+    def _answer_ask(self, lease: Lease, node: Node) -> None:
+        """The lease's ask, if one waits, is answered: no new work."""
         ask = self._asking.pop(lease, None)
         if ask is not None and ask.answer is None:
             ask.answer = BudgetExceeded("no new work", 0, node.id, node.name)
             wake(ask.waiter)
-        if lost:
-            if dead:  # nothing more can be used: keep what may have been billed
-                last = lease.tally
-                for name in lease.fields:
-                    kept = min(lease.hold[name], last.reserved(name))
-                    lease.granted[name] = last.used(name) + kept
-                self._hold(node, lease)
-            lease.lost = True
-            for current in node.chain():  # what it holds stays held: spent
-                held = current.held
-                assert held is not None
-                if held.lost is None:
-                    held.lost = Held()
-                for name in lease.fields:
-                    setattr(held.lost, name, getattr(held.lost, name) + lease.hold[name])
-        else:
+
+    def _lose(self, anchor: Node, lease: Lease, *, dead: bool) -> None:
+        """``lease``'s host was lost: what it holds stays held for good (but what its
+        subtrees' requests in flight held, when the host is known ``dead``)."""
+        self._answer_ask(lease, anchor)
+        if dead:  # nothing more can be used: keep what may have been billed
             for name in lease.fields:
-                lease.granted[name] = lease.tally.used(name)
-            self._hold(node, lease)
-        self._weigh(node, lease, 1)
-        self._count(node, lease, "holding", 0)
-        self._count(node, lease, "live", 0)
-        self._live.pop(lease, None)
-        self._told.discard(lease)
-        self.changed_at(node)
+                kept = min(lease.hold[name], lease.reserved[name])
+                lease.granted[name] = lease.used[name] + kept
+            self._hold(anchor, lease)
+        lease.lost = True
+        for current in anchor.chain():  # what it holds stays held: spent
+            held = current.held
+            assert held is not None
+            if held.lost is None:
+                held.lost = Held()
+            for name in lease.fields:
+                setattr(held.lost, name, getattr(held.lost, name) + lease.hold[name])
 
     def hint(self) -> None:
         """Tell each live lease whose budget's parts grew worth more than ``HINT``
@@ -289,21 +444,20 @@ class Ledger:
         now: its host asks for more before cutting a reply short at what its lease
         has left (one message down, no round trip, and few: a part's worth grows
         geometrically from one message to the next). Called when a node under a
-        budget closes (a remote subtree's, after its lease ended, included): its
-        part and what it held come back to the others."""
+        budget closes (a remote subtree's, after it ended, included): its part and
+        what it held come back to the others."""
         worths: dict[tuple[Node, str], float] = {}
         for lease in list(self._told):  # (a tell may end a lease)
             tell = lease.tell
-            node = self._live.get(lease)
-            if tell is None or node is None:
+            anchor = self._live.get(lease)
+            if tell is None or anchor is None:
                 continue
             worth = {}
             for name, was in lease.hinted.items():
-                parent = node.parent
-                key = (parent if parent is not None else node, name)
+                key = (anchor, name)
                 now = worths.get(key)
                 if now is None:
-                    now = worths[key] = self._per_part(node, name)
+                    now = worths[key] = self._per_part(anchor, name)
                 if now > HINT * was:
                     worth[name] = now
             if worth:
@@ -350,12 +504,28 @@ class Ledger:
         node.limited = True
         lender = node.lender
         if lender is not None:
+            parts = max(node.leaves - node.in_flight, 1)  # (as admission's fair share)
             lender.fresh = {
-                name: getattr(limits, name) - _used(node, name) - _reserved(node, name)
+                name: (getattr(limits, name) - _used(node, name) - _reserved(node, name)) / parts
                 for name in LEASED
                 if getattr(limits, name) is not None
             }
         self.changed_at(node)
+
+    def freeze(self, node: Node) -> None:
+        """The lease of ``node`` (a host's node of a lease) asks for more: until the
+        answer, it spends nothing beyond what it used and holds in flight, on every
+        field (the tree above takes the rest back while the ask waits: its other
+        subtrees wait for the answer too)."""
+        limits = node.limits
+        if limits is None:
+            return
+        frozen: dict[str, float] = {}
+        for name in LEASED:
+            if getattr(limits, name) is not None:
+                kept = _used(node, name) + _reserved(node, name)
+                frozen[name] = kept if name in _FRACTIONAL else int(kept)
+        node.limits = msgspec.structs.replace(limits, **frozen)
 
     def refuse(self, node: Node, error: BudgetExceeded) -> None:
         """The tree above refused ``node``'s ask: stop its subtree with that reason."""
@@ -397,7 +567,7 @@ class Ledger:
                         continue
                     if blocked and any(
                         (current, name) in blocked
-                        for current in ask.node.chain()
+                        for current in ask.anchor.chain()
                         for name in ask.fields
                     ):
                         again = self._give_back(ask) or again
@@ -422,33 +592,34 @@ class Ledger:
     def _give_back(self, ask: _Ask) -> bool:
         """A waiting ask's lease gives back what it does not hold in flight, of every
         field; True if that freed anything."""
-        node = ask.node
-        lease = node.lease
+        lease = ask.node.lease
         assert lease is not None
-        tally = lease.tally
+        if lease.tainted:
+            return False  # (a subtree of it was lost: what it uses is not known)
         freed = False
         for name in lease.fields:
-            kept = tally.used(name) + tally.reserved(name)
+            kept = lease.used[name] + lease.reserved[name]
             if lease.granted[name] > kept:
                 lease.granted[name] = kept
                 freed = True
         if freed:
-            self._hold(node, lease)
-            self._freed.append(node)
+            anchor = ask.anchor
+            self._hold(anchor, lease)
+            self._freed.append(anchor)
         return freed
 
     def _grant(self, ask: _Ask) -> Budget | BudgetExceeded | tuple[Node, str]:
         """Grant ``ask`` at least what it wants, or the node (and field) it must wait
         for. A spent limit answers it with the refusal (and stops that node)."""
-        node = ask.node
-        lease = node.lease
+        node = ask.anchor
+        lease = ask.node.lease
         assert lease is not None
         want = ask.want
         try:
             if node.stop_status is not None:
                 raise stopped(node)
-            if not lease.live:
-                raise BudgetExceeded("no new work", 0, node.id, node.name)
+            if not lease.live or lease.lost:
+                raise BudgetExceeded("no new work", 0, ask.node.id, ask.node.name)
             grants = {}
             wait: tuple[Node, str] | None = None
             for name in lease.fields:
@@ -538,7 +709,7 @@ class Ledger:
         else:
             share = settled * min(lease.weight / _parts(node), 1) - lease.hold[name]
             share = min(max(share, 0), max(free, 0))
-        share = min(share, GROWTH * max(lease.weight * need, lease.tally.used(name)))
+        share = min(share, GROWTH * max(lease.weight * need, lease.used[name]))
         return share if name in _FRACTIONAL else math.floor(share)
 
     def _free(self, node: Node, name: str) -> float:
@@ -573,12 +744,14 @@ class Ledger:
         return 0 if extra == math.inf else extra
 
     def _hold(self, node: Node, lease: Lease) -> None:
-        """Make the chain's holds match what ``lease`` was granted and not used."""
+        """Make the holds on the chain of ``node`` (``lease``'s anchor) match what
+        ``lease`` was granted and its subtrees did not use."""
         if lease.lost:
             return
         deltas = {}
+        used = lease.used
         for name in lease.fields:
-            new = max(lease.granted[name] - lease.tally.used(name), zero(name))
+            new = max(lease.granted[name] - used[name], zero(name))
             delta = new - lease.hold[name]
             if delta:
                 deltas[name] = delta
@@ -608,12 +781,14 @@ class Ledger:
         return value
 
     @staticmethod
-    def _weigh(node: Node, lease: Lease, weight: int) -> None:
-        """Make ``lease`` stand for ``weight`` parts of its chain's headroom."""
-        delta = weight - lease.weight
-        if not delta or lease.lost:
+    def _weigh(node: Node, lease: Lease, member: Member, leaves: int) -> None:
+        """Make ``member`` of ``lease`` stand for ``leaves`` parts of the headroom of
+        the chain of ``node`` (the lease's anchor)."""
+        delta = leaves - member.leaves
+        if not delta:
             return
-        lease.weight = weight
+        member.leaves = leaves
+        lease.weight += delta
         for current in node.chain():
             held = current.held
             if held is None:
@@ -652,6 +827,13 @@ _FRACTIONAL = frozenset(field.name for field in FIELDS if not field.whole)
 _SUMS = {field.name: field.parts for field in FIELDS if field.parts}
 #: Where a node counts its own usage of each field ``Usage`` carries.
 _OWN = {name: f"own_{name}" for name in _USAGE}
+
+
+def _anchor(node: Node) -> Node:
+    """The node a remote subtree's lease is of: its node's parent."""
+    parent = node.parent
+    assert parent is not None, "the root runs here"
+    return parent
 
 
 def _reserved(node: Node, name: str) -> float:

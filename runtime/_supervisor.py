@@ -245,6 +245,9 @@ class Supervisor:
         self.nodes.pop(node.id, None)
         self._finished.append(node)
         self.admission.closed(node)
+        ledger = self.ledger
+        if ledger.idle and node in ledger.idle:  # its idle leases on hosts end with it
+            ledger.closed(node)
         if node.limited and self.ledger.telling:  # a budget's parts are worth more now
             self.ledger.hint()
 
@@ -504,8 +507,10 @@ class Supervisor:
         another host, the last snapshot that host sent of its nodes."""
         nodes.append(self._snapshot(node, now))
         lease = node.lease
-        if lease is not None and lease.nodes:
-            nodes.extend(lease.nodes)
+        if lease is not None:
+            member = lease.members.get(node)
+            if member is not None and member.nodes:
+                nodes.extend(member.nodes)
 
     def _snapshot(self, node: Node, now: float) -> NodeSnapshot:
         end = node.ended if node.ended is not None else now

@@ -246,9 +246,13 @@ class ToolRunner:
         recorder = self.recorder
         approvals = approvals_of(self.context.runtime)
         forwarder = None
-        lent = next((node for node in self.node.chain() if node.lender is not None), None)
-        if lent is not None:  # a subtree run for another host's tree: ask through it
-            forwarder = approvals.forwarders.get(lent.id)
+        if any(node.lender is not None for node in self.node.chain()):
+            # A subtree run for another host's tree: ask through its top.
+            forwarders = approvals.forwarders
+            forwarder = next(
+                (forwarders[node.id] for node in self.node.chain() if node.id in forwarders),
+                None,
+            )
             if forwarder is None:
                 return ToolOutcome(
                     call=call,

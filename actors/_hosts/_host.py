@@ -3,14 +3,17 @@
 A host is where ``Runtime(hosts=...)`` places subtrees (a Ray actor with
 ``RayHosts``; an object in this process with ``LocalHosts``). It runs one
 ``Runtime`` of its own, with no budget, no store and no caps on depth or agents (the
-tree above enforces those through each subtree's lease); each subtree's top node
-runs under its lease, and where the lease runs out it asks the tree above for more
+tree above enforces those through leases). Each lease is a node under its root,
+with the lease's limits: the subtrees a node above placed here open below it (each
+top with its own limits), so this runtime's admission shares the lease among them,
+and where it runs out the lease asks the tree above for more, once for all of them
 (``runtime._ledger``). It speaks only bytes: ``start`` and ``down`` take messages,
 ``drain`` hands back what goes up (asks, snapshots, answers), batched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +22,7 @@ import msgspec
 import structlog
 
 from fractor.runtime import (
+    Budget,
     Caps,
     Event,
     Node,
@@ -35,6 +39,7 @@ from .._tools._approval import ApprovalRequest, approvals_of
 from ._remote import (
     Ask,
     Asking,
+    Close,
     Decided,
     Deny,
     Done,
@@ -77,39 +82,71 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Run:
-    __slots__ = ("above", "asking", "depth", "node", "parent_id", "run_id", "sent")
+    __slots__ = ("above", "depth", "node", "offset", "parent_id", "pool", "run_id", "sent")
 
-    def __init__(self, run_id: int, node: Node, depth: int, above: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, run_id: int, node: Node, pool: _Pool, depth: int, above: tuple[str, ...] = ()
+    ) -> None:
         self.run_id = run_id
         self.node = node
-        #: The top node's depth in the whole tree, and the agents above it there.
+        self.pool = pool
+        #: The top node's depth in the whole tree, and the agents above it there;
+        #: what to add to a depth here to make it one there.
         self.depth = depth
         self.above = above
-        self.asking = False
+        self.offset = depth - node.depth
         #: The last tally sent up in a snapshot.
         self.sent: Any = None
         #: Its top node's parent in the whole tree (set when its events are observed).
         self.parent_id = ""
 
 
+class _Pool:
+    """A lease of the tree above, shared by its subtrees here: a node under the
+    root with the lease's limits, above their top nodes, so that this runtime's
+    admission shares it among them, and they ask the tree above as one."""
+
+    __slots__ = ("asking", "node", "opened", "pool_id", "runs")
+
+    def __init__(self, pool_id: int, node: Node) -> None:
+        self.pool_id = pool_id
+        self.node = node
+        self.asking = False
+        #: Its subtrees running now, and how many it opened (each an agent of its
+        #: node here, counted by the tree above on its own node there).
+        self.runs: dict[int, _Run] = {}
+        self.opened = 0
+
+    def limits(self, budget: Budget) -> Budget:
+        """The node's limits for the lease's ``budget``: agents it opened count here
+        besides those the lease grants for what they open."""
+        if budget.agents is None or not self.opened:
+            return budget
+        return msgspec.structs.replace(budget, agents=budget.agents + self.opened)
+
+
 class _Lender:
-    """A subtree's way to ask the tree above for more headroom: one ask at a time
+    """A lease's way to ask the tree above for more headroom: one ask at a time
     (an operation still short after the answer asks again)."""
 
-    __slots__ = ("fresh", "hint", "host", "run")
+    __slots__ = ("fresh", "hint", "host", "pool")
 
-    def __init__(self, host: AgentHost, run: _Run) -> None:
+    def __init__(self, host: AgentHost, pool: _Pool) -> None:
         self.host = host
-        self.run = run
+        self.pool = pool
         self.fresh: dict[str, float] = {}
         self.hint: dict[str, float] = {}
 
     def want(self, node: Node, want: Want) -> None:
-        run = self.run
-        if run.asking:
+        pool = self.pool
+        if pool.asking:
             return
-        run.asking = True
-        self.host.post(Ask(run=run.run_id, tally=tally(node), want=want))
+        pool.asking = True
+        runtime = self.host.runtime
+        assert runtime is not None
+        runtime.supervisor.ledger.freeze(node)  # what the tallies say is all it holds
+        tallies = tuple((run.run_id, tally(run.node)) for run in pool.runs.values())
+        self.host.post(Ask(pool=pool.pool_id, tallies=tallies, want=want))
 
 
 class _Forwarder:
@@ -145,6 +182,7 @@ class AgentHost:
         self.name = config.name
         self.runtime: Runtime | None = None
         self._runs: dict[int, _Run] = {}
+        self._pools: dict[int, _Pool] = {}
         self._outbox: list[Up] = []
         self._waiter: Any = None
         self._ready = anyio.Event()
@@ -193,6 +231,7 @@ class AgentHost:
         for message in decode_down(data):
             assert isinstance(message, Start)
             self.started += 1
+            self._open_pool(message)
             self._task_group.start_soon(self._run, message, agent)
 
     def refuse(self, data: bytes, why: str) -> None:
@@ -200,6 +239,7 @@ class AgentHost:
         agent's definition could not be rebuilt here (``why``)."""
         for message in decode_down(data):
             assert isinstance(message, Start)
+            self._open_pool(message)
             reason = f"the host {self.name!r} could not rebuild agent {message.name!r}: {why}"
             log.warning("agent not rebuilt", host=self.name, node_id=message.node_id, error=why)
             self._refused(message, reason)
@@ -216,6 +256,9 @@ class AgentHost:
         ledger = runtime.supervisor.ledger
         supervisor = runtime.supervisor
         for message in decode_down(data):
+            if isinstance(message, (Grant, Deny, Room, Close)):
+                self._to_pool(message)
+                continue
             run = self._runs.get(message.run)
             if run is None:
                 if isinstance(message, Stop):
@@ -226,18 +269,7 @@ class AgentHost:
             if run.node.status != "running":
                 continue  # it answered already
             node = run.node
-            if isinstance(message, Grant):
-                run.asking = False
-                seconds = node.limits.seconds if node.limits is not None else None
-                ledger.extend(node, msgspec.structs.replace(message.limits, seconds=seconds))
-            elif isinstance(message, Deny):
-                run.asking = False
-                ledger.refuse(node, message.refusal.error())
-            elif isinstance(message, Room):
-                lender = node.lender
-                if lender is not None:
-                    lender.hint = {**lender.hint, **message.worth}
-            elif isinstance(message, Stop):
+            if isinstance(message, Stop):
                 error = message.refusal.error() if message.refusal is not None else None
                 supervisor.stop_subtree(node, message.status, message.reason, error)
                 ledger.changed_at(node)
@@ -245,6 +277,29 @@ class AgentHost:
                 approvals_of(runtime).settle(
                     message.id, approved=message.approved, reason=message.reason
                 )
+
+    def _to_pool(self, message: Grant | Deny | Room | Close) -> None:
+        """Apply a lease's grant, refusal, news or end to its node."""
+        runtime = self.runtime
+        assert runtime is not None
+        supervisor = runtime.supervisor
+        pool = self._pools.get(message.pool)
+        if pool is None:
+            return
+        node = pool.node
+        if isinstance(message, Close):
+            del self._pools[message.pool]
+            supervisor.close(node, "completed")
+        elif isinstance(message, Grant):
+            pool.asking = False
+            if message.worth and node.lender is not None:
+                node.lender.hint = {**node.lender.hint, **message.worth}
+            supervisor.ledger.extend(node, pool.limits(message.limits))
+        elif isinstance(message, Deny):
+            pool.asking = False
+            supervisor.ledger.refuse(node, message.refusal.error())
+        elif node.lender is not None:
+            node.lender.hint = {**node.lender.hint, **message.worth}
 
     def post(self, message: Up) -> None:
         self._outbox.append(message)
@@ -271,14 +326,22 @@ class AgentHost:
         try:
             if start.node_id in supervisor.nodes:
                 raise ValueError(f"a subtree with node id {start.node_id!r} runs here already")
+            pool = self._pools.get(start.pool)
+            if pool is None:
+                pool = self._pool(start)  # (to say why it could not be opened)
+            pool.opened += 1
+            if pool.node.limits is not None and pool.node.limits.agents is not None:
+                pool.node.limits = msgspec.structs.replace(
+                    pool.node.limits, agents=pool.node.limits.agents + 1
+                )
             node = supervisor.open(
-                supervisor.root, name=start.name, limits=start.limits, node_id=start.node_id
+                pool.node, name=start.name, limits=start.limits, node_id=start.node_id
             )
         except Exception as exc:  # it answers all the same: nothing waits for it forever
             self._refused(start, f"the host {self.name!r} could not run it: {exception_text(exc)}")
             return
-        run = self._runs[start.run] = _Run(start.run, node, start.depth, start.above)
-        node.lender = _Lender(self, run)
+        run = self._runs[start.run] = _Run(start.run, node, pool, start.depth, start.above)
+        pool.runs[start.run] = run
         forwarders = approvals_of(runtime).forwarders
         forwarders[node.id] = _Forwarder(self, run)
         if start.events:
@@ -300,6 +363,7 @@ class AgentHost:
             result = _failed(reason, node.id, node.usage())
         finally:
             del self._runs[start.run]
+            del pool.runs[start.run]
             forwarders.pop(node.id, None)
             if self._observed.pop(node.id, None) is not None and not self._observed:
                 runtime.event_bus.tap = None
@@ -307,14 +371,52 @@ class AgentHost:
             self._flush_events()
         traces: tuple[ExecutionTrace, ...] = ()
         if node.traces:
-            # The top's executions hang from the parent in the whole tree.
+            # The top's executions hang from the parent in the whole tree (here, from
+            # the lease's node).
+            here = ("", pool.node.id)
             traces = tuple(
-                msgspec.structs.replace(trace, parent_id=trace.parent_id or start.parent_id)
+                msgspec.structs.replace(
+                    trace,
+                    parent_id=start.parent_id if trace.parent_id in here else trace.parent_id,
+                )
                 for trace in (execution.final_trace() for execution in node.traces)
             )
             node.traces = None
-        nodes = _marked(supervisor.subtree(node), self.name, start.depth)
+        nodes = _marked(supervisor.subtree(node), self.name, run.offset)
         self.post(Done(run=start.run, result=result, tally=tally(node), traces=traces, nodes=nodes))
+
+    def _open_pool(self, start: Start) -> None:
+        """Open the lease of ``start`` if it is new, at once, in the order the
+        subtrees came (their tasks may start in another: a later subtree of the
+        lease finds it). If it cannot be opened, its subtree answers why."""
+        with contextlib.suppress(Exception):
+            self._pool(start)
+
+    def _pool(self, start: Start) -> _Pool:
+        """The lease ``start``'s subtree draws from: its node here, opened with the
+        first subtree of the lease (whose ``Start`` carries its limits)."""
+        pool = self._pools.get(start.pool)
+        if pool is not None:
+            if start.pool_limits is not None:  # it was idle: its new limits
+                pool.asking = False  # (an ask of its last subtrees was not answered)
+                runtime = self.runtime
+                assert runtime is not None
+                runtime.supervisor.ledger.extend(pool.node, pool.limits(start.pool_limits))
+            return pool
+        if start.pool_limits is None:
+            raise ValueError(f"lease {start.pool} is not known here")
+        runtime = self.runtime
+        assert runtime is not None
+        supervisor = runtime.supervisor
+        node = supervisor.open(
+            supervisor.root,
+            name="lease",
+            limits=start.pool_limits,
+            node_id=f"{self.name}/lease-{start.pool}.{start.node_id}",
+        )
+        pool = self._pools[start.pool] = _Pool(start.pool, node)
+        node.lender = _Lender(self, pool)
+        return pool
 
     def _observe(self, run: _Run, parent_id: str) -> None:
         """Forward the events of ``run``'s subtree, at their place in the whole tree."""
@@ -336,9 +438,9 @@ class AgentHost:
             if node is None:
                 return  # not of an observed subtree
             run = self._observed[node.id]
-        elif event.parent_id == "root":
+        else:  # the top's own: its parent is the lease's node here
             event = msgspec.structs.replace(event, parent_id=run.parent_id)
-        event = msgspec.structs.replace(event, depth=event.depth + run.depth - 1)
+        event = msgspec.structs.replace(event, depth=event.depth + run.offset)
         if not self._events:
             self.post_soon()
         self._events.append(event)
@@ -366,7 +468,7 @@ class AgentHost:
                 if now == run.sent and not run.node.children:
                     continue
                 run.sent = now
-                nodes = _marked(supervisor.subtree(run.node), self.name, run.depth)
+                nodes = _marked(supervisor.subtree(run.node), self.name, run.offset)
                 self.post(Nodes(run=run.run_id, tally=now, nodes=nodes))
 
 
@@ -382,8 +484,8 @@ def _failed(reason: str, node_id: str, usage: Usage) -> Result:
     )
 
 
-def _marked(nodes: list[NodeSnapshot], host: str, depth: int) -> tuple[NodeSnapshot, ...]:
+def _marked(nodes: list[NodeSnapshot], host: str, offset: int) -> tuple[NodeSnapshot, ...]:
     """Snapshots of a subtree's nodes, each marked with its host, at their depth in the
-    whole tree (the subtree's top is at ``depth`` there, and at 1 here)."""
+    whole tree (``offset`` deeper there than here)."""
     replace = msgspec.structs.replace
-    return tuple(replace(node, host=host, depth=node.depth + depth - 1) for node in nodes)
+    return tuple(replace(node, host=host, depth=node.depth + offset) for node in nodes)

@@ -31,14 +31,18 @@ import anyio
 import msgspec
 import structlog
 
-from fractor.runtime import Node, Runtime, Supervisor
+from fractor.runtime import BudgetExceeded, Node, Runtime, Supervisor
+from fractor.runtime.lowlevel import Lease, Ledger, Refusal, Want
 
 from .._messages import exception_text
 from .._observation._events import Restart
 from ._host import AgentHost, HostConfig
 from ._placing import HostUnavailable, Placement
 from ._remote import (
+    Ask,
+    Deny,
     Events,
+    Grant,
     HostLink,
     Lost,
     RemoteChild,
@@ -90,6 +94,7 @@ class RemoteHosts:
         self.links: list[HostLink] = []
         self.runtime: Runtime | None = None
         self._runs = itertools.count(1)
+        self._pools = itertools.count(1)
         self._turn: dict[str, int] = {}
         #: Watchers of streamed asks (``Node.watch``) of the executions running on
         #: hosts, by execution id: a remote subtree's events reach them too.
@@ -210,11 +215,27 @@ class RemoteHosts:
         (a subtree placed again after its host was lost starts afresh)."""
         node = child.node
         supervisor = child.supervisor
+        ledger = supervisor.ledger
         if child.link is not None:
             child.link.finished(child.run_id)
-        lease = supervisor.ledger.open(node)
-        lease.host = link.name
-        limits = lease.limits()
+        lease = ledger.open(node, key=link)
+        pool_limits = None
+        if not lease.ref:  # a new lease: the host opens its node with the first subtree
+            lease.ref = next(self._pools)
+            lease.host = link.name
+            link.pools[lease.ref] = lease
+            pool_limits = lease.limits()
+            ref = lease.ref
+
+            def tell(worth: dict[str, float]) -> None:
+                if not link.lost:
+                    link.send(encode([Room(pool=ref, worth=worth)]))
+
+            lease.tell = tell
+            lease.close = lambda: link.close(lease)
+        elif lease.count == 1:  # it was idle: the host's node of it gets its new limits
+            pool_limits = lease.limits()
+        limits = ledger.own_limits(node)
         if node.deadline != math.inf:
             remaining = max(node.deadline - supervisor.now(), 1e-6)
             limits = msgspec.structs.replace(limits, seconds=remaining)
@@ -227,6 +248,8 @@ class RemoteHosts:
             depth=node.depth,
             parent_id=node.parent.id if node.parent is not None else "",
             limits=limits,
+            pool=lease.ref,
+            pool_limits=pool_limits,
             traces=node.traces is not None,
             events=node.watch is not None
             or (self.runtime is not None and self.runtime.event_bus.active),
@@ -237,16 +260,12 @@ class RemoteHosts:
         try:
             link.start(run_id, child.agent, encode([start]))
         except BaseException:
-            supervisor.ledger.end(node, None)
+            ledger.end(node, None)
+            if not lease.live:  # the host never heard of it
+                link.pools.pop(lease.ref, None)
             raise
         child.link, child.run_id = link, run_id
         link.runs[run_id] = child
-
-        def tell(worth: dict[str, float]) -> None:
-            if not link.lost:
-                link.send(encode([Room(run=run_id, worth=worth)]))
-
-        lease.tell = tell
         link.placed += 1
 
     def place_again(self, child: RemoteChild, lost: Lost) -> bool:
@@ -289,6 +308,9 @@ class RemoteHosts:
                     if isinstance(message, Events):
                         self._publish(link, message)
                         continue
+                    if isinstance(message, Ask):
+                        self._ask(link, message)
+                        continue
                     child = link.runs.get(message.run)
                     if child is not None:
                         child.deliver(message)
@@ -301,6 +323,37 @@ class RemoteHosts:
             )
             for child in list(link.runs.values()):
                 child.deliver(Lost(reason, dead=dead))
+
+    def _ask(self, link: HostLink, message: Ask) -> None:
+        """A lease of ``link``'s host ran out: charge what its subtrees used (before
+        any message of theirs that came later), then ask the ledger for more, and
+        send its answer down when it comes."""
+        lease = link.pools.get(message.pool)
+        if lease is None:
+            return  # it ended: nothing there waits for an answer
+        asker: RemoteChild | None = None
+        for run_id, tally in message.tallies:
+            child = link.runs.get(run_id)
+            if child is None or child.node.lease is not lease:
+                continue
+            child.supervisor.ledger.report(child.node, tally)
+            if asker is None and lease.members[child.node].live:
+                asker = child
+        task_group = self._task_group
+        if asker is not None and task_group is not None:
+            ledger = asker.supervisor.ledger
+            task_group.start_soon(self._answer, link, lease, ledger, asker.node, message.want)
+
+    @staticmethod
+    async def _answer(link: HostLink, lease: Lease, ledger: Ledger, node: Node, want: Want) -> None:
+        try:
+            limits = await ledger.ask(node, lease.members[node].tally, want)
+        except BudgetExceeded as exc:
+            answer: Grant | Deny = Deny(pool=lease.ref, refusal=Refusal.of(exc))
+        else:
+            answer = Grant(pool=lease.ref, limits=limits, worth=dict(lease.hinted))
+        if lease.live and not link.lost and link.pools.get(lease.ref) is lease:
+            link.send(encode([answer]))  # (an idle or ended lease asks for nothing)
 
     def _publish(self, link: HostLink, message: Events) -> None:
         """A host's events, into this runtime's: marked with the host, at this

@@ -14,9 +14,11 @@ to place its subtree again when its host is lost).
 
 The stand-in keeps every promise of a local child:
 
-- **One ledger**: the node here holds the subtree's lease (``runtime._ledger``); its
-  asks are admitted here like requests (wait for headroom, stop only when a limit
-  is spent); its usage is charged here as it is reported.
+- **One ledger**: the subtree draws from a lease of its parent's headroom here,
+  shared with its parent's other subtrees on the same host (``runtime._ledger``);
+  the lease's asks are admitted here like requests (wait for headroom, stop only
+  when a limit is spent); the subtree's usage is charged on its node as it is
+  reported.
 - **One cancellation**: a stop of the node or of an ancestor, a deadline, or the
   parent's interruption sends a stop to the host, which stops the subtree with the
   same status and reason; its answer (with its usage and traces) is awaited
@@ -34,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import msgspec
 
-from fractor.runtime import Budget, BudgetExceeded, Node, NodeSnapshot, Usage
-from fractor.runtime.lowlevel import Refusal, Tally, Want, new_waiter, park, wake
+from fractor.runtime import Budget, Node, NodeSnapshot, Usage
+from fractor.runtime.lowlevel import Lease, Refusal, Tally, Want, new_waiter, park, wake
 
 from .._messages import ExecutionTrace, Result
 from .._observation._events import WireEvent
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Ask",
     "Asking",
+    "Close",
     "Decided",
     "Deny",
     "Done",
@@ -90,8 +93,13 @@ class Start(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     #: The top node's depth in the whole tree, and its parent's id there.
     depth: int
     parent_id: str
-    #: The subtree's limits: its lease (depth and seconds included).
+    #: The subtree's own limits (its budget, the depth left, the seconds left).
     limits: Budget
+    #: The lease it draws from with the other subtrees of its parent on this host
+    #: (its number on the link), and the lease's limits when it is new here: the
+    #: host opens the lease's node with them.
+    pool: int = 0
+    pool_limits: Budget | None = None
     #: Send the subtree's traces back with its ``Result`` (the driver stores them).
     traces: bool = False
     #: Send the subtree's events up as they happen (the driver's are observed).
@@ -102,26 +110,34 @@ class Start(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Down: the subtree's lease grew; these are its limits now."""
+    """Down: a lease grew; these are its limits now, and what a part of the budgets
+    above is worth now (as ``Room`` says it)."""
 
-    run: int
+    pool: int
     limits: Budget
+    worth: dict[str, float] = {}
 
 
 class Room(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Down: what a part of the budgets above is worth now, field by field (siblings
-    gave headroom back): the subtree asks for more before it cuts a reply short at
-    what its lease has left. Changes no limit."""
+    gave headroom back): the lease's subtrees ask for more before they cut a reply
+    short at what it has left. Changes no limit."""
 
-    run: int
+    pool: int
     worth: dict[str, float]
 
 
 class Deny(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Down: the ask was refused: a limit of the tree above is spent."""
+    """Down: a lease's ask was refused: a limit of the tree above is spent."""
 
-    run: int
+    pool: int
     refusal: Refusal
+
+
+class Close(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Down: a lease ended (its last subtree answered): close its node there."""
+
+    pool: int
 
 
 class Stop(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -142,14 +158,15 @@ class Decided(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     reason: str = ""
 
 
-Down = Start | Grant | Room | Deny | Stop | Decided
+Down = Start | Grant | Room | Deny | Close | Stop | Decided
 
 
 class Ask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Up: the lease ran out: what was used, and what the waiting operation needs."""
+    """Up: a lease ran out: what each of its live subtrees used (by run), and what
+    the waiting operation needs."""
 
-    run: int
-    tally: Tally
+    pool: int
+    tallies: tuple[tuple[int, Tally], ...]
     want: Want
 
 
@@ -244,6 +261,8 @@ class HostLink:
         self.lost = ""
         #: Subtrees placed on it so far.
         self.placed = 0
+        #: The live leases its subtrees draw from, by their numbers here.
+        self.pools: dict[int, Lease] = {}
 
     def start(self, run_id: int, agent: Agent, data: bytes) -> None:
         raise NotImplementedError
@@ -253,6 +272,20 @@ class HostLink:
 
     def finished(self, run_id: int) -> None:
         self.runs.pop(run_id, None)
+
+    def ended(self, lease: Lease) -> None:
+        """If ``lease`` ended (its last subtree here answered or was lost, and it does
+        not wait idle for another), forget it and have the host close its node."""
+        if not lease.live and not lease.idle:
+            self.close(lease)
+
+    def close(self, lease: Lease) -> None:
+        """Forget ``lease`` and have the host close its node."""
+        if self.pools.get(lease.ref) is not lease:
+            return
+        del self.pools[lease.ref]
+        if not self.lost:
+            self.send(encode([Close(pool=lease.ref)]))
 
     def __repr__(self) -> str:
         state = f" lost: {self.lost}" if self.lost else ""
@@ -382,11 +415,28 @@ class RemoteChild:
         if isinstance(message, Withdrawn):
             self._withdraw(message.id)
             return
+        ledger = self.supervisor.ledger
+        node = self.node
+        lease = node.lease
+        assert lease is not None
+        if isinstance(message, Nodes):
+            # Charged at once, in the order the host sent them (its lease's asks
+            # report its subtrees too, in the same order).
+            member = lease.members[node]
+            if member.live:
+                member.nodes = message.nodes
+            ledger.report(node, message.tally)
+            return
         if isinstance(message, Done):
-            # Settle the ledger at once: an ask of the subtree may still wait here.
-            self.supervisor.ledger.end(self.node, message.tally)
+            # Settle the ledger at once: an ask of the lease may still wait here.
+            member = lease.members[node]
+            if message.nodes and member.live:
+                member.nodes = message.nodes
+            ledger.end(node, message.tally)
+            self._ended(lease)
         elif isinstance(message, Lost):
-            self.supervisor.ledger.end(self.node, None, lost=True, dead=message.dead)
+            ledger.end(node, None, lost=True, dead=message.dead)
+            self._ended(lease)
             for request_id in list(self.asked):  # nobody there waits for them now
                 self._withdraw(request_id)
         self.inbox.append(message)
@@ -434,8 +484,6 @@ class RemoteChild:
     async def _follow(self) -> None:
         """Serve the host's messages until the subtree answers (or its host is lost)."""
         inbox = self.inbox
-        ledger = self.supervisor.ledger
-        node = self.node
         while self.done is None and self.lost is None:
             if not inbox:
                 self.waiter = new_waiter()
@@ -447,26 +495,13 @@ class RemoteChild:
             message = inbox.popleft()
             if isinstance(message, Done):
                 self.done = message
-                lease = node.lease
-                if lease is not None and message.nodes:
-                    lease.nodes = message.nodes
-            elif isinstance(message, Lost):
-                if not self.place_again(self, message):
-                    self.lost = message
-            elif isinstance(message, Ask):
-                try:
-                    limits = await ledger.ask(node, message.tally, message.want)
-                except BudgetExceeded as exc:
-                    answer: Grant | Deny = Deny(run=self.run_id, refusal=Refusal.of(exc))
-                else:
-                    answer = Grant(run=self.run_id, limits=limits)
-                assert self.link is not None
-                self.link.send(encode([answer]))
-            elif isinstance(message, Nodes):
-                lease = node.lease
-                assert lease is not None
-                lease.nodes = message.nodes
-                ledger.report(node, message.tally)
+            elif isinstance(message, Lost) and not self.place_again(self, message):
+                self.lost = message
+
+    def _ended(self, lease: Lease) -> None:
+        link = self.link
+        if link is not None:
+            link.ended(lease)
 
     def _adopt(self, request: ApprovalRequest) -> None:
         """List an approval the subtree asked for under the top-level agent above it
@@ -508,13 +543,16 @@ class RemoteChild:
                 parent, attempt = node.parent, self.parent_attempt
                 node.traces.extend(_Shipped(trace, parent, attempt) for trace in done.traces)
         else:
+            lease = node.lease
+            assert lease is not None
             if self.lost is not None:
                 status, reason = "failed", self.lost.reason
                 supervisor.ledger.end(node, None, lost=True, dead=self.lost.dead)
-            else:  # its answer did not come in time: what it held stays held
+            else:  # its answer did not come in time: what its lease holds stays held
                 status, reason = supervisor.why_stopped(node)
                 reason = f"{reason}; the host {link.name!r} did not answer the stop"
                 supervisor.ledger.end(node, None, lost=True)
+            self._ended(lease)
             result = Result(
                 text=f"[{status}] {reason}",
                 status=status,  # type: ignore[arg-type]

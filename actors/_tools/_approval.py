@@ -171,13 +171,18 @@ class Approvals:
         """Register a request for ``call`` of the execution at ``node``, named by its
         place in the whole tree (on a host, below the agents above its subtree)."""
         chain = list(node.chain())[:-1]  # without the supervisor's root
+        forwarder = None
+        for index, current in enumerate(chain):
+            forwarder = self.forwarders.get(current.id)
+            if forwarder is not None:  # a subtree run for another host's tree: its top
+                del chain[index + 1 :]
+                break
         top = chain[-1]
         path = tuple(n.name for n in reversed(chain))
         depth = node.depth
-        forwarder = self.forwarders.get(top.id)
-        if forwarder is not None:  # a subtree run for another host's tree
+        if forwarder is not None:
             path = (*forwarder.above, *path)
-            depth += forwarder.depth - 1
+            depth += forwarder.depth - top.depth
         request = ApprovalRequest(
             id=f"{self.prefix}approval-{next(self._ids)}",
             agent=agent,

@@ -135,7 +135,9 @@ async def test_500_concurrent_children_on_two_hosts_share_one_budget_exactly(
     assert node.usage.requests <= budget.requests  # type: ignore[operator]
     assert node.usage.tool_calls <= budget.tool_calls  # type: ignore[operator]
     assert (node.agents, node.steps) == (500, 1002)
-    assert asks >= 500  # each remote subtree leased its share
+    # The subtrees of the lead on one host draw from one lease, which grows
+    # geometrically: a few round trips for each host, not one for each subtree.
+    assert 2 <= asks <= 2 * 20
     assert root.held is not None
     assert (root.held.leases, root.held.tokens, root.held.steps, root.held.agents) == (0, 0, 0, 0)
 
@@ -427,7 +429,15 @@ async def test_a_subtree_its_host_cannot_run_still_answers_failed() -> None:
 
     host = AgentHost(HostConfig(name="h"))
     start = Start(
-        run=1, text="t", node_id="w#1.x", name="worker", depth=2, parent_id="lead", limits=Budget()
+        run=1,
+        text="t",
+        node_id="w#1.x",
+        name="worker",
+        depth=2,
+        parent_id="lead",
+        limits=Budget(),
+        pool=1,
+        pool_limits=Budget(),
     )
     async with anyio.create_task_group() as tg:
         tg.start_soon(host.serve)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from fractor.actors import Agent, Result
+from fractor.actors import Agent, LocalHosts, Result, ScriptedModel, call, calls, reply
 from fractor.runtime import Budget, Runtime, Usage
 
 from .conftest import MakeHosts
@@ -64,7 +64,58 @@ async def test_statistics_count_the_round_trips_of_leases(make_hosts: MakeHosts)
         ledger = rt.supervisor.ledger
         asks, refusals, waits = ledger.asks, ledger.refusals, ledger.waits
     assert short.status == "budget_exceeded"
-    # Every ask of a remote subtree answered (granted or refused) is one round trip.
-    assert stats.lease_asks == asks >= len(tasks)
+    # Every ask of a lease answered (granted or refused) is one round trip: the
+    # subtrees of the lead on one host share a lease, and ask as one.
+    assert stats.lease_asks == asks >= 2
     assert stats.lease_refusals == refusals > 0
     assert stats.lease_waits == waits
+
+
+def _two_turns(tasks: list[str], budget: Budget) -> Agent:
+    """A lead that hands half its tasks to writers, then the other half."""
+    half = len(tasks) // 2
+    script = [
+        calls(*(call("worker", task=t) for t in tasks[:half])),
+        calls(*(call("worker", task=t) for t in tasks[half:])),
+        reply("All done."),
+    ]
+    return Agent("lead", ScriptedModel(script), subagents=[writer()], budget=budget)
+
+
+async def test_subtrees_on_one_host_ask_as_one_lease(make_hosts: MakeHosts) -> None:
+    # Eight writers of one lead on one host draw from one lease: its asks grow with
+    # the log of what they need together, not with their number (8 or more before).
+    tasks = [f"t{i}" for i in range(8)]
+    demand = await _ask(lead(writer(), tasks), None)
+    budget = Budget(tokens=demand.usage.total_tokens * 10, tool_calls=100, requests=100)
+    async with Runtime(hosts=make_hosts(1)) as rt:
+        result = await (await rt.spawn(lead(writer(), tasks, budget))).ask("go")
+        asks = rt.supervisor.ledger.asks
+    assert result.status == "completed", result.stop_reason
+    assert _spent(result.usage) == _spent(demand.usage)
+    assert 1 <= asks <= 4
+
+
+async def test_a_lease_idle_between_turns_is_revived_without_a_round_trip() -> None:
+    # The lead's second batch finds its lease on the host idle (the first batch
+    # ended): it is granted again at once, with the first subtree of the batch.
+    tasks = [f"t{i}" for i in range(8)]
+    demand = await _ask(_two_turns(tasks, Budget()), None)
+    budget = Budget(tokens=demand.usage.total_tokens * 10, tool_calls=100, requests=100)
+    async with Runtime(hosts=LocalHosts(1)) as rt:
+        await (await rt.spawn(lead(writer(), tasks[:4], budget))).ask("go")
+        one_batch = rt.supervisor.ledger.asks
+    hosts = LocalHosts(1)
+    async with Runtime(hosts=hosts) as rt:
+        result = await (await rt.spawn(_two_turns(tasks, budget))).ask("go")
+        ledger = rt.supervisor.ledger
+        asks, idle = ledger.asks, dict(ledger.idle)
+        host = hosts.links[0].host  # type: ignore[attr-defined]
+        assert host.runtime is not None
+        leases = [n for n in host.runtime.supervisor.nodes.values() if n.name == "lease"]
+    assert result.status == "completed", result.stop_reason
+    assert _spent(result.usage) == _spent(demand.usage)
+    assert asks <= one_batch  # a second batch as large, no more round trips
+    # The lead closed: its idle lease ended, and the host closed the lease's node.
+    assert idle == {}
+    assert leases == []

@@ -10,12 +10,14 @@ import pytest
 from fractor.actors import ExecutionTrace, Result, ToolStart
 from fractor.actors._hosts._remote import (
     Ask,
+    Close,
     Deny,
     Done,
     Down,
     Events,
     Grant,
     Nodes,
+    Room,
     Start,
     Stop,
     decode_down,
@@ -70,16 +72,24 @@ DOWN = [
         name="worker",
         depth=2,
         parent_id="lead#1.ef",
-        limits=Budget(tokens=0, tool_calls=0, depth=6, seconds=2.5, cost=0.0),
+        limits=Budget(tokens=500, depth=6, seconds=2.5),
+        pool=3,
+        pool_limits=Budget(tokens=0, tool_calls=0, cost=0.0),
         traces=True,
         events=True,
     ),
-    Grant(run=1, limits=Budget(tokens=2_000, tool_calls=4)),
-    Deny(run=1, refusal=REFUSAL),
+    Grant(pool=3, limits=Budget(tokens=2_000, tool_calls=4)),
+    Room(pool=3, worth={"tokens": 1_500.0}),
+    Deny(pool=3, refusal=REFUSAL),
+    Close(pool=3),
     Stop(run=1, status="budget_exceeded", reason=str(REFUSAL.error()), refusal=REFUSAL),
 ]
 UP = [
-    Ask(run=1, tally=TALLY, want=Want(tokens=300, requests=1, detail="284 input + 16 output")),
+    Ask(
+        pool=3,
+        tallies=((1, TALLY), (2, Tally())),
+        want=Want(tokens=300, requests=1, detail="284 input + 16 output"),
+    ),
     Nodes(run=1, tally=TALLY, nodes=(NODE,)),
     Events(events=(Event(at=1.5, agent="helper", detail=ToolStart(tool="x", call_id="c")),)),
     Done(run=1, result=RESULT, tally=TALLY, traces=(TRACE,), nodes=(NODE,)),
@@ -99,7 +109,7 @@ def test_every_message_up_round_trips_through_the_wire_and_json() -> None:
 
 
 def test_a_refusal_crosses_whole() -> None:
-    error = decode_down(encode([DOWN[2]]))[0].refusal.error()  # type: ignore[union-attr]
+    error = decode_down(encode([DOWN[3]]))[0].refusal.error()  # type: ignore[union-attr]
     assert str(error) == (
         "tokens limit of 1,000 reached: the next request needs about 300 (x), 120 left "
         "(budget of lead 'lead#1.ef')"

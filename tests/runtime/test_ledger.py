@@ -133,9 +133,12 @@ async def test_a_lease_carries_the_tightest_remaining_depth_of_budgets_and_caps(
 ) -> None:
     sup = started(root, caps=caps)
     parent = sup.open(sup.root, name="top", limits=top)
-    lease = sup.ledger.open(sup.open(parent, name="remote", limits=None))  # at depth 2
+    remote = sup.open(parent, name="remote", limits=None)  # at depth 2
+    lease = sup.ledger.open(remote)
     assert lease.depth == depth
-    assert lease.limits().depth == depth
+    # It travels with each subtree (the lease's node on the host is one level above).
+    assert lease.limits().depth is None
+    assert sup.ledger.own_limits(remote).depth == depth
 
 
 async def test_the_runtime_cap_on_agents_is_leased_like_a_budget() -> None:
@@ -662,6 +665,148 @@ async def test_an_ask_needing_what_a_lost_lease_holds_is_refused_not_left_waitin
     assert parent.stop_status == "budget_exceeded"
 
 
+# -- one lease for a parent's subtrees on one host ---------------------------------------
+
+
+def pooled(sup: Supervisor, parent: Node, key: str, name: str = "remote") -> Node:
+    """A child of ``parent`` placed on host ``key``: it joins the lease ``parent``
+    holds for that host, if one is live or idle."""
+    node = sup.open(parent, name=name, limits=None)
+    sup.ledger.open(node, key=key)
+    return node
+
+
+async def test_the_subtrees_of_one_parent_on_one_host_draw_from_one_lease() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000, tool_calls=20))
+    a, b, c = pooled(sup, parent, "h1"), pooled(sup, parent, "h1"), pooled(sup, parent, "h2")
+    lease = a.lease
+    assert lease is not None
+    assert b.lease is lease
+    assert c.lease is not None
+    assert c.lease is not lease
+    assert parent.held is not None
+    assert (parent.held.leases, lease.count, lease.weight) == (2, 2, 2)
+    # One ask for the pool; what each subtree uses is charged on its own node.
+    granted = await sup.ledger.ask(a, Tally(), Want(tokens=300, tool_calls=1))
+    assert granted.tokens is not None
+    assert granted.tokens >= 300
+    sup.ledger.report(b, used(200, tool_calls=1))
+    sup.ledger.report(a, used(100))
+    assert (b.input_tokens + b.output_tokens, a.input_tokens + a.output_tokens) == (200, 100)
+    assert lease.hold["tokens"] == granted.tokens - 300
+    assert held(parent, "tokens") == granted.tokens - 300
+    assert held(b, "tokens") == 0  # (held on the anchor's chain, not on a subtree)
+    # The first subtree ends: the lease lives on for the other.
+    sup.ledger.end(a, used(100))
+    assert (lease.live, lease.idle) == (True, False)
+    assert held(parent, "tokens") == granted.tokens - 300
+    # The last ends: all it holds comes back; it waits idle for the parent's next one.
+    sup.ledger.end(b, used(200, tool_calls=1))
+    assert (lease.live, lease.idle) == (False, True)
+    assert held(parent, "tokens") == held(parent, "tool_calls") == 0
+    assert parent.held.leases == 1  # (h2's)
+    assert sup.ledger.idle == {parent: {lease}}
+    assert (parent.input_tokens + parent.output_tokens, parent.tool_calls) == (300, 1)
+
+
+async def test_an_idle_lease_is_revived_with_what_an_ask_would_grant_and_no_round_trip() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=100_000))
+    first = pooled(sup, parent, "h1")
+    await sup.ledger.ask(first, Tally(), Want(tokens=400, wanted_output=300))
+    sup.ledger.end(first, used(400))
+    asks = sup.ledger.asks
+    lease = first.lease
+    assert lease is not None
+    was = (lease.idle, lease.live)
+    again = pooled(sup, parent, "h1")
+    assert again.lease is lease
+    assert was == (True, False)
+    assert (lease.idle, lease.live) == (False, True)
+    assert sup.ledger.asks == asks  # no round trip
+    # What it was granted while live (or 4 x what it used), its share of what is free.
+    assert lease.hold["tokens"] >= 400
+    assert lease.hold["tokens"] <= GROWTH * max(lease.granted["tokens"], 400)
+    assert held(parent, "tokens") == lease.hold["tokens"]
+    assert sup.ledger.idle == {parent: set()}
+
+
+async def test_an_idle_lease_ends_when_its_parent_closes_and_its_host_is_told() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    remote = pooled(sup, parent, "h1")
+    lease = remote.lease
+    assert lease is not None
+    closed: list[str] = []
+    lease.close = lambda: closed.append("h1")
+    sup.ledger.end(remote, Tally())
+    sup.close(remote, "completed")
+    assert closed == []  # idle: the parent may place another there
+    sup.close(parent, "completed")
+    assert closed == ["h1"]
+    assert not lease.idle
+    assert sup.ledger.idle == {}
+
+
+async def test_a_subtree_lost_alone_keeps_its_leases_hold_held_when_the_lease_ends() -> None:
+    # Its host did not answer a stop: what it uses there is not known any more, so
+    # the lease takes nothing back while it lives, and keeps its hold when it ends.
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    a, b = pooled(sup, parent, "h1"), pooled(sup, parent, "h1")
+    await sup.ledger.ask(a, Tally(), Want(tokens=400))
+    hold = held(parent, "tokens")
+    sup.ledger.end(a, None, lost=True)
+    assert a.lease is not None
+    assert a.lease.tainted
+    sup.ledger.end(b, used(100))
+    assert held(parent, "tokens") == hold - 100  # what b used was charged
+    assert parent.held is not None
+    assert parent.held.lost is not None
+    assert parent.held.lost.tokens == hold - 100  # counted as spent
+    assert not a.lease.idle  # a lost lease is never revived
+
+
+async def test_a_dead_hosts_lease_gives_back_all_but_what_requests_in_flight_held() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=1_000))
+    a, b = pooled(sup, parent, "h1"), pooled(sup, parent, "h1")
+    await sup.ledger.ask(a, Tally(), Want(tokens=600))
+    sup.ledger.report(b, Tally(usage=Usage(input_tokens=50), reserved_output=120))
+    sup.ledger.end(a, None, lost=True, dead=True)
+    sup.ledger.end(b, None, lost=True, dead=True)
+    assert held(parent, "tokens") == 120  # b's request in flight may have been billed
+    assert parent.held is not None
+    assert parent.held.lost is not None
+    assert parent.held.lost.tokens == 120
+
+
+async def test_a_hosts_lease_asking_for_more_spends_nothing_more_until_the_answer() -> None:
+    # On the host: while its ask is out, the tree above takes back what the lease's
+    # subtrees do not hold in flight, so the lease's node spends no more than that.
+    sup = started()
+    node = sup.open(sup.root, name="lease", limits=Budget(tokens=5_000, tool_calls=9, cost=1.0))
+    asked: list[Want] = []
+
+    class Lender:
+        def __init__(self) -> None:
+            self.fresh: dict[str, float] = {}
+            self.hint: dict[str, float] = {}
+
+        def want(self, node: Node, want: Want) -> None:
+            asked.append(want)
+
+    node.lender = Lender()
+    sup.charge(node, tool_calls=2)
+    sup.ledger.freeze(node)
+    assert node.limits == Budget(tokens=0, tool_calls=2, cost=0.0)
+    # A tool call there waits for the answer (it asks, and is not charged).
+    assert not sup.try_charge(node, tool_calls=1)
+    assert asked == [Want(tool_calls=1)]
+    assert (node.tool_calls, node.stop_status) == (2, None)
+
+
 # -- reports ----------------------------------------------------------------------------
 
 
@@ -887,12 +1032,12 @@ async def test_two_asks_each_waiting_for_what_the_other_holds_are_not_both_left_
     assert not isinstance(calls, Budget)
     assert first.lease is not None
     assert first.lease.hold["tokens"] == 0  # given back
+    assert calls.answer is None
     tokens = sup.ledger.ask_nowait(second, Tally(), Want(tokens=500))
     assert isinstance(tokens, Budget)
     assert tokens.tokens == 500
-    # The first waits for tool calls the second holds and may use: not for each other.
-    assert calls.answer is None
-    sup.ledger.end(second, Tally())
+    # An ask gives back everything its lease does not hold in flight (its host spends
+    # nothing more until the answer): the tool calls the first waits for among them.
     answer: object = calls.answer  # (mypy keeps it None from the line above)
     assert isinstance(answer, Budget)
     assert answer.tool_calls is not None
@@ -1032,6 +1177,11 @@ def below(node: Node, top: Node) -> bool:
     return any(current is top for current in node.chain())
 
 
+def held_on(remote: Node, node: Node) -> bool:
+    """Whether the lease of ``remote`` holds on ``node``: on its parent's chain."""
+    return remote.parent is not None and below(remote.parent, node)
+
+
 def spent(node: Node, name: str) -> float:
     """Settled usage (requests in flight count: they will happen)."""
     if name == "tokens":
@@ -1050,7 +1200,7 @@ def leases(world: World, node: Node, *, lost: bool = False) -> list[Lease]:
     for remote in world.remotes:
         lease = remote.node.lease
         assert lease is not None
-        if below(remote.node, node) and (remote.lost or not lost):
+        if held_on(remote.node, node) and (remote.lost or not lost):
             found.append(lease)
     return found
 
@@ -1073,7 +1223,7 @@ def check_ledger(world: World) -> None:
             assert held(node, name) == holds(world, node, name), (node, name)
         # A lease may give back from its opening until it ends or is lost; it holds a
         # grant once it has one, while it asks for nothing more.
-        below_node = [remote for remote in world.remotes if below(remote.node, node)]
+        below_node = [remote for remote in world.remotes if held_on(remote.node, node)]
         live = [remote for remote in below_node if not remote.ended]
         holding = [remote for remote in live if remote.granted and remote.asking is None]
         assert (node.held.leases if node.held is not None else 0) == len(live), node
