@@ -12,7 +12,7 @@ regimes, each on the lead:
   measures (tokens, input and output tokens, cost, requests, tool calls, steps, agents);
 - ``scarce``: 60% of that demand, on the same fields.
 
-For each it counts the **ledger round trips** (asks from a host's subtree to the
+For each it counts the **ledger round trips** (asks from a lease on a host to the
 driver's ledger: ``Ledger.asks``, every ask answered, granted or refused;
 ``Ledger.refusals`` the refused ones, ``Ledger.waits`` those that waited), per
 1,000 operations (requests + tool calls spent by the tree); the
@@ -27,11 +27,11 @@ default ``max_tokens``); in the cancellation run it calls them all in one turn
 when it is cancelled.
 
 Run ``python -m tests.stress.lease_sim --hosts 100 --agents 1000 --backend asyncio``
-(``--help`` for the options). On the 2-core machine it was written on (shared with
-other work), 100 hosts x 1,000 agents takes 15-25 s for the three regimes with
-their cancellations, on asyncio or trio; 200 x 2,000 about 85 s (the largest run
-within ~3 minutes); 400 x 4,000 did not end within 5 minutes (the time grows faster
-than the size). The short version in the suite, 4 x 40, takes ~3 s per backend.
+(``--help`` for the options). On the 2-core machine it was written on, 100 hosts x
+1,000 agents takes 4-6 s for the three regimes with their cancellations, on asyncio
+or trio; 200 x 2,000 about 9 s; 400 x 4,000 about 28 s (it did not end within 5
+minutes while each subtree had a lease of its own). The short version in the suite,
+4 x 40, takes ~3 s per backend.
 """
 
 from __future__ import annotations
