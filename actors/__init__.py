@@ -76,6 +76,8 @@ from ._observation._events import ExecutionEnd as ExecutionEnd
 from ._observation._events import ExecutionStart as ExecutionStart
 from ._observation._events import LimitReached as LimitReached
 from ._observation._events import ModelText as ModelText
+from ._observation._events import RateResume as RateResume
+from ._observation._events import RateWait as RateWait
 from ._observation._events import Refused as Refused
 from ._observation._events import RequestEnd as RequestEnd
 from ._observation._events import RequestStart as RequestStart
@@ -179,6 +181,8 @@ __all__ = [
     "Placer",
     "Progress",
     "ProviderError",
+    "RateResume",
+    "RateWait",
     "ReActModel",
     "Refused",
     "RemoteHosts",

@@ -37,6 +37,8 @@ from ._exceptions import UnknownMessage as UnknownMessage
 from ._messages import Envelope as Envelope
 from ._messages import MailboxStatistics as MailboxStatistics
 from ._messages import RuntimeStatistics as RuntimeStatistics
+from ._rates import LaneStatistics as LaneStatistics
+from ._rates import RateLimit as RateLimit
 from ._ref import ActorRef as ActorRef
 from ._ref import PendingReply as PendingReply
 from ._runtime import Hosts as Hosts
@@ -72,6 +74,7 @@ __all__ = [
     "FractorError",
     "Hosts",
     "InvalidUsage",
+    "LaneStatistics",
     "MailboxFull",
     "MailboxStatistics",
     "MemoryStore",
@@ -81,6 +84,7 @@ __all__ = [
     "OutputSharing",
     "PendingReply",
     "Price",
+    "RateLimit",
     "Record",
     "Reservation",
     "Runtime",

@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+from ._rates import LaneStatistics
+
 __all__ = ["Envelope", "MailboxStatistics", "RuntimeStatistics"]
 
 
@@ -59,3 +61,10 @@ class RuntimeStatistics(msgspec.Struct, frozen=True, kw_only=True):
     lease_asks: int = 0
     lease_refusals: int = 0
     lease_waits: int = 0
+    #: Model requests that waited for a rate limit, the seconds they waited, and the
+    #: requests servers refused (429s), over every lane; and each lane (a model's)
+    #: as it is now.
+    rate_waits: int = 0
+    rate_wait_seconds: float = 0.0
+    rate_refused: int = 0
+    lanes: dict[str, LaneStatistics] = {}

@@ -32,6 +32,7 @@ from ._cell import TASK_HANDLES, ActorGroup, Cell
 from ._events import EventBus, Subscription
 from ._exceptions import DuplicateActor, RuntimeClosed
 from ._messages import RuntimeStatistics
+from ._rates import RateLimit
 from ._ref import ActorRef
 from ._store import Store
 from ._supervisor import DEFAULT_MAX_TOKENS, MIN_OUTPUT_TOKENS, Supervisor
@@ -112,7 +113,13 @@ class Runtime:
     they run together, and a reply longer than its share is cut and asked again) or
     ``"whole"`` (each reserves all it wants or waits for requests in flight: a reply
     is cut only when the budget itself is short; requests serialize under a tight
-    limit).
+    limit). ``rate_limits`` are what each model (by name, as ``prices``) may be sent
+    per minute and at once (``RateLimit``): every request of the runtime waits in its
+    model's lane for room rather than be refused; a model with none declared still
+    pauses as a server asks and adapts its concurrency once refused (see
+    ``Supervisor.rates``). A request a server refused for its rate limits (a 429: not
+    billed) is charged nothing, and counts against ``requests`` limits only with
+    ``count_refused=True``.
     """
 
     def __init__(
@@ -129,6 +136,8 @@ class Runtime:
         caps: Caps | None = DEFAULT_CAPS,
         hosts: Hosts | None = None,
         output_sharing: OutputSharing = "fair",
+        rate_limits: dict[str, RateLimit] | None = None,
+        count_refused: bool = False,
     ) -> None:
         if (
             isinstance(grace, bool)
@@ -168,6 +177,8 @@ class Runtime:
             default_max_tokens=default_max_tokens,
             caps=caps,
             output_sharing=output_sharing,
+            rate_limits=rate_limits,
+            count_refused=count_refused,
         )
         self.grace = grace
         #: Where subtrees may run besides this process (None: only here).
@@ -480,6 +491,7 @@ class Runtime:
         """A snapshot of the whole runtime; never waits, stops nothing."""
         cells = self._cells.values()
         ledger = self.supervisor.ledger
+        lanes = self.supervisor.rates.statistics()
         return RuntimeStatistics(
             live_actors=len(self._cells),
             spawned=self._spawned,
@@ -493,6 +505,10 @@ class Runtime:
             lease_asks=ledger.asks,
             lease_refusals=ledger.refusals,
             lease_waits=ledger.waits,
+            rate_waits=sum(lane.waits for lane in lanes.values()),
+            rate_wait_seconds=sum(lane.wait_seconds for lane in lanes.values()),
+            rate_refused=sum(lane.refused for lane in lanes.values()),
+            lanes=lanes,
         )
 
     def events(self, buffer: int = 1_000) -> AbstractAsyncContextManager[Subscription]:

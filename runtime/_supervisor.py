@@ -63,6 +63,7 @@ from ._budget import CHARGED, Budget, Caps, Price, derived
 from ._exceptions import BudgetExceeded
 from ._lease import LOST_WHY, HeldUp, Want
 from ._ledger import Ledger
+from ._rates import RateLimit, Rates
 from ._snapshots import EndStatus, NodeSnapshot, TreeSnapshot
 from ._tree import Cancellable, Node, stopped
 from ._waiter import clock
@@ -94,6 +95,8 @@ class Supervisor:
         min_output_tokens: int = MIN_OUTPUT_TOKENS,
         caps: Caps | None = None,
         output_sharing: OutputSharing = "fair",
+        rate_limits: dict[str, RateLimit] | None = None,
+        count_refused: bool = False,
     ) -> None:
         if caps is not None and not isinstance(caps, Caps):
             raise TypeError(f"caps must be a fractor.Caps or None, got {type(caps).__qualname__}")
@@ -141,6 +144,8 @@ class Supervisor:
         self.settle = admission.settle
         self.release = admission.release
         self.stop_over = admission.stop_over
+        #: The rate limits of the runtime's models: one lane a model.
+        self.rates = Rates(rate_limits, lambda: self.now(), count_refused=count_refused)
 
     def start(self) -> None:
         """Start the clock: the runtime's ``seconds`` budget counts from here."""

@@ -15,6 +15,10 @@ And the ledger's parts, for a layer that runs subtrees on other hosts (see
 ``runtime._ledger``): ``HeldUp`` (a charge must wait for headroom held by a lease:
 ``Supervisor.charge_waiting`` and ``open_waiting`` wait for it), ``Lender``, and the
 messages that cross between hosts: ``Tally``, ``Want``, ``Refusal``.
+
+And the rate limits' parts, for the layer that sends model requests (see
+``runtime._rates``): ``Rates`` (``Supervisor.rates``), a model's ``Lane``, and the
+``Pass`` a request takes of it.
 """
 
 from ._lease import LEASED as LEASED
@@ -25,6 +29,9 @@ from ._lease import Refusal as Refusal
 from ._lease import Tally as Tally
 from ._lease import Want as Want
 from ._ledger import Ledger as Ledger
+from ._rates import Lane as Lane
+from ._rates import Pass as Pass
+from ._rates import Rates as Rates
 from ._waiter import Waiter as Waiter
 from ._waiter import clock as clock
 from ._waiter import new_waiter as new_waiter
@@ -34,9 +41,12 @@ from ._waiter import wake as wake
 __all__ = [
     "LEASED",
     "HeldUp",
+    "Lane",
     "Lease",
     "Ledger",
     "Lender",
+    "Pass",
+    "Rates",
     "Refusal",
     "Tally",
     "Waiter",

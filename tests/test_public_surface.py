@@ -22,6 +22,7 @@ HOMES = {
         "fractor.runtime._waiter",
         "fractor.runtime._lease",
         "fractor.runtime._ledger",
+        "fractor.runtime._rates",
     ),
     "fractor.actors.hosts": ("fractor.actors._",),
 }
@@ -62,7 +63,7 @@ def test_runtime_surface_names() -> None:
         "EventDetail", "ActorStop",
         "FailurePolicy", "FractorError", "Hosts", "InvalidUsage",
         "MailboxFull", "MailboxStatistics", "MemoryStore", "Node", "NodeSnapshot", "NodeStatus",
-        "OutputSharing",
+        "OutputSharing", "RateLimit", "LaneStatistics",
         "PendingReply", "Price", "Record", "Reservation", "Runtime", "RuntimeClosed",
         "RuntimeStatistics", "SQLiteStore", "Spawnable", "Store", "StoreError", "Supervisor",
         "Subscription", "TreeSnapshot", "UnknownMessage",
@@ -103,6 +104,7 @@ def test_actors_surface_names() -> None:
         "ApprovalAsked", "ApprovalDecision", "BudgetResume", "BudgetWait", "CompactionEnd",
         "DeadlineReached", "ExecutionEnd", "ExecutionStart", "LimitReached", "ModelText",
         "Refused", "RequestEnd", "RequestStart", "Restart", "Retry", "Spawn", "StepEnd",
+        "RateWait", "RateResume",
         "StepStart", "ToolEnd", "ToolProgress", "ToolStart", "ToolCallProgress",
         # what a server's headers said of its rate limits
         "ServerLimits",
@@ -113,6 +115,7 @@ def test_actors_surface_names() -> None:
 def test_subpackage_surface_names() -> None:
     assert set(runtime.lowlevel.__all__) == {
         "LEASED", "HeldUp", "Lease", "Ledger", "Lender", "Refusal", "Tally", "Want",
+        "Lane", "Pass", "Rates",
         "Waiter", "clock", "new_waiter", "park", "wake",
     }  # fmt: skip
     assert set(actors.providers.__all__) == {

@@ -18,10 +18,20 @@ from fractor.runtime import InvalidUsage, Reservation, Usage
 
 from .._agent._policy import is_retryable, retry_after
 from .._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
-from .._observation._events import BudgetResume, BudgetWait, RequestEnd, RequestStart, Retry
+from .._observation._events import (
+    BudgetResume,
+    BudgetWait,
+    RateResume,
+    RateWait,
+    RequestEnd,
+    RequestStart,
+    Retry,
+)
 from ._recording import EMPTY_USAGE, Recorder
 
 if TYPE_CHECKING:
+    from fractor.runtime.lowlevel import Lane, Pass, Rates
+
     from .._agent._policy import RetryPolicy
     from .._models._protocol import Model, Send, StreamingModel
 
@@ -29,6 +39,8 @@ __all__ = ["EMPTY_USAGE", "admitting", "ascii_arguments", "safe_response", "send
 
 #: Characters per output token, for the estimate of a stream that was cut.
 _CHARS_PER_TOKEN = 4
+#: What a request the server refused is charged when refusals count: one request.
+_ATTEMPT = Usage(requests=1)
 
 
 async def send(
@@ -56,24 +68,22 @@ async def send(
     supervisor = recorder.supervisor
     node = recorder.node
     wanted = request.max_tokens
-    # The input estimate is the budget's pre-check: with no budget on the chain it is
-    # made only if the request fails (what it is charged then), never per request (it
-    # reads the whole context: a long conversation would pay for it every step).
-    estimated = node.limited
+    name = model.name
+    rates = supervisor.rates
+    lane = rates.lane(name)
+    # The input estimate is the budget's pre-check (and a token rate limit's): with
+    # neither it is made only if the request fails (what it is charged then), never
+    # per request (it reads the whole context: a long conversation would pay for it
+    # every step).
+    estimated = node.limited or rates.limited(name)
     estimate = model.estimate_tokens(request) if estimated else 0
     # What a request charged as its estimate (failed, cut, impossible usage) charges
     # when it was reserved without one.
     lazy = None if estimated else (lambda: model.estimate_tokens(request))
-    name = model.name
     attempt = 0
     at_least: int | None = None
     while True:
-        try:
-            reservation = supervisor.reserve_nowait(
-                node, input_estimate=estimate, max_tokens=wanted, model=name, at_least=at_least
-            )
-        except anyio.WouldBlock:
-            reservation = await _wait_for_budget(recorder, estimate, wanted, name, at_least)
+        reservation, taken = await _admit(recorder, lane, estimate, wanted, name, at_least)
         sent = request
         if reservation.max_tokens != wanted:
             sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
@@ -104,19 +114,36 @@ async def send(
             finally:
                 _CALL.reset(calling)
         except Exception as exc:
-            reported = _reported(exc) or call.used
-            _charge(recorder, reservation, reported, name, lazy)
             error = exc
-            if observed:
-                _request_end(recorder, name, reported, error=exception_text(exc))
+            if _refused(exc) and call.used is None:
+                # The server refused it (a rate limit): not billed, not counted; the
+                # lane pauses as the server asked, for every request of the model.
+                rates.refused(taken, retry_after(exc) or None)
+                if rates.count_refused:  # an attempt, if the user counts them
+                    _charge(recorder, reservation, _ATTEMPT, name, lazy)
+                else:
+                    supervisor.release(node, reservation)
+                if observed:
+                    _request_end(recorder, name, None, error=exception_text(exc))
+            else:
+                reported = _reported(exc) or call.used
+                rates.settle(taken, *_tokens(reported, reservation))
+                _charge(recorder, reservation, reported, name, lazy)
+                if observed:
+                    _request_end(recorder, name, reported, error=exception_text(exc))
+            _heard(rates, lane, getattr(exc, "limits", None))
         except BaseException:
             # Cut off (a deadline, a stop): what it read was spent, and what it streamed.
             spent = _cut(recorder, reservation, lazy) or call.used
+            rates.settle(taken, *_tokens(spent, reservation))
             _charge(recorder, reservation, spent, name, lazy)
             if observed:
                 _request_end(recorder, name, None, error="cut off before the model answered")
             raise
         else:
+            usage = response.usage
+            rates.settle(taken, usage.input_tokens, usage.output_tokens)
+            _heard(rates, lane, response.limits)
             if observed:
                 _request_end(recorder, name, response.usage, response=response)
             try:
@@ -144,10 +171,20 @@ async def send(
                         )
                     )
                 continue
+        asked = retry_after(error)
+        if asked and not once and _refused(error) and is_retryable(error):
+            # Refused for the model's rate limits, with a time to wait: the lane is
+            # paused that long for every request of the model, and this one waits in
+            # line there with them (flow, not failure: no attempt of its retries).
+            if supervisor.now() + asked >= node.deadline:
+                _no_time_to_retry(recorder, asked, asked)
+                raise error
+            if recorder.observed:
+                recorder.emit(Retry(attempt=attempt + 1, error=f"{error!r}"[:300], delay=asked))
+            continue
         attempt += 1
         if once or attempt > retry.retries or not is_retryable(error):
             raise error
-        asked = retry_after(error)
         delay = retry.delay(attempt, at_least=asked)
         if supervisor.now() + delay >= node.deadline:
             # No sleep that the deadline would cut: the execution times out now.
@@ -272,6 +309,97 @@ def _no_time_to_retry(recorder: Recorder, delay: float, asked: float) -> None:
         f"({delay:.3g} s away: {why}; budget of {owner.name} {owner.id!r})"
     )
     recorder.supervisor.stop_subtree(node, "timed_out", reason, cancel=False)
+
+
+async def _admit(
+    recorder: Recorder,
+    lane: Lane,
+    estimate: int,
+    wanted: int | None,
+    model: str,
+    at_least: int | None,
+) -> tuple[Reservation, Pass]:
+    """Room for one request in its model's rate limits, then in the budget: waiting
+    for either, and never holding budget while it waits for the rate limit (a
+    request that must wait for budget gives its place in the lane back, and takes
+    one again once it has the budget, or lets the budget go and waits in line)."""
+    supervisor = recorder.supervisor
+    rates = supervisor.rates
+    node = recorder.node
+    output = wanted if wanted is not None else supervisor.default_max_tokens
+    while True:
+        taken = rates.try_acquire(lane, estimate, output)
+        if taken is None:
+            taken = await _wait_for_rate(recorder, lane, estimate, output)
+        try:
+            reservation = supervisor.reserve_nowait(
+                node, input_estimate=estimate, max_tokens=wanted, model=model, at_least=at_least
+            )
+        except anyio.WouldBlock:
+            rates.refund(taken)
+            reservation = await _wait_for_budget(recorder, estimate, wanted, model, at_least)
+            again = rates.try_acquire(lane, estimate, output)
+            if again is None:
+                supervisor.release(node, reservation)  # (nothing charged: not sent)
+                continue
+            return reservation, again
+        except BaseException:
+            rates.refund(taken)
+            raise
+        return reservation, taken
+
+
+async def _wait_for_rate(recorder: Recorder, lane: Lane, estimate: int, output: int) -> Pass:
+    """Wait in line for room in a model's rate limits; visible as events and in the
+    tree (the node's ``waiting``)."""
+    observed = recorder.observed
+    node = recorder.node
+    began = time.perf_counter()
+
+    def on_wait(why: str) -> None:
+        node.waiting = why
+        if observed:
+            recorder.emit(RateWait(lane=lane.name, reason=why))
+
+    try:
+        return await recorder.supervisor.rates.acquire(lane, estimate, output, on_wait)
+    finally:
+        node.waiting = ""
+        if observed:
+            recorder.emit(RateResume(lane=lane.name, seconds=time.perf_counter() - began))
+
+
+def _refused(error: Exception) -> bool:
+    """Whether the server refused the request for its rate limits (429, or 503 with a
+    Retry-After): nothing was billed."""
+    status = getattr(error, "status", None)
+    return status == 429 or (status in (503, 529) and bool(retry_after(error)))
+
+
+def _tokens(usage: Usage | None, reservation: Reservation) -> tuple[int, int]:
+    """What a request that did not answer used of a rate limit's tokens: what it
+    reported, or its input as reserved."""
+    if usage is None:
+        return reservation.input, 0
+    return usage.input_tokens, usage.output_tokens
+
+
+def _heard(rates: Rates, lane: Lane, limits: object) -> None:
+    """What a server's rate-limit headers said (``ServerLimits``): a count with
+    nothing left pauses the lane until it resets."""
+    if limits is None:
+        return
+    for remaining, reset in (
+        ("requests_remaining", "requests_reset"),
+        ("tokens_remaining", "tokens_reset"),
+        ("input_tokens_remaining", "input_tokens_reset"),
+        ("output_tokens_remaining", "output_tokens_reset"),
+    ):
+        left = getattr(limits, remaining, None)
+        if left is not None and left <= 0:
+            seconds = getattr(limits, reset, None)
+            if seconds:
+                rates.spent(lane, seconds)
 
 
 async def _wait_for_budget(

@@ -41,6 +41,8 @@ __all__ = [
     "ExecutionStart",
     "LimitReached",
     "ModelText",
+    "RateResume",
+    "RateWait",
     "Refused",
     "RequestEnd",
     "RequestStart",
@@ -222,6 +224,20 @@ class BudgetResume(EventDetail, frozen=True, kw_only=True, tag="budget_resume"):
     seconds: float
 
 
+class RateWait(EventDetail, frozen=True, kw_only=True, tag="rate_wait"):
+    """A request waits for room in its model's rate limits (``lane``: the model)."""
+
+    lane: str
+    reason: str
+
+
+class RateResume(EventDetail, frozen=True, kw_only=True, tag="rate_resume"):
+    """A request that waited for a rate limit goes on, after ``seconds``."""
+
+    lane: str
+    seconds: float
+
+
 class LimitReached(EventDetail, frozen=True, kw_only=True, tag="budget_exceeded"):
     """A budget limit stopped the execution."""
 
@@ -284,6 +300,8 @@ Details: TypeAlias = (
     | CompactionEnd
     | BudgetWait
     | BudgetResume
+    | RateWait
+    | RateResume
     | LimitReached
     | DeadlineReached
     | ApprovalAsked

@@ -73,6 +73,8 @@ from ._events import (
     ExecutionStart,
     LimitReached,
     ModelText,
+    RateResume,
+    RateWait,
     Refused,
     RequestEnd,
     RequestStart,
@@ -521,7 +523,7 @@ SHOWN: dict[type[EventDetail], tuple[type[StreamEvent] | None, tuple[str, ...]]]
 
 #: The kinds a stream does not show, on purpose: the tree's structure and the model's
 #: requests (a subagent shows as its start and end), a refusal (the ask answers it),
-#: an actor's stop.
+#: an actor's stop, a wait for a rate limit (the runtime's events and lines show it).
 IGNORED: frozenset[type[EventDetail]] = frozenset(
-    {StepStart, StepEnd, RequestStart, RequestEnd, Spawn, Refused, ActorStop}
+    {StepStart, StepEnd, RequestStart, RequestEnd, Spawn, Refused, ActorStop, RateWait, RateResume}
 )

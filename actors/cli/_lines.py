@@ -23,6 +23,8 @@ from .._observation._events import (
     ExecutionStart,
     LimitReached,
     ModelText,
+    RateResume,
+    RateWait,
     Refused,
     RequestEnd,
     RequestStart,
@@ -84,6 +86,8 @@ class LatestLines:
             CompactionEnd,
             BudgetWait,
             BudgetResume,
+            RateWait,
+            RateResume,
             LimitReached,
             DeadlineReached,
             ActorStop,
@@ -167,7 +171,7 @@ def _progress(detail: ToolProgress) -> str:
 class ProgressLines:
     """Turns events into plain progress lines: ``line(event)`` is the line or None.
 
-    One line per execution start and end, spawn, budget wait, budget stop, deadline,
+    One line per execution start and end, spawn, budget or rate wait, budget stop, deadline,
     retry, restart, compaction, approval asked and decided, and tool call progress
     reported; with ``steps=True`` also one per model step (its tool calls with their
     arguments, tokens and time); and one per event of a kind neither ``SHOWN`` nor
@@ -183,6 +187,7 @@ class ProgressLines:
             LimitReached,
             DeadlineReached,
             BudgetWait,
+            RateWait,
             Retry,
             Restart,
             CompactionEnd,
@@ -196,9 +201,19 @@ class ProgressLines:
     )
     #: The kinds it leaves out on purpose: the model's text and requests, a step's
     #: start (its end says it all), a tool call's end (its step's line names it), a
-    #: budget wait's end, a refusal (the ask answers it), an actor's stop.
+    #: budget or rate wait's end, a refusal (the ask answers it), an actor's stop.
     IGNORED: frozenset[type[EventDetail]] = frozenset(
-        {ModelText, RequestStart, RequestEnd, StepStart, ToolEnd, BudgetResume, Refused, ActorStop}
+        {
+            ModelText,
+            RequestStart,
+            RequestEnd,
+            StepStart,
+            ToolEnd,
+            BudgetResume,
+            RateResume,
+            Refused,
+            ActorStop,
+        }
     )
     #: Both (a kind in neither is shown as it is).
     _KNOWN = SHOWN | IGNORED
@@ -238,6 +253,8 @@ class ProgressLines:
                 return f"{agent}: deadline: {reason}"
             case BudgetWait(reason=reason):
                 return f"{agent}: {reason or 'waiting for budget'}"
+            case RateWait(reason=reason):
+                return f"{agent}: waiting: {reason}"
             case Retry(attempt=attempt, error=error, delay=delay):
                 return f"{agent}: retry {attempt} in {delay:.1f} s after {_clip(error)}"
             case Restart(restarts=restarts, reason=reason, digest=digest):

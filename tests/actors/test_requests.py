@@ -54,9 +54,23 @@ async def test_a_retry_waits_at_least_what_the_server_asked(server: LoopbackServ
         with anyio.fail_after(10):
             result = await (await rt.spawn(agent)).ask("Go.")
     assert (result.status, result.text) == ("completed", "Done."), result.stop_reason
-    assert result.usage.requests == 2
+    assert result.usage.requests == 1  # the refused one was not billed, nor counted
     assert len(arrived) == 2
     assert arrived[1] - arrived[0] >= 1.0  # not the policy's 0.01 s
+
+
+async def test_a_refused_request_counts_only_when_refusals_are_counted(
+    server: LoopbackServer,
+) -> None:
+    _rate_limited_then_ok(server, "0")
+    model = _model(server)
+    agent = Agent("a", model, retry=RetryPolicy(retries=2, initial_delay=0.01))
+    async with model, Runtime(count_refused=True) as rt:
+        with anyio.fail_after(10):
+            result = await (await rt.spawn(agent)).ask("Go.")
+    assert (result.status, result.text) == ("completed", "Done."), result.stop_reason
+    assert result.usage.requests == 2  # the attempt the server refused counts
+    assert result.usage.input_tokens == completion("Done.")["usage"]["prompt_tokens"]
 
 
 async def test_a_retry_the_deadline_leaves_no_time_for_ends_timed_out_at_once(
@@ -76,7 +90,7 @@ async def test_a_retry_the_deadline_leaves_no_time_for_ends_timed_out_at_once(
     assert "Retry-After" in result.stop_reason
     assert took < 0.4  # at once: not a sleep until the deadline
     assert len(arrived) == 1  # no second request
-    assert result.usage.requests == 1
+    assert result.usage.requests == 0  # the one sent was refused: not billed
 
 
 def test_the_wait_before_a_retry_is_at_least_what_the_server_asked() -> None:

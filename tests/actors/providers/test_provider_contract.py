@@ -127,7 +127,9 @@ async def test_transient_errors_then_success_are_retried_by_the_policy(
         result = await ask_once(model)
     assert (result.status, result.text) == ("completed", "Made it."), result.stop_reason
     attempts = len(wire.transient) + 1
-    assert result.usage.requests == attempts
+    refused = sum(1 for status, _ in wire.transient if status == 429)  # (not billed)
+    assert refused
+    assert result.usage.requests == attempts - refused
     assert len(server.requests) == attempts
     assert len({received.body for received in server.requests}) == 1  # the same request
 
