@@ -40,11 +40,14 @@ import msgspec
 
 from ._waiter import Waiter, new_waiter, park, wake
 
-__all__ = ["Lane", "LaneStatistics", "Pass", "RateLimit", "Rates"]
+__all__ = ["TOOL_LANE", "Lane", "LaneStatistics", "Pass", "RateLimit", "Rates"]
 
 #: What a lane's concurrency is cut to, of what was in flight, when the server
 #: refuses a request and no concurrency was declared.
 DECREASE = 0.7
+#: The lanes of tools the runtime caps (``Runtime(tool_limits=...)``) are named with
+#: this before the tool's name: ``tool:browser``.
+TOOL_LANE = "tool:"
 #: How much longer than its period a charge is counted: the server saw the request a
 #: little after it was admitted here (and counts its minute from then).
 SKEW = 0.02

@@ -119,7 +119,9 @@ class Runtime:
     pauses as a server asks and adapts its concurrency once refused (see
     ``Supervisor.rates``). A request a server refused for its rate limits (a 429: not
     billed) is charged nothing, and counts against ``requests`` limits only with
-    ``count_refused=True``.
+    ``count_refused=True``. ``tool_limits`` cap the calls of a tool (by name) in
+    flight at once in the whole runtime, whatever agent makes them (a call waits for
+    a slot, in line; its lane is ``tool:<name>``).
     """
 
     def __init__(
@@ -138,6 +140,7 @@ class Runtime:
         output_sharing: OutputSharing = "fair",
         rate_limits: dict[str, RateLimit] | None = None,
         count_refused: bool = False,
+        tool_limits: dict[str, int] | None = None,
     ) -> None:
         if (
             isinstance(grace, bool)
@@ -179,6 +182,7 @@ class Runtime:
             output_sharing=output_sharing,
             rate_limits=rate_limits,
             count_refused=count_refused,
+            tool_limits=tool_limits,
         )
         self.grace = grace
         #: Where subtrees may run besides this process (None: only here).

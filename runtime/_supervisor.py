@@ -63,7 +63,7 @@ from ._budget import CHARGED, Budget, Caps, Price, derived
 from ._exceptions import BudgetExceeded
 from ._lease import LOST_WHY, HeldUp, Want
 from ._ledger import Ledger
-from ._rates import RateLimit, Rates
+from ._rates import TOOL_LANE, RateLimit, Rates
 from ._snapshots import EndStatus, NodeSnapshot, TreeSnapshot
 from ._tree import Cancellable, Node, stopped
 from ._waiter import clock
@@ -97,6 +97,7 @@ class Supervisor:
         output_sharing: OutputSharing = "fair",
         rate_limits: dict[str, RateLimit] | None = None,
         count_refused: bool = False,
+        tool_limits: dict[str, int] | None = None,
     ) -> None:
         if caps is not None and not isinstance(caps, Caps):
             raise TypeError(f"caps must be a fractor.Caps or None, got {type(caps).__qualname__}")
@@ -145,7 +146,14 @@ class Supervisor:
         self.release = admission.release
         self.stop_over = admission.stop_over
         #: The rate limits of the runtime's models: one lane a model.
-        self.rates = Rates(rate_limits, lambda: self.now(), count_refused=count_refused)
+        lanes = dict(rate_limits or {})
+        for tool, cap in (tool_limits or {}).items():
+            if not isinstance(tool, str) or not tool:
+                raise ValueError(f"a tool limit's tool name must be a non-empty string: {tool!r}")
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+                raise ValueError(f"tool_limits[{tool!r}] must be a whole number >= 1, got {cap!r}")
+            lanes[TOOL_LANE + tool] = RateLimit(concurrent=cap)
+        self.rates = Rates(lanes, lambda: self.now(), count_refused=count_refused)
 
     def start(self) -> None:
         """Start the clock: the runtime's ``seconds`` budget counts from here."""

@@ -29,6 +29,7 @@ from ._lease import Refusal as Refusal
 from ._lease import Tally as Tally
 from ._lease import Want as Want
 from ._ledger import Ledger as Ledger
+from ._rates import TOOL_LANE as TOOL_LANE
 from ._rates import Lane as Lane
 from ._rates import Pass as Pass
 from ._rates import Rates as Rates
@@ -40,6 +41,7 @@ from ._waiter import wake as wake
 
 __all__ = [
     "LEASED",
+    "TOOL_LANE",
     "HeldUp",
     "Lane",
     "Lease",

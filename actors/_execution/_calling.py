@@ -20,9 +20,18 @@ import anyio
 import msgspec
 
 from fractor.runtime import ActorContext, BudgetExceeded
+from fractor.runtime.lowlevel import TOOL_LANE
 
 from .._messages import ToolCall, ToolOutcome
-from .._observation._events import ApprovalAsked, ApprovalDecision, ToolEnd, ToolProgress, ToolStart
+from .._observation._events import (
+    ApprovalAsked,
+    ApprovalDecision,
+    RateResume,
+    RateWait,
+    ToolEnd,
+    ToolProgress,
+    ToolStart,
+)
 from .._tools._approval import approvals_of
 from ._delegation import Delegation, refused
 
@@ -310,6 +319,39 @@ class ToolRunner:
 
     def _run_call_now(self, call: ToolCall) -> Awaitable[ToolOutcome]:
         """Charge and run one tool call (see ``run_call``)."""
+        limits = self.supervisor.rates.limits
+        if limits and TOOL_LANE + call.name in limits:
+            return self._run_call_capped(call)
+        return self._run_call_charged(call)
+
+    async def _run_call_capped(self, call: ToolCall) -> ToolOutcome:
+        """A call of a tool the runtime caps (``Runtime(tool_limits=...)``): it waits
+        for a slot among the tool's calls in flight in the whole runtime (in line,
+        never dropped, holding nothing of the budget), then is charged and run."""
+        rates = self.supervisor.rates
+        lane = rates.lane(TOOL_LANE + call.name)
+        taken = rates.try_acquire(lane, 0, 0)
+        if taken is None:
+            recorder = self.recorder
+            observed = recorder.observed
+            began = time.perf_counter()
+
+            def on_wait(why: str) -> None:
+                if observed:
+                    recorder.emit(RateWait(lane=lane.name, reason=why))
+
+            try:
+                taken = await rates.acquire(lane, 0, 0, on_wait)
+            finally:
+                if observed:
+                    waited = time.perf_counter() - began
+                    recorder.emit(RateResume(lane=lane.name, seconds=waited))
+        try:
+            return await self._run_call_charged(call)
+        finally:
+            rates.settle(taken, 0, 0)
+
+    def _run_call_charged(self, call: ToolCall) -> Awaitable[ToolOutcome]:
         try:
             if not self.supervisor.try_charge(self.node, tool_calls=1):
                 return self._run_call_held_up(call)  # leased elsewhere: wait for it

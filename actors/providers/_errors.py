@@ -71,6 +71,7 @@ class ProviderError(FractorError):
         retryable: bool = False,
         retry_after: float | None = None,
         usage: Usage | None = None,
+        kind: str = "",
         limits: ServerLimits | None = None,
     ) -> None:
         where = f"{provider} model {model!r}" if model else provider
@@ -86,6 +87,10 @@ class ProviderError(FractorError):
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+        #: What kind of failure it is, when the status said (``KINDS``): what a
+        #: model that falls back to another reads ("context_length", "too_large",
+        #: "rate_limited", "server", ...); "" when not known.
+        self.kind = kind
         self.what = shown
         self.advice = advice
         #: What the failed request spent, when it is known: the usage a stream that
@@ -112,6 +117,7 @@ class ProviderError(FractorError):
             retryable=self.retryable,
             retry_after=self.retry_after,
             usage=self.usage,
+            kind=self.kind,
             limits=self.limits,
         )
 
@@ -154,6 +160,21 @@ def _clipped(text: str) -> str:
     return head
 
 
+#: What a server's message says when a request does not fit the model's context:
+#: OpenAI ("maximum context length"), Anthropic ("prompt is too long"), vLLM ("maximum
+#: context length"), llama.cpp ("exceeds the available context size"), Ollama and
+#: others ("context window", "context length").
+_CONTEXT_SIGNS = (
+    "context length",
+    "context_length",
+    "maximum context",
+    "prompt is too long",
+    "exceeds the available context",
+    "context window",
+    "context size",
+)
+
+
 def _error_fields(body: object) -> tuple[str, str]:
     """(message, code-or-type) of a provider's JSON error body, best effort."""
     if isinstance(body, Mapping):
@@ -193,9 +214,19 @@ def status_error(
                 if limits is None
                 else msgspec.structs.replace(limits, retry_after=asked)
             )
-    too_large_for_rate = status == 429 and "request too large" in message.lower()
+    lowered = message.lower()
+    too_large_for_rate = status == 429 and "request too large" in lowered
     retryable: bool
-    if status in (401, 403):
+    kind = "rejected"
+    if status in (400, 413) and (
+        code == "context_length_exceeded" or any(sign in lowered for sign in _CONTEXT_SIGNS)
+    ):
+        retryable = False
+        kind = "context_length"
+        what = "the request does not fit the model's context"
+        advice = "shorten the context or lower max_tokens, or use a model with a longer one"
+    elif status in (401, 403):
+        kind = "auth"
         retryable = False
         what = "the API key was rejected" if status == 401 else "access was refused"
         advice = (
@@ -203,6 +234,7 @@ def status_error(
             "use this model; not retried"
         )
     elif status == 404:
+        kind = "not_found"
         retryable = False
         what = "the model or the endpoint was not found"
         advice = (
@@ -210,12 +242,14 @@ def status_error(
             "OpenAI-compatible server's usually ends in /v1); not retried"
         )
     elif status == 429 and code in ("insufficient_quota", "billing_hard_limit_reached"):
+        kind = "quota"
         retryable = False
         what = "the account's quota is used up"
         advice = "check the plan and billing of this account; not retried"
     elif too_large_for_rate:
         # OpenAI: a request larger than the whole per-minute token limit. Waiting
         # never lets it through; whatever x-should-retry says, it is not retried.
+        kind = "too_large"
         retryable = False
         what = "the request is larger than the rate limit allows at all"
         advice = (
@@ -223,6 +257,7 @@ def status_error(
             "tokens-per-minute limit; not retried"
         )
     elif status in (408, 409, 429):
+        kind = "rate_limited" if status == 429 else "busy"
         retryable = True
         what = "rate limited or busy"
         advice = (
@@ -230,6 +265,7 @@ def status_error(
             "persists, lower the concurrency or raise the account's rate limit"
         )
     elif status >= 500:
+        kind = "server"
         retryable = True
         what = "the provider's server failed or is overloaded"
         advice = (
@@ -237,6 +273,7 @@ def status_error(
             "persists, check the provider's status or try again later"
         )
     elif status == 413:
+        kind = "too_large"
         retryable = False
         what = "the request is too large"
         advice = "shorten the context or lower the input token budget; not retried"
@@ -257,6 +294,7 @@ def status_error(
         retryable=retryable,
         retry_after=None if limits is None else limits.retry_after,
         limits=limits,
+        kind=kind,
     )
 
 
