@@ -93,9 +93,9 @@ async def test_a_call_waiting_for_a_slot_is_seen_and_charges_nothing_until_it_ru
         async with rt.events() as events, anyio.create_task_group() as tg:
 
             async def watch() -> None:
-                async for event in events:
+                async for event in events:  # (until cancelled: no comprehension)
                     if isinstance(event.detail, RateWait):
-                        seen.append(event.detail)
+                        seen.append(event.detail)  # noqa: PERF401
 
             tg.start_soon(watch)
             result = await ref.ask("Read.")
