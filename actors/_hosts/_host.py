@@ -29,6 +29,7 @@ from fractor.runtime import (
     NodeSnapshot,
     OutputSharing,
     Price,
+    RateLimit,
     Runtime,
     Usage,
 )
@@ -36,6 +37,7 @@ from fractor.runtime.lowlevel import Tally, Want, new_waiter, park, wake
 
 from .._messages import ExecutionTrace, Result, Task, exception_text
 from .._tools._approval import ApprovalRequest, approvals_of
+from ._lanes import HostRates, Taken
 from ._remote import (
     Ask,
     Asking,
@@ -70,8 +72,8 @@ SNAPSHOT_PERIOD = 0.25
 
 
 class HostConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """What a host's runtime needs of the driver's: prices and request sizes, and the
-    one cap that is per execution (steps)."""
+    """What a host's runtime needs of the driver's: prices and request sizes, the
+    one cap that is per execution (steps), and the lanes the driver keeps."""
 
     name: str
     prices: dict[str, Price] = {}
@@ -79,6 +81,10 @@ class HostConfig(msgspec.Struct, frozen=True, kw_only=True):
     min_output_tokens: int = 256
     default_max_tokens: int = 4_096
     output_sharing: OutputSharing = "fair"
+    #: The driver's declared lanes (its rate and tool limits): the host's requests
+    #: of those wait in the driver's (``_lanes``).
+    rate_limits: dict[str, RateLimit] = {}
+    count_refused: bool = False
 
 
 class _Run:
@@ -217,6 +223,14 @@ class AgentHost:
             anyio.create_task_group() as tg,
         ):
             self.runtime = runtime
+            if config.rate_limits:
+                supervisor = runtime.supervisor
+                supervisor.rates = HostRates(
+                    dict(config.rate_limits),
+                    self.post,
+                    lambda: supervisor.now(),
+                    count_refused=config.count_refused,
+                )
             approvals_of(runtime).prefix = f"{self.name}/"  # unique on the driver too
             self._task_group = tg
             tg.start_soon(self._snapshots)
@@ -258,6 +272,11 @@ class AgentHost:
         for message in decode_down(data):
             if isinstance(message, (Grant, Deny, Room, Close)):
                 self._to_pool(message)
+                continue
+            if isinstance(message, Taken):
+                rates = supervisor.rates
+                if isinstance(rates, HostRates):
+                    rates.taken(message.id)
                 continue
             run = self._runs.get(message.run)
             if run is None:

@@ -23,6 +23,7 @@ the default pool runs the child here, one that names a pool with none refuses it
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import TYPE_CHECKING, Literal
@@ -37,6 +38,7 @@ from fractor.runtime.lowlevel import Lease, Ledger, Refusal, Want
 from .._messages import exception_text
 from .._observation._events import Restart
 from ._host import AgentHost, HostConfig
+from ._lanes import Give, Lanes, Take, Taken
 from ._placing import HostUnavailable, Placement
 from ._remote import (
     Ask,
@@ -100,6 +102,8 @@ class RemoteHosts:
         #: hosts, by execution id: a remote subtree's events reach them too.
         self._watched: dict[str, Callable[[Event], None]] = {}
         self._task_group: TaskGroup | None = None
+        #: Its hosts' requests in this runtime's lanes (made at the first).
+        self._lanes: Lanes | None = None
 
     # -- transport ----------------------------------------------------------------
 
@@ -162,6 +166,8 @@ class RemoteHosts:
             min_output_tokens=supervisor.min_output_tokens,
             default_max_tokens=supervisor.default_max_tokens,
             output_sharing=supervisor.output_sharing,
+            rate_limits=supervisor.rates.limits,
+            count_refused=supervisor.rates.count_refused,
         )
 
     def place(self, parent: Node, agent: Agent, supervisor: Supervisor) -> Placement | None:
@@ -311,6 +317,12 @@ class RemoteHosts:
                     if isinstance(message, Ask):
                         self._ask(link, message)
                         continue
+                    if isinstance(message, Take):
+                        self._lanes_of().take(link.name, message, functools.partial(_answer, link))
+                        continue
+                    if isinstance(message, Give):
+                        self._lanes_of().give(link.name, message)
+                        continue
                     child = link.runs.get(message.run)
                     if child is not None:
                         child.deliver(message)
@@ -323,6 +335,17 @@ class RemoteHosts:
             )
             for child in list(link.runs.values()):
                 child.deliver(Lost(reason, dead=dead))
+            if self._lanes is not None:
+                self._lanes.lost(link.name)
+
+    def _lanes_of(self) -> Lanes:
+        lanes = self._lanes
+        if lanes is None:
+            runtime, task_group = self.runtime, self._task_group
+            assert runtime is not None
+            assert task_group is not None
+            lanes = self._lanes = Lanes(runtime.supervisor.rates, task_group)
+        return lanes
 
     def _ask(self, link: HostLink, message: Ask) -> None:
         """A lease of ``link``'s host ran out: charge what its subtrees used (before
@@ -381,6 +404,13 @@ class RemoteHosts:
                 watch(event)
                 if event.kind == "execution_end":
                     del watched[key]
+
+
+def _answer(link: HostLink, taken: Taken) -> None:
+    """A host's request was admitted in a lane of this runtime: say so, if the host is
+    still there."""
+    if not link.lost:
+        link.send(encode([taken]))
 
 
 class _OnLink:

@@ -42,6 +42,7 @@ from fractor.runtime.lowlevel import Lease, Refusal, Tally, Want, new_waiter, pa
 from .._messages import ExecutionTrace, Result
 from .._observation._events import WireEvent
 from .._tools._approval import ApprovalRequest, approvals_of
+from ._lanes import Give, Take, Taken
 from ._placing import HostUnavailable
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class Decided(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     reason: str = ""
 
 
-Down = Start | Grant | Room | Deny | Close | Stop | Decided
+Down = Start | Grant | Room | Deny | Close | Stop | Decided | Taken
 
 
 class Ask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -210,7 +211,7 @@ class Withdrawn(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     id: str
 
 
-Up = Ask | Nodes | Done | Events | Asking | Withdrawn
+Up = Ask | Nodes | Done | Events | Asking | Withdrawn | Take | Give
 
 _encoder = msgspec.msgpack.Encoder()
 _up = msgspec.msgpack.Decoder(list[Up])

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from fractor.actors import ExecutionTrace, Result, ToolStart
+from fractor.actors._hosts._lanes import Give, Take, Taken
 from fractor.actors._hosts._remote import (
     Ask,
     Close,
@@ -82,6 +83,7 @@ DOWN = [
     Room(pool=3, worth={"tokens": 1_500.0}),
     Deny(pool=3, refusal=REFUSAL),
     Close(pool=3),
+    Taken(id=7),
     Stop(run=1, status="budget_exceeded", reason=str(REFUSAL.error()), refusal=REFUSAL),
 ]
 UP = [
@@ -93,6 +95,10 @@ UP = [
     Nodes(run=1, tally=TALLY, nodes=(NODE,)),
     Events(events=(Event(at=1.5, agent="helper", detail=ToolStart(tool="x", call_id="c")),)),
     Done(run=1, result=RESULT, tally=TALLY, traces=(TRACE,), nodes=(NODE,)),
+    Take(id=7, lane="gpt-4.1-mini", input=1_200, output=4_096),
+    Give(id=7, input=1_180, output=230, used=True),
+    Give(id=8, refused=True, pause=1.5),
+    Give(id=0, lane="tool:browser", pause=30.0),
 ]
 
 
@@ -104,7 +110,10 @@ def test_every_message_down_round_trips_through_the_wire_and_json() -> None:
 def test_every_message_up_round_trips_through_the_wire_and_json() -> None:
     assert decode_up(encode(UP)) == UP
     assert (
-        msgspec.json.decode(msgspec.json.encode(UP), type=list[Ask | Nodes | Events | Done]) == UP
+        msgspec.json.decode(
+            msgspec.json.encode(UP), type=list[Ask | Nodes | Events | Done | Take | Give]
+        )
+        == UP
     )
 
 
