@@ -172,10 +172,12 @@ async def send(
                     )
                 continue
         asked = retry_after(error)
-        if asked and not once and _refused(error) and is_retryable(error):
-            # Refused for the model's rate limits, with a time to wait: the lane is
-            # paused that long for every request of the model, and this one waits in
-            # line there with them (flow, not failure: no attempt of its retries).
+        said = asked > 0 or getattr(error, "retry_after", None) == 0
+        if said and not once and _refused(error) and is_retryable(error):
+            # Refused for the model's rate limits, with a time to wait (0 too: "try
+            # again in 0ms", a window about to free): the lane is paused that long for
+            # every request of the model, and this one waits in line there with them
+            # (flow, not failure: no attempt of its retries).
             if supervisor.now() + asked >= node.deadline:
                 _no_time_to_retry(recorder, asked, asked)
                 raise error
