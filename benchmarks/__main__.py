@@ -48,6 +48,17 @@ async def _provider(quick: bool) -> list[Row]:
     return await provider.run(quick=quick)
 
 
+async def _ratelimits(quick: bool) -> list[Row]:
+    """Rate limits against the bare SDK's own retries: the OpenAI SDK is an extra, as
+    for the provider path."""
+    if importlib.util.find_spec("openai") is None:
+        print("skipped: the OpenAI SDK is not installed (pip install 'fractor[openai]')", end=" ")
+        return []
+    from . import ratelimits
+
+    return await ratelimits.run(quick=quick)
+
+
 WORKLOADS: list[Workload] = [
     ("W1 fan-out", lambda quick: w1_fanout.run(quick=quick)),
     ("W2 sequential steps", lambda quick: w2_steps.run(quick=quick)),
@@ -57,6 +68,7 @@ WORKLOADS: list[Workload] = [
     ("Budget", lambda quick: budget.run(quick=quick)),
     ("Memory", lambda quick: memory.run(quick=quick)),
     ("Provider path", _provider),
+    ("Rate limits", _ratelimits),
     ("Scale-out on Ray", _scaleout),
 ]
 

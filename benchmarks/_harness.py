@@ -111,6 +111,8 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value:,.1f} MiB"
     if unit == "tokens":
         return f"{value:,.0f} tok"
+    if unit == "count":
+        return f"{value:,.0f}"
     if value < 0.001:
         return f"{value * 1e6:,.1f} us"
     return f"{value * 1000:,.2f} ms"
