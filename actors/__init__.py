@@ -55,6 +55,7 @@ from ._models._fakes import FunctionModel as FunctionModel
 from ._models._fakes import ScriptedModel as ScriptedModel
 from ._models._fakes import ScriptExhausted as ScriptExhausted
 from ._models._fakes import estimate_tokens as estimate_tokens
+from ._models._fallback import FallbackModel as FallbackModel
 from ._models._protocol import Model as Model
 from ._models._protocol import Sink as Sink
 from ._models._protocol import StreamingModel as StreamingModel
@@ -159,6 +160,7 @@ __all__ = [
     "ExecutionEnd",
     "ExecutionStart",
     "ExecutionTrace",
+    "FallbackModel",
     "FinishReason",
     "FunctionModel",
     "GetApprovals",

@@ -232,6 +232,9 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: cancellation): ``error`` says what it was doing, ``outcomes`` mark the tool
     #: calls still running as interrupted.
     interrupted: bool = False
+    #: The model that answered, as it named itself (a ``FallbackModel``'s answers
+    #: name the model of its chain that gave them).
+    model: str = ""
 
 
 class SummaryRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):

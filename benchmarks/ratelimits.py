@@ -43,8 +43,9 @@ from ._harness import Row, single
 
 __all__ = ["run"]
 
-#: A minute, scaled down to a second.
-WINDOW = 1.0
+#: A minute, scaled down to 6 seconds (at 1 s, 200 requests a second of the OpenAI
+#: SDK are more than this 2-core machine's client does: the run measured the CPU).
+WINDOW = 6.0
 #: The share of the agents' demand the bucket admits in a window.
 SHARE = 0.2
 #: Every request's output cap (what it is charged up front, besides its input).

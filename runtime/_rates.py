@@ -48,9 +48,14 @@ DECREASE = 0.7
 #: The lanes of tools the runtime caps (``Runtime(tool_limits=...)``) are named with
 #: this before the tool's name: ``tool:browser``.
 TOOL_LANE = "tool:"
-#: How much longer than its period a charge is counted: the server saw the request a
-#: little after it was admitted here (and counts its minute from then).
+#: How much longer than its period a charge is counted (the clocks here and there).
 SKEW = 0.02
+#: How long after its request was admitted a charge may be counted from, when that
+#: request answered later (the server saw it then or sooner; a burst of new
+#: connections from a busy process can take tenths of a second to go out, more on a
+#: loaded machine): this many seconds or ``MARGIN_SHARE`` of the period, the longer.
+MARGIN = 0.5
+MARGIN_SHARE = 0.05
 
 
 class RateLimit(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -97,15 +102,20 @@ class LaneStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 class _Window:
     """A per-minute limit: at most ``capacity`` charged in any ``period`` (a sliding
-    window, as servers count; a charge leaves it ``period`` after it was made, and a
-    little later, ``SKEW``, since the server saw it a little after it was made)."""
+    window, as servers count). A charge is made when its request is admitted; the
+    server saw the request a little later (a new connection is opened first), and
+    before it answered: once it answers (``settle``), the charge is counted from
+    then, or from ``MARGIN`` after it was admitted if that is sooner (a long reply
+    is not counted from its end). And a charge leaves the window ``SKEW`` of the
+    period late, for the clocks."""
 
-    __slots__ = ("capacity", "charges", "kind", "period", "used")
+    __slots__ = ("capacity", "charges", "kind", "margin", "period", "used")
 
     def __init__(self, kind: int, capacity: int, period: float) -> None:
         self.kind = kind  # _REQUESTS, _TOKENS, _INPUT or _OUTPUT
         self.capacity = capacity
         self.period = period * (1 + SKEW)
+        self.margin = max(MARGIN, MARGIN_SHARE * period)
         #: The charges in the window, oldest first: [when, amount] (settled in place).
         self.charges: deque[list[float]] = deque()
         self.used = 0.0
@@ -137,12 +147,24 @@ class _Window:
         self.used += amount
         return entry
 
-    @staticmethod
-    def amend(window: _Window, entry: list[float], amount: float) -> None:
-        """Make a charge still in the window ``amount`` (its real usage)."""
-        if entry[1] != amount and window.charges and entry[0] >= window.charges[0][0]:
-            window.used += amount - entry[1]
-            entry[1] = amount
+    def amend(self, entry: list[float], amount: float, now: float | None) -> None:
+        """Make a charge still in the window ``amount`` (its real usage), counted from
+        ``now`` (its request answered) or ``margin`` after it was made, whichever is
+        sooner (None: from when it was made)."""
+        charges = self.charges
+        if not charges or entry[0] < charges[0][0]:
+            return  # it left the window already
+        self.used += amount - entry[1]
+        entry[1] = amount
+        if now is None:
+            return
+        later = min(now, entry[0] + self.margin)
+        if later > entry[0]:
+            if charges[-1] is not entry:
+                charges.remove(entry)  # (kept in order: the oldest leaves first)
+                later = max(later, charges[-1][0])
+                charges.append(entry)
+            entry[0] = later
 
 
 _REQUESTS, _TOKENS, _INPUT, _OUTPUT = range(4)
@@ -186,6 +208,7 @@ class Lane:
         "adaptive",
         "buckets",
         "cap",
+        "counts",
         "epoch",
         "in_flight",
         "name",
@@ -201,6 +224,9 @@ class Lane:
     def __init__(self, name: str, limit: RateLimit | None, now: float) -> None:
         self.name = name
         self.buckets: tuple[_Window, ...] = ()
+        #: What its windows count ("requests", "tokens", "input tokens", "output
+        #: tokens"): what a server's headers need not tell it.
+        self.counts: frozenset[str] = frozenset()
         self.cap: int | None = None
         if limit is not None:
             period = limit.period
@@ -217,6 +243,7 @@ class Lane:
                 if capacity is not None
             )
             self.cap = limit.concurrent
+            self.counts = frozenset(_NAMES[bucket.kind] for bucket in self.buckets)
         #: Whether ``cap`` is the adaptive one (set after the server refused one).
         self.adaptive = False
         self.in_flight = 0
@@ -370,9 +397,14 @@ class Rates:
             return
         lane = taken.lane
         self._close(taken)
-        for bucket, entry in zip(lane.buckets, taken.charges, strict=False):
-            if bucket.kind != _REQUESTS:
-                _Window.amend(bucket, entry, _cost(bucket.kind, input, output))
+        if lane.buckets:
+            now = self.now()
+            for bucket, entry in zip(lane.buckets, taken.charges, strict=False):
+                bucket.amend(
+                    entry,
+                    entry[1] if bucket.kind == _REQUESTS else _cost(bucket.kind, input, output),
+                    now,
+                )
         if lane.adaptive and lane.cap is not None:
             lane.successes += 1
             if lane.successes >= lane.cap:
@@ -388,7 +420,7 @@ class Rates:
         lane = taken.lane
         self._close(taken)
         for bucket, entry in zip(lane.buckets, taken.charges, strict=False):
-            _Window.amend(bucket, entry, 0)
+            bucket.amend(entry, 0, None)
         self._wake_head(lane)
 
     def _close(self, taken: Pass) -> None:

@@ -106,8 +106,8 @@ def test_actors_surface_names() -> None:
         "Refused", "RequestEnd", "RequestStart", "Restart", "Retry", "Spawn", "StepEnd",
         "RateWait", "RateResume",
         "StepStart", "ToolEnd", "ToolProgress", "ToolStart", "ToolCallProgress",
-        # what a server's headers said of its rate limits
-        "ServerLimits",
+        # what a server's headers said of its rate limits; a model that falls back
+        "ServerLimits", "FallbackModel",
     }  # fmt: skip
     assert set(actors.__all__) == expected
 

@@ -229,6 +229,7 @@ class Recorder:
             tools_seconds=tools_seconds,
             finish_reason=response.finish_reason,
             error=error,
+            model=response.model,
         )
         self.steps.append(record)
         self.step_began = 0.0

@@ -6,8 +6,9 @@ headroom that requests in flight hold), send, settle, with the agent's retries
 from __future__ import annotations
 
 import functools
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, cast
 
@@ -18,6 +19,7 @@ from fractor.runtime import InvalidUsage, Reservation, Usage
 
 from .._agent._policy import is_retryable, retry_after
 from .._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
+from .._models._fallback import FallbackModel, falls_back
 from .._observation._events import (
     BudgetResume,
     BudgetWait,
@@ -51,6 +53,63 @@ async def send(
     *,
     once: bool = False,
 ) -> ModelResponse:
+    """One model request of an execution (``_send``), or, for a ``FallbackModel``,
+    one to each model of its chain in turn until one answers: each its own request
+    (its own lane, reservation, price and events), the chain moving on when the
+    one before cannot answer (``falls_back``; a rate limit that would make it wait
+    longer than the chain's ``max_wait`` or the deadline leaves)."""
+    if not isinstance(model, FallbackModel):
+        return await _send(recorder, model, request, retry, once=once)
+    chain = model.models
+    last = len(chain) - 1
+    for index, link in enumerate(chain):
+        if index == last:
+            return await _named(_send(recorder, link, request, retry, once=once), link)
+        try:
+            return await _named(
+                _send(recorder, link, request, retry, once=once, wait=model.max_wait), link
+            )
+        except Exception as exc:
+            if not falls_back(exc, retried=True):
+                raise
+            if recorder.observed:
+                recorder.emit(
+                    Retry(
+                        attempt=index + 1,
+                        error=f"{link.name} did not answer ({exception_text(exc)[:200]}); "
+                        f"falling back to {chain[index + 1].name}",
+                        delay=0.0,
+                    )
+                )
+    raise AssertionError("unreachable: the last model answers or raises")
+
+
+async def _named(sending: Awaitable[ModelResponse], model: Model) -> ModelResponse:
+    """A fallback chain's answer, naming the model that gave it."""
+    response = await sending
+    if not response.model:
+        response = msgspec.structs.replace(response, model=model.name)
+    return response
+
+
+class _Paused(Exception):
+    """A model's lane is paused longer than a fallback chain waits: the next one."""
+
+    kind = "rate_limited"
+
+    def __init__(self, lane: str, seconds: float) -> None:
+        super().__init__(f"the rate limit of {lane} is paused {seconds:.3g} s")
+
+
+async def _send(
+    recorder: Recorder,
+    model: Model,
+    request: ModelRequest,
+    retry: RetryPolicy,
+    *,
+    once: bool = False,
+    wait: float | None = math.inf,
+) -> ModelResponse:
     """One model request of an execution (whose ``recorder`` knows its node and
     keeps its step in flight) under the budget: reserve (waiting for headroom if
     others hold it), send, settle; with the agent's ``retry`` policy.
@@ -82,7 +141,14 @@ async def send(
     lazy = None if estimated else (lambda: model.estimate_tokens(request))
     attempt = 0
     at_least: int | None = None
+    # A model of a fallback chain with one after it waits at most ``wait`` (or what
+    # the deadline leaves) for its rate limit: past that, the next one is asked.
+    falling = wait is None or wait != math.inf
     while True:
+        if falling:
+            paused = lane.paused_until - supervisor.now()
+            if paused > 0 and paused > _patience(wait, node.deadline - supervisor.now()):
+                raise _Paused(name, paused)
         reservation, taken = await _admit(recorder, lane, estimate, wanted, name, at_least)
         sent = request
         if reservation.max_tokens != wanted:
@@ -172,6 +238,8 @@ async def send(
                     )
                 continue
         asked = retry_after(error)
+        if falling and asked > _patience(wait, node.deadline - supervisor.now()):
+            raise error  # (the next model of the chain is asked)
         said = asked > 0 or getattr(error, "retry_after", None) == 0
         if said and not once and _refused(error) and is_retryable(error):
             # Refused for the model's rate limits, with a time to wait (0 too: "try
@@ -195,6 +263,12 @@ async def send(
         if recorder.observed:
             recorder.emit(Retry(attempt=attempt, error=f"{error!r}"[:300], delay=delay))
         await anyio.sleep(delay)
+
+
+def _patience(wait: float | None, left: float) -> float:
+    """How long a model of a fallback chain waits for its rate limit: its chain's
+    ``max_wait`` (None: as long as the deadline leaves), within the deadline."""
+    return left if wait is None else min(wait, left)
 
 
 def _request_end(
@@ -388,20 +462,29 @@ def _tokens(usage: Usage | None, reservation: Reservation) -> tuple[int, int]:
 
 def _heard(rates: Rates, lane: Lane, limits: object) -> None:
     """What a server's rate-limit headers said (``ServerLimits``): a count with
-    nothing left pauses the lane until it resets."""
+    nothing left pauses the lane until it resets, unless the lane counts it itself
+    (a limit declared for it: its window knows better when the next request fits
+    than a reset, which says when the server's window is empty)."""
     if limits is None:
         return
-    for remaining, reset in (
-        ("requests_remaining", "requests_reset"),
-        ("tokens_remaining", "tokens_reset"),
-        ("input_tokens_remaining", "input_tokens_reset"),
-        ("output_tokens_remaining", "output_tokens_reset"),
-    ):
+    counts = lane.counts
+    for remaining, reset, name in _HEARD:
+        if name in counts:
+            continue
         left = getattr(limits, remaining, None)
         if left is not None and left <= 0:
             seconds = getattr(limits, reset, None)
             if seconds:
                 rates.spent(lane, seconds)
+
+
+#: What the headers say of each count: (remaining, reset, the count's name).
+_HEARD = (
+    ("requests_remaining", "requests_reset", "requests"),
+    ("tokens_remaining", "tokens_reset", "tokens"),
+    ("input_tokens_remaining", "input_tokens_reset", "input tokens"),
+    ("output_tokens_remaining", "output_tokens_reset", "output tokens"),
+)
 
 
 async def _wait_for_budget(

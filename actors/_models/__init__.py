@@ -3,6 +3,8 @@
 
 - ``_fakes.py``: The fake models: ``ScriptedModel``, ``FunctionModel`` and
   ``CycleModel``.
+- ``_fallback.py``: A model that falls back: a chain of models, the first that answers
+  wins.
 - ``_protocol.py``: Models: the protocol a provider implements.
 - ``_react.py``: ReAct: tool use for models without native tool calling.
 - ``_turns.py``: The turns a fake model serves, and the functions that build them.

@@ -217,7 +217,7 @@ ANTHROPIC = Wire(
     key_variable="ANTHROPIC_API_KEY",
     sdk="anthropic",
     http_errors=[
-        (400, anthropic_error("invalid_request_error", "prompt is too long"), False, "rejected"),
+        (400, anthropic_error("invalid_request_error", "prompt is too long"), False, "context"),
         (401, anthropic_error("authentication_error", "invalid x-api-key"), False, "check the key"),
         (403, anthropic_error("permission_error", "no access"), False, "check the key"),
         (404, anthropic_error("not_found_error", "model: nope"), False, "check the model name"),
