@@ -98,7 +98,8 @@ def _label(node: NodeSnapshot, steps: int, frame: int, line: str = "") -> Text:
     ]
     status = _status(node.status, frame)
     if node.waiting and node.status == "running":
-        status = Text("⧗ waiting for budget", style="bold yellow")
+        what = "a rate limit" if node.waiting.startswith("rate limit") else "budget"
+        status = Text(f"⧗ waiting for {what}", style="bold yellow")
     label = Text.assemble((node.name, "bold"), "  ", status, "  ")
     if node.host:  # a subtree placed on another host (Runtime(hosts=...))
         label = Text.assemble((node.name, "bold"), (f" @{node.host}", "cyan"), "  ", status, "  ")

@@ -19,6 +19,7 @@ from fractor.actors import (
     ExecutionEnd,
     ExecutionStart,
     ModelText,
+    RateWait,
     Restart,
     ScriptedModel,
     StepEnd,
@@ -280,6 +281,29 @@ def test_a_node_waiting_for_budget_says_so_and_why() -> None:
     assert "r0  ⧗ waiting for budget  " in out
     assert why in out
     assert "lead  ⠋ running" in out  # the others run as before
+
+
+def test_a_node_waiting_for_a_rate_limit_says_so_and_which_lane() -> None:
+    why = "rate limit of gpt-4.1-mini: requests per minute (500)"
+    waiting = msgspec.structs.replace(
+        node("root/lead/r0", "root/lead", status="running"), waiting=why
+    )
+    tree = TreeSnapshot(nodes=(*snapshot(fanout=0).nodes, waiting))
+    out = render(tree)
+    assert "r0  ⧗ waiting for a rate limit  " in out
+    assert why in out
+
+
+def test_a_rate_wait_is_a_progress_line() -> None:
+    event = Event(
+        at=2.0,
+        agent="worker",
+        depth=1,
+        detail=RateWait(lane="gpt-4.1-mini", reason="rate limit of gpt-4.1-mini: paused 3 s"),
+    )
+    assert ProgressLines().line(event) == (
+        "[  2.00s] worker: waiting: rate limit of gpt-4.1-mini: paused 3 s"
+    )
 
 
 def test_a_budget_wait_is_a_progress_line() -> None:
