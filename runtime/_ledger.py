@@ -211,14 +211,7 @@ class Ledger:
             want = level.get(name, 0)
             if not want:
                 continue
-            grant = math.inf
-            for current in anchor.chain():
-                limit = self._limit(current, name)
-                if limit is None:
-                    continue
-                settled = limit - _used(current, name)
-                free = settled - _reserved(current, name) - _held(current, name)
-                grant = min(grant, self._share(current, lease, name, settled, free, want))
+            grant = self._free_share(anchor, lease, name, want)
             if grant > 0:
                 lease.granted[name] += grant
                 granted = True
@@ -727,6 +720,19 @@ class Ledger:
         seed = 0 if name in _MEASURED or name in _SUMS else 1
         if not seed and not lease.granted[name]:
             return 0
+        # At least one of each counter while one is free: the subtree's next step and
+        # tool call need no round trip of their own, even when shares of a scarce
+        # budget round down to nothing.
+        extra = self._free_share(node, lease, name, seed, floor=seed)
+        return 0 if extra == math.inf else extra
+
+    def _free_share(
+        self, node: Node, lease: Lease, name: str, need: float, *, floor: float = 0
+    ) -> float:
+        """What ``lease`` may be granted of field ``name`` now, never waiting: the
+        least, over the budgets of the chain of ``node`` (its anchor), of its share
+        of what is free (``_share``, for operations of ``need``), and at least what
+        takes its hold to ``floor`` while that much is free (inf: no limit)."""
         extra = math.inf
         for current in node.chain():
             limit = self._limit(current, name)
@@ -734,14 +740,11 @@ class Ledger:
                 continue
             settled = limit - _used(current, name)
             free = settled - _reserved(current, name) - _held(current, name)
-            more = self._share(current, lease, name, settled, free, seed)
-            if lease.hold[name] < seed:
-                # At least one of each counter while one is free: the subtree's next
-                # step and tool call need no round trip of their own, even when
-                # shares of a scarce budget round down to nothing.
-                more = max(more, min(seed - lease.hold[name], max(free, 0)))
+            more = self._share(current, lease, name, settled, free, need)
+            if lease.hold[name] < floor:
+                more = max(more, min(floor - lease.hold[name], max(free, 0)))
             extra = min(extra, more)
-        return 0 if extra == math.inf else extra
+        return extra
 
     def _hold(self, node: Node, lease: Lease) -> None:
         """Make the holds on the chain of ``node`` (``lease``'s anchor) match what
