@@ -31,6 +31,7 @@ class Seen:
         self.requests: list[float] = []
         self.now = 0
         self.peak = 0
+        self.calls = 0
 
     async def working(self, request: ModelRequest) -> Turn:
         self.requests.append(anyio.current_time())
@@ -40,6 +41,7 @@ class Seen:
 
     async def browse(self, url: str) -> str:
         """Open a page."""
+        self.calls += 1
         self.now += 1
         self.peak = max(self.peak, self.now)
         await anyio.sleep(0.002)
@@ -88,6 +90,35 @@ async def test_a_tool_cap_holds_across_hosts() -> None:
     assert result.status == "completed", result.stop_reason
     assert seen.peak == 3  # 12 workers x 4 calls at once, on two hosts: 3 at a time
     assert lane.waits > 0
+
+
+async def test_a_thousand_calls_from_fifty_agents_on_two_hosts_keep_the_runtime_cap() -> None:
+    # The issue's case: 1,000 calls of a capped tool from 50 agents, on LocalHosts.
+    seen = Seen()
+
+    async def working(request: ModelRequest) -> Turn:
+        if _asked(request) == 0:
+            return calls(*(call("browse", url=f"page {i}") for i in range(20)))
+        return reply("read")
+
+    worker = Agent(
+        "worker",
+        FunctionModel(working, name="worker-model"),
+        tools=[tool(seen.browse, name="browse")],
+        tool_concurrency=20,
+    )
+    from fractor.actors import ScriptedModel
+
+    script = [calls(*(call("worker", task=f"t{i}") for i in range(50))), reply("done")]
+    lead = Agent("lead", ScriptedModel(script), subagents=[worker], tool_concurrency=50)
+    async with Runtime(hosts=LocalHosts(2), tool_limits={"browse": 8}) as rt:
+        with anyio.fail_after(60):
+            result = await (await rt.spawn(lead)).ask("go")
+        lane = rt.statistics().lanes["tool:browse"]
+    assert result.status == "completed", result.stop_reason
+    assert seen.calls == 1_000  # waits, never drops
+    assert seen.peak == 8
+    assert (lane.in_flight, lane.waiting) == (0, 0)
 
 
 async def test_a_pause_one_host_heard_holds_every_host(make_hosts: MakeHosts) -> None:
