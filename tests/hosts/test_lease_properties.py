@@ -378,7 +378,7 @@ WIDE = Tree(
 
 
 @example(tree=WIDE, honest=Case("output_tokens", "runtime"), short=Case("cost", "lead", 50))
-@settings(QUICK, max_examples=2)
+@settings(QUICK, max_examples=1)
 @given(tree=trees(), honest=GENEROUS, short=SCARCE)
 async def test_budgets_on_hosts_spend_the_demand_or_nearly_all_of_the_limit(
     make_hosts: MakeHosts, tree: Tree, honest: Case, short: Case
@@ -405,7 +405,7 @@ async def test_a_generous_budget_without_hosts_spends_the_demand(tree: Tree) -> 
 
 
 @example(tree=WIDE, field="output_tokens", place="runtime")
-@settings(QUICK, max_examples=2)
+@settings(QUICK, max_examples=1)
 @given(tree=trees(), field=st.sampled_from(SHARED), place=st.sampled_from(PLACES))
 async def test_whole_output_sharing_spends_the_demand_of_output_and_cost_limits(
     make_hosts: MakeHosts, tree: Tree, field: str, place: str

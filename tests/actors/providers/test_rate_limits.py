@@ -167,7 +167,7 @@ async def test_limits_declared_as_the_servers_bucket_meet_no_429(wire: Wire) -> 
 async def test_without_limits_the_lane_adapts_and_every_agent_honours_retry_after(
     wire: Wire,
 ) -> None:
-    requests, concurrent, agents = 40, 8, 240
+    requests, concurrent, agents = 40, 8, 160
     sends = _Sends()
     heard: list[tuple[float, float]] = []  # (when the client heard a 429, its pause)
     admitted: list[float] = []  # when the lane let each request go
