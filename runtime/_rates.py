@@ -217,6 +217,7 @@ class Lane:
         "queue",
         "refused",
         "successes",
+        "tokens",
         "wait_seconds",
         "waits",
     )
@@ -225,8 +226,10 @@ class Lane:
         self.name = name
         self.buckets: tuple[_Window, ...] = ()
         #: What its windows count ("requests", "tokens", "input tokens", "output
-        #: tokens"): what a server's headers need not tell it.
+        #: tokens"): what a server's headers need not tell it; and whether that is
+        #: tokens (its requests then need an input estimate).
         self.counts: frozenset[str] = frozenset()
+        self.tokens = False
         self.cap: int | None = None
         if limit is not None:
             period = limit.period
@@ -244,6 +247,7 @@ class Lane:
             )
             self.cap = limit.concurrent
             self.counts = frozenset(_NAMES[bucket.kind] for bucket in self.buckets)
+            self.tokens = any(bucket.kind != _REQUESTS for bucket in self.buckets)
         #: Whether ``cap`` is the adaptive one (set after the server refused one).
         self.adaptive = False
         self.in_flight = 0
@@ -308,6 +312,10 @@ class Rates:
                     f"got {type(limit).__qualname__}"
                 )
         self.limits = dict(limits or {})
+        #: The tools the runtime caps (``tool_limits``: lanes ``tool:<name>``).
+        self.tools = frozenset(
+            name[len(TOOL_LANE) :] for name in self.limits if name.startswith(TOOL_LANE)
+        )
         self.now = now
         #: Whether a request the server refused (not billed) counts against budgets'
         #: ``requests`` limits (as an attempt), or not at all.
@@ -320,18 +328,6 @@ class Rates:
         if lane is None:
             lane = self.lanes[name] = Lane(name, self.limits.get(name), self.now())
         return lane
-
-    def limited(self, name: str) -> bool:
-        """Whether model ``name``'s lane counts tokens (so requests need an estimate)."""
-        limit = self.limits.get(name)
-        return limit is not None and any(
-            getattr(limit, field) is not None
-            for field in (
-                "tokens_per_minute",
-                "input_tokens_per_minute",
-                "output_tokens_per_minute",
-            )
-        )
 
     # -- taking and giving back -------------------------------------------------------
 

@@ -26,14 +26,13 @@ from .._messages import ToolCall, ToolOutcome
 from .._observation._events import (
     ApprovalAsked,
     ApprovalDecision,
-    RateResume,
-    RateWait,
     ToolEnd,
     ToolProgress,
     ToolStart,
 )
 from .._tools._approval import approvals_of
 from ._delegation import Delegation, refused
+from ._requests import wait_for_rate
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -319,8 +318,8 @@ class ToolRunner:
 
     def _run_call_now(self, call: ToolCall) -> Awaitable[ToolOutcome]:
         """Charge and run one tool call (see ``run_call``)."""
-        limits = self.supervisor.rates.limits
-        if limits and TOOL_LANE + call.name in limits:
+        tools = self.supervisor.rates.tools
+        if tools and call.name in tools:
             return self._run_call_capped(call)
         return self._run_call_charged(call)
 
@@ -332,20 +331,7 @@ class ToolRunner:
         lane = rates.lane(TOOL_LANE + call.name)
         taken = rates.try_acquire(lane, 0, 0)
         if taken is None:
-            recorder = self.recorder
-            observed = recorder.observed
-            began = time.perf_counter()
-
-            def on_wait(why: str) -> None:
-                if observed:
-                    recorder.emit(RateWait(lane=lane.name, reason=why))
-
-            try:
-                taken = await rates.acquire(lane, 0, 0, on_wait)
-            finally:
-                if observed:
-                    waited = time.perf_counter() - began
-                    recorder.emit(RateResume(lane=lane.name, seconds=waited))
+            taken = await wait_for_rate(self.recorder, lane, 0, 0, shown=False)
         try:
             return await self._run_call_charged(call)
         finally:

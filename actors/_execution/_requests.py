@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .._agent._policy import RetryPolicy
     from .._models._protocol import Model, Send, StreamingModel
 
-__all__ = ["EMPTY_USAGE", "admitting", "ascii_arguments", "safe_response", "send"]
+__all__ = ["EMPTY_USAGE", "admitting", "ascii_arguments", "safe_response", "send", "wait_for_rate"]
 
 #: Characters per output token, for the estimate of a stream that was cut.
 _CHARS_PER_TOKEN = 4
@@ -134,7 +134,7 @@ async def _send(
     # neither it is made only if the request fails (what it is charged then), never
     # per request (it reads the whole context: a long conversation would pay for it
     # every step).
-    estimated = node.limited or rates.limited(name)
+    estimated = node.limited or lane.tokens
     estimate = model.estimate_tokens(request) if estimated else 0
     # What a request charged as its estimate (failed, cut, impossible usage) charges
     # when it was reserved without one.
@@ -406,7 +406,7 @@ async def _admit(
     while True:
         taken = rates.try_acquire(lane, estimate, output)
         if taken is None:
-            taken = await _wait_for_rate(recorder, lane, estimate, output)
+            taken = await wait_for_rate(recorder, lane, estimate, output)
         try:
             reservation = supervisor.reserve_nowait(
                 node, input_estimate=estimate, max_tokens=wanted, model=model, at_least=at_least
@@ -425,22 +425,27 @@ async def _admit(
         return reservation, taken
 
 
-async def _wait_for_rate(recorder: Recorder, lane: Lane, estimate: int, output: int) -> Pass:
-    """Wait in line for room in a model's rate limits; visible as events and in the
-    tree (the node's ``waiting``)."""
+async def wait_for_rate(
+    recorder: Recorder, lane: Lane, estimate: int, output: int, *, shown: bool = True
+) -> Pass:
+    """Wait in line for room in a lane (a model's rate limits, a capped tool's
+    slots); visible as events and, when ``shown``, in the tree (the node's
+    ``waiting``: a model request's, never one of several tool calls')."""
     observed = recorder.observed
     node = recorder.node
     began = time.perf_counter()
 
     def on_wait(why: str) -> None:
-        node.waiting = why
+        if shown:
+            node.waiting = why
         if observed:
             recorder.emit(RateWait(lane=lane.name, reason=why))
 
     try:
         return await recorder.supervisor.rates.acquire(lane, estimate, output, on_wait)
     finally:
-        node.waiting = ""
+        if shown:
+            node.waiting = ""
         if observed:
             recorder.emit(RateResume(lane=lane.name, seconds=time.perf_counter() - began))
 

@@ -130,32 +130,26 @@ class HostRates(Rates):
         return _RemotePass(lane, id)
 
     def settle(self, taken: Pass, input: int, output: int) -> None:
-        if isinstance(taken, _RemotePass):
-            if taken.open:
-                taken.open = False
-                taken.lane.in_flight -= 1
-                self._post(Give(id=taken.id, input=input, output=output, used=True))
-            return
-        super().settle(taken, input, output)
+        if not isinstance(taken, _RemotePass):
+            super().settle(taken, input, output)
+        elif taken.open:
+            self._close(taken)
+            self._post(Give(id=taken.id, input=input, output=output, used=True))
 
     def refund(self, taken: Pass) -> None:
-        if isinstance(taken, _RemotePass):
-            if taken.open:
-                taken.open = False
-                taken.lane.in_flight -= 1
-                self._post(Give(id=taken.id))
-            return
-        super().refund(taken)
+        if not isinstance(taken, _RemotePass):
+            super().refund(taken)
+        elif taken.open:
+            self._close(taken)
+            self._post(Give(id=taken.id))
 
     def refused(self, taken: Pass, retry_after: float | None) -> None:
-        if isinstance(taken, _RemotePass):
-            if taken.open:
-                taken.open = False
-                taken.lane.in_flight -= 1
-                taken.lane.refused += 1
-                self._post(Give(id=taken.id, refused=True, pause=retry_after))
-            return
-        super().refused(taken, retry_after)
+        if not isinstance(taken, _RemotePass):
+            super().refused(taken, retry_after)
+        elif taken.open:
+            self._close(taken)
+            taken.lane.refused += 1
+            self._post(Give(id=taken.id, refused=True, pause=retry_after))
 
     def spent(self, lane: Lane, reset: float) -> None:
         if self._remote(lane):
