@@ -110,6 +110,14 @@ from ._observation._traces import collect_trace_tree as collect_trace_tree
 from ._observation._traces import export_traces as export_traces
 from ._observation._traces import load_traces as load_traces
 from ._observation._traces import render_trace_tree as render_trace_tree
+from ._parts import ContentError as ContentError
+from ._parts import ContentLimits as ContentLimits
+from ._parts import Document as Document
+from ._parts import Image as Image
+from ._parts import Part as Part
+from ._parts import Text as Text
+from ._parts import describe_part as describe_part
+from ._parts import part_tokens as part_tokens
 from ._tools._approval import ApprovalError as ApprovalError
 from ._tools._approval import ApprovalPolicy as ApprovalPolicy
 from ._tools._approval import ApprovalRequest as ApprovalRequest
@@ -152,11 +160,14 @@ __all__ = [
     "Compacted",
     "Compaction",
     "CompactionEnd",
+    "ContentError",
+    "ContentLimits",
     "Conversation",
     "CycleModel",
     "DeadlineReached",
     "Decide",
     "DigestMessage",
+    "Document",
     "ExecutionEnd",
     "ExecutionStart",
     "ExecutionTrace",
@@ -168,6 +179,7 @@ __all__ = [
     "GetProgress",
     "GetTrace",
     "HostUnavailable",
+    "Image",
     "LimitReached",
     "LocalHosts",
     "MalformedAction",
@@ -179,6 +191,7 @@ __all__ = [
     "OpenAIModel",
     "OutputMode",
     "OutputSchema",
+    "Part",
     "Placement",
     "Placer",
     "Progress",
@@ -216,6 +229,7 @@ __all__ = [
     "SummaryRecord",
     "SystemMessage",
     "Task",
+    "Text",
     "TextDelta",
     "Tool",
     "ToolCall",
@@ -236,11 +250,13 @@ __all__ = [
     "call",
     "calls",
     "collect_trace_tree",
+    "describe_part",
     "estimate_tokens",
     "export_traces",
     "fail",
     "load_traces",
     "model_from_string",
+    "part_tokens",
     "render_trace_tree",
     "reply",
     "streamed",

@@ -108,6 +108,9 @@ def test_actors_surface_names() -> None:
         "StepStart", "ToolEnd", "ToolProgress", "ToolStart", "ToolCallProgress",
         # what a server's headers said of its rate limits; a model that falls back
         "ServerLimits", "FallbackModel",
+        # content parts: images and documents beside text, their limits and trace line
+        "ContentError", "ContentLimits", "Document", "Image", "Part", "Text",
+        "describe_part", "part_tokens",
     }  # fmt: skip
     assert set(actors.__all__) == expected
 

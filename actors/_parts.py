@@ -1,0 +1,519 @@
+"""Content parts: text, images and documents that messages carry beside their text.
+
+A part is a frozen msgspec Struct of a tagged union (``Part``):
+
+- ``Text``: a piece of text. At the door (``AgentRef.ask``, a tool's result) text
+  pieces are joined into the message's ``content``; a ``Text`` is how a list of
+  pieces says "this is text" next to images.
+- ``Image``: PNG, JPEG, WebP or GIF, as bytes (``data``) or a ``url``.
+- ``Document``: a PDF, as bytes or a ``url``.
+
+For bytes, the media type is read from the bytes' magic number (a ``media_type``
+given that disagrees is refused, naming what was found), the SHA-256 of the content
+is computed once, and what is cheap to read from the header is kept: an image's
+``width`` and ``height`` (PNG IHDR, JPEG SOF, GIF screen, WebP VP8/VP8L/VP8X) and a
+PDF's ``pages`` (an estimate: its ``/Type /Page`` objects; None when none is visible,
+e.g. in compressed object streams).
+
+**Bytes are never copied.** A part holds the very ``bytes`` object it was made with;
+passing it in messages, results and traces passes a reference, so a 5 MB image
+handed from a lead to 100 subagents is one 5 MB object. Made from a ``bytearray`` or a
+``memoryview``, it is copied once, into ``bytes``, at construction.
+
+A part decoded from a store holds no bytes (``data is None``, ``stored`` True: only
+its hash and metadata); loading a conversation or a trace to run again restores them
+from the store's blobs (``actors._blobs``).
+
+**Limits** (``ContentLimits``): at most ``part`` bytes per part (default 20 MB) and
+``request`` bytes of parts per task, tool result or model request (default 50 MB).
+They are checked at the door, before anything is sent or written: ``ContentError``
+says what was too large and the limit.
+
+**Token estimates**: ``part_tokens`` is the documented default rule the budget's
+input estimate uses (see its docstring); ``anthropic_image_tokens`` and
+``openai_image_tokens`` are the providers' published rules for images, for a model
+to pick (``part_tokens(part, image_tokens=openai_image_tokens)``).
+
+``describe_part`` is how a trace or a live view shows a part: one line, never its
+bytes, e.g. ``[image 1024x768 png, 182 KB, sha256:ab12cd34]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import msgspec
+
+from fractor.runtime import FractorError
+
+__all__ = [
+    "DEFAULT_PART_BYTES",
+    "DEFAULT_REQUEST_BYTES",
+    "DOCUMENT_TOKENS_PER_PAGE",
+    "UNKNOWN_DOCUMENT_PAGES",
+    "UNKNOWN_IMAGE_TOKENS",
+    "ContentError",
+    "ContentLimits",
+    "Document",
+    "Image",
+    "Part",
+    "Text",
+    "anthropic_image_tokens",
+    "describe_part",
+    "openai_image_tokens",
+    "part_tokens",
+]
+
+#: The default most bytes of one part.
+DEFAULT_PART_BYTES = 20_000_000
+#: The default most bytes of all the parts of one task, tool result or model request.
+DEFAULT_REQUEST_BYTES = 50_000_000
+
+ImageType = Literal["image/png", "image/jpeg", "image/webp", "image/gif"]
+IMAGE_TYPES: tuple[str, ...] = ("image/png", "image/jpeg", "image/webp", "image/gif")
+PDF = "application/pdf"
+
+
+class ContentError(FractorError, ValueError):
+    """A part was refused: bytes of a kind fractor does not take (named by what
+    their magic number says they are), or a part or a request over its size limit.
+    Raised at the door, before anything is sent or written."""
+
+
+class ContentLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """The most bytes of one part (``part``) and of all the parts of one task, tool
+    result or model request (``request``); None: no limit."""
+
+    part: int | None = DEFAULT_PART_BYTES
+    request: int | None = DEFAULT_REQUEST_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("part", "request"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"ContentLimits.{name} must be an int >= 1 or None, got {value!r}")
+
+    def check(self, parts: Iterable[Part], what: str = "a request") -> None:
+        """``ContentError`` if a part of ``parts`` or all of them together are too large."""
+        total = 0
+        for part in parts:
+            size = part.size
+            if self.part is not None and size > self.part:
+                raise ContentError(
+                    f"{describe_part(part)} in {what} is {_kb(size)}: more than the "
+                    f"{_kb(self.part)} a part may have (ContentLimits.part)"
+                )
+            total += size
+        if self.request is not None and total > self.request:
+            raise ContentError(
+                f"the parts of {what} are {_kb(total)} together: more than the "
+                f"{_kb(self.request)} a request may carry (ContentLimits.request)"
+            )
+
+
+class Text(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="text"):
+    """A piece of text among parts."""
+
+    text: str
+
+    @property
+    def size(self) -> int:
+        return 0
+
+
+class Image(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="image"):
+    """An image: PNG, JPEG, WebP or GIF, as bytes (``data``) or a ``url``.
+
+    ``Image(data=png_bytes)`` reads the media type from the magic number (a
+    ``media_type`` given must match it); ``Image.from_file(path)``;
+    ``Image.from_url(url, media_type="")``. ``sha256``, ``size``, ``width`` and
+    ``height`` are filled in from the bytes (width and height None when the header
+    does not say them cheaply); do not pass them.
+    """
+
+    media_type: str = ""
+    data: bytes | None = None
+    url: str = ""
+    sha256: str = ""
+    size: int = 0
+    width: int | None = None
+    height: int | None = None
+
+    def __post_init__(self) -> None:
+        _complete(self)
+
+    @classmethod
+    def from_file(
+        cls, path: str | os.PathLike[str], *, max_bytes: int | None = DEFAULT_PART_BYTES
+    ) -> Image:
+        """The image in the file at ``path`` (its size checked before it is read)."""
+        return cls(data=_read(path, max_bytes))
+
+    @classmethod
+    def from_url(cls, url: str, *, media_type: str = "") -> Image:
+        """An image the model fetches from ``url`` (http, https or a ``data:`` URL)."""
+        return cls(url=url, media_type=media_type)
+
+    @property
+    def stored(self) -> bool:
+        """Decoded from a store without its bytes (see ``actors._blobs``)."""
+        return self.data is None and not self.url
+
+
+class Document(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="document"):
+    """A document: a PDF, as bytes (``data``) or a ``url``; ``name`` is optional.
+
+    ``Document(data=pdf_bytes)``, ``Document.from_file(path)``,
+    ``Document.from_url(url)``. ``sha256``, ``size`` and ``pages`` (an estimate,
+    None when the file does not show it cheaply) are filled in from the bytes.
+    """
+
+    media_type: str = ""
+    data: bytes | None = None
+    url: str = ""
+    name: str = ""
+    sha256: str = ""
+    size: int = 0
+    pages: int | None = None
+
+    def __post_init__(self) -> None:
+        _complete(self)
+
+    @classmethod
+    def from_file(
+        cls, path: str | os.PathLike[str], *, max_bytes: int | None = DEFAULT_PART_BYTES
+    ) -> Document:
+        """The document in the file at ``path``, named by its file name."""
+        return cls(data=_read(path, max_bytes), name=os.path.basename(os.fspath(path)))
+
+    @classmethod
+    def from_url(cls, url: str, *, media_type: str = PDF, name: str = "") -> Document:
+        """A document the model fetches from ``url``."""
+        return cls(url=url, media_type=media_type, name=name)
+
+    @property
+    def stored(self) -> bool:
+        """Decoded from a store without its bytes (see ``actors._blobs``)."""
+        return self.data is None and not self.url
+
+
+Part = Text | Image | Document
+
+
+# -- completing a part from its bytes -------------------------------------------------
+
+
+def _complete(part: Image | Document) -> None:
+    """Fill in what the bytes say (once: a part that has its ``sha256`` is trusted,
+    as one decoded from a store or from another host is), or refuse them."""
+    set_ = msgspec.structs.force_setattr
+    kind = "image" if type(part) is Image else "document"
+    data = part.data
+    if data is None:
+        if not part.url and not part.sha256:
+            raise ContentError(f"an {kind} needs its bytes (data=...) or a url")
+        if part.url and not isinstance(part.url, str):
+            raise ContentError(f"an {kind}'s url must be a str, got {part.url!r}")
+        if part.url and not part.media_type and type(part) is Image:
+            set_(part, "media_type", _type_from_url(part.url))
+        return
+    if part.sha256:
+        return
+    raw: object = data  # the constructor does not check types: a caller may pass anything
+    if type(raw) is not bytes:
+        if not isinstance(raw, bytearray | memoryview):
+            raise ContentError(f"an {kind}'s data must be bytes, got {type(raw).__qualname__}")
+        data = bytes(raw)
+        set_(part, "data", data)
+    if part.url:
+        raise ContentError(f"an {kind} has its bytes or a url, not both")
+    found = sniff(data)
+    expected = IMAGE_TYPES if type(part) is Image else (PDF,)
+    if found not in expected:
+        what = f"bytes of {found}" if found else f"bytes of no known type ({_head(data)})"
+        raise ContentError(
+            f"an {kind} must be {' or '.join(_short(t) for t in expected)}, got {what}"
+        )
+    if part.media_type and part.media_type != found:
+        raise ContentError(
+            f"the {kind}'s media_type says {part.media_type!r}, its bytes are {found}"
+        )
+    set_(part, "media_type", found)
+    set_(part, "size", len(data))
+    set_(part, "sha256", hashlib.sha256(data).hexdigest())
+    if type(part) is Image:
+        size = image_size(data, found)
+        if size is not None:
+            set_(part, "width", size[0])
+            set_(part, "height", size[1])
+    else:
+        set_(part, "pages", pdf_pages(data))
+
+
+def _read(path: str | os.PathLike[str], max_bytes: int | None) -> bytes:
+    size = os.stat(path).st_size
+    if max_bytes is not None and size > max_bytes:
+        raise ContentError(
+            f"{os.fspath(path)!r} is {_kb(size)}: more than the {_kb(max_bytes)} "
+            "a part may have (max_bytes)"
+        )
+    with open(path, "rb") as file:
+        return file.read()
+
+
+def sniff(data: bytes) -> str:
+    """The media type the magic number of ``data`` says, or "" for none fractor takes."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data.startswith(b"%PDF-"):
+        return PDF
+    return ""
+
+
+def image_size(data: bytes, media_type: str) -> tuple[int, int] | None:
+    """(width, height) from the header of an image, or None if it does not say them."""
+    try:
+        if media_type == "image/png":
+            if data[12:16] == b"IHDR":
+                return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        elif media_type == "image/gif":
+            if len(data) >= 10:
+                return int.from_bytes(data[6:8], "little"), int.from_bytes(data[8:10], "little")
+        elif media_type == "image/webp":
+            return _webp_size(data)
+        elif media_type == "image/jpeg":
+            return _jpeg_size(data)
+    except (IndexError, ValueError):
+        return None
+    return None
+
+
+def _webp_size(data: bytes) -> tuple[int, int] | None:
+    chunk = data[12:16]
+    if chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a":
+        width = int.from_bytes(data[26:28], "little") & 0x3FFF
+        height = int.from_bytes(data[28:30], "little") & 0x3FFF
+        return width, height
+    if chunk == b"VP8L" and data[20:21] == b"\x2f" and len(data) >= 25:
+        bits = int.from_bytes(data[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if chunk == b"VP8X" and len(data) >= 30:
+        return int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
+    return None
+
+
+#: JPEG start-of-frame markers (C0-CF but DHT C4, JPG C8 and DAC CC).
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    at = 2
+    for _ in range(1_000):  # a header has a few dozen segments; never scan the image
+        while at < len(data) and data[at] == 0xFF and at + 1 < len(data) and data[at + 1] == 0xFF:
+            at += 1  # fill bytes
+        if at + 4 > len(data) or data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker in _SOF:
+            if at + 9 > len(data):
+                return None
+            height = int.from_bytes(data[at + 5 : at + 7], "big")
+            width = int.from_bytes(data[at + 7 : at + 9], "big")
+            return width, height
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            at += 2
+            continue
+        if marker == 0xD9 or marker == 0xDA:  # end of image, start of scan: no SOF seen
+            return None
+        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    return None
+
+
+_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
+
+
+def pdf_pages(data: bytes) -> int | None:
+    """An estimate of a PDF's pages: its ``/Type /Page`` objects (not ``/Pages``);
+    None when none is visible (they may sit in compressed object streams)."""
+    pages = len(_PAGE.findall(data))
+    return pages or None
+
+
+_URL_TYPES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+    ".webp": "image/webp",
+}
+
+
+def _type_from_url(url: str) -> str:
+    if url.startswith("data:"):
+        return url[5:].split(";", 1)[0].split(",", 1)[0]
+    path = url.split("?", 1)[0].split("#", 1)[0]
+    return _URL_TYPES.get(os.path.splitext(path)[1].lower(), "")
+
+
+def _short(media_type: str) -> str:
+    return {"image/png": "PNG", "image/jpeg": "JPEG", "image/webp": "WebP"}.get(
+        media_type, "GIF" if media_type == "image/gif" else "PDF"
+    )
+
+
+def _head(data: bytes) -> str:
+    if not data:
+        return "empty"
+    return f"starting {data[:8]!r}"
+
+
+def _kb(size: int) -> str:
+    if size >= 10_000_000:
+        return f"{size / 1_000_000:.0f} MB"
+    if size >= 1_000_000:
+        return f"{size / 1_000_000:.1f} MB"
+    return f"{max(1, round(size / 1000)) if size else 0} KB"
+
+
+# -- how a part is shown --------------------------------------------------------------
+
+
+def describe_part(part: Part) -> str:
+    """One line saying what ``part`` is, never its bytes:
+    ``[image 1024x768 png, 182 KB, sha256:ab12cd34]``, ``[document report.pdf,
+    12 pages, 1.2 MB, sha256:...]``, ``[image https://...]``, ``[text 120 chars]``."""
+    if type(part) is Text:
+        return f"[text {len(part.text)} chars]"
+    assert type(part) is Image or type(part) is Document
+    kind = "image" if type(part) is Image else "document"
+    if part.url:
+        url = part.url if len(part.url) <= 60 else part.url[:57] + "..."
+        if url.startswith("data:"):
+            url = url.split(",", 1)[0] + ",..."
+        return f"[{kind} {url}]"
+    words: list[str] = []
+    if type(part) is Image:
+        if part.width is not None and part.height is not None:
+            words.append(f"{part.width}x{part.height}")
+        words.append(part.media_type.removeprefix("image/"))
+        head = " ".join(words)
+        return f"[image {head}, {_kb(part.size)}, sha256:{part.sha256[:8]}]"
+    assert type(part) is Document
+    name = part.name or "pdf"
+    pages = "" if part.pages is None else f", {part.pages} page{'s' * (part.pages != 1)}"
+    return f"[document {name}{pages}, {_kb(part.size)}, sha256:{part.sha256[:8]}]"
+
+
+def describe_parts(parts: Iterable[Part]) -> str:
+    """The lines of ``describe_part``, joined by a space ("" for none)."""
+    return " ".join(describe_part(part) for part in parts)
+
+
+# -- token estimates ------------------------------------------------------------------
+
+#: The input tokens counted for an image whose size is unknown (a URL, or a header
+#: that does not say it): the most Anthropic's rule counts for one image.
+UNKNOWN_IMAGE_TOKENS = 1_600
+#: The input tokens counted per page of a PDF (its text and the page's image, as
+#: providers send both); a PDF's own text is not read for the estimate.
+DOCUMENT_TOKENS_PER_PAGE = 1_500
+#: The pages counted for a PDF whose pages are unknown (a URL, compressed objects):
+#: at least this many, or one per 100 KB of it.
+UNKNOWN_DOCUMENT_PAGES = 3
+
+
+def anthropic_image_tokens(width: int, height: int) -> int:
+    """Anthropic's published rule: ``width * height / 750``, at most 1,600 (an image
+    larger than about 1.15 megapixels is scaled down to that before the model sees it)."""
+    return min(UNKNOWN_IMAGE_TOKENS, max(1, -(-width * height // 750)))
+
+
+def openai_image_tokens(width: int, height: int) -> int:
+    """OpenAI's published tile rule (``detail: high``): scaled to fit 2048x2048, then
+    its shortest side to 768 (never up), 85 tokens plus 170 per 512-px tile."""
+    w, h = float(max(1, width)), float(max(1, height))
+    if max(w, h) > 2048:
+        scale = 2048 / max(w, h)
+        w, h = w * scale, h * scale
+    if min(w, h) > 768:
+        scale = 768 / min(w, h)
+        w, h = w * scale, h * scale
+    tiles = -(-int(w) // 512) * -(-int(h) // 512)
+    return 85 + 170 * tiles
+
+
+ImageTokens = Callable[[int, int], int]
+
+
+def part_tokens(
+    part: Part, *, image_tokens: ImageTokens = anthropic_image_tokens, chars_per_token: float = 4
+) -> int:
+    """The input tokens a part is counted for in a request's estimate.
+
+    - text: a token per ``chars_per_token`` characters;
+    - an image of known size: ``image_tokens(width, height)`` (by default Anthropic's
+      ``width * height / 750``, at most 1,600; ``openai_image_tokens`` is OpenAI's);
+      of unknown size: ``UNKNOWN_IMAGE_TOKENS`` (1,600);
+    - a PDF: ``DOCUMENT_TOKENS_PER_PAGE`` (1,500) per page; pages unknown: the larger
+      of ``UNKNOWN_DOCUMENT_PAGES`` (3) and one per 100 KB.
+    """
+    if type(part) is Text:
+        return -int(-len(part.text) // chars_per_token)
+    if type(part) is Image:
+        if part.width is None or part.height is None:
+            return UNKNOWN_IMAGE_TOKENS
+        return image_tokens(part.width, part.height)
+    assert type(part) is Document
+    pages = part.pages
+    if pages is None:
+        pages = max(UNKNOWN_DOCUMENT_PAGES, -(-part.size // 100_000))
+    return DOCUMENT_TOKENS_PER_PAGE * pages
+
+
+# -- turning what a caller gives into text and parts ----------------------------------
+
+
+def split_content(
+    value: Any, what: str, *, joiner: str = "\n\n"
+) -> tuple[str, tuple[Image | Document, ...]]:
+    """``(text, parts)`` of a str, a part, or a list/tuple mixing str and parts: the
+    text pieces (str and ``Text``) joined by ``joiner``, the images and documents in
+    their order. ``TypeError`` naming ``what`` for anything else."""
+    if isinstance(value, str):
+        return value, ()
+    if isinstance(value, Text | Image | Document):
+        items: list[Any] | tuple[Any, ...] = (value,)
+    elif isinstance(value, list | tuple):
+        items = value
+    else:
+        raise TypeError(
+            f"{what} is text (str), a part, or a list of str and parts "
+            f"(fractor.Image, fractor.Document, fractor.Text), got {type(value).__qualname__}"
+        )
+    texts: list[str] = []
+    parts: list[Image | Document] = []
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
+        elif type(item) is Text:
+            texts.append(item.text)
+        elif type(item) is Image or type(item) is Document:
+            parts.append(item)
+        else:
+            raise TypeError(
+                f"{what} mixes str and parts (fractor.Image, fractor.Document, "
+                f"fractor.Text), got a {type(item).__qualname__}"
+            )
+    return joiner.join(texts), tuple(parts)
