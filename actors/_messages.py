@@ -13,6 +13,16 @@ Chat messages form a tagged union (``Message``), dispatched with ``match``:
 
 Every type here round-trips through msgspec JSON and MessagePack (invariant 6).
 
+**Content parts** (``actors._parts``: images and documents): a ``UserMessage`` and a
+``ToolResultMessage`` carry their text in ``content`` and their images and documents
+in ``parts`` (after the text, in order); so do a ``Task``, a ``Result`` (a subagent's
+answer with parts becomes its parent's tool result with them), a ``ModelResponse``
+(a model that answers with parts), a ``ToolOutcome`` and an ``ExecutionTrace``
+(``task_parts``, and ``parts`` of its answer). The two messages are declared
+``omit_defaults``: a message without parts encodes without the field, so a
+text-only ``UserMessage`` is byte for byte what it was before parts existed (a
+``ToolResultMessage`` also leaves out ``is_error`` when False); both decode either form.
+
 They are declared ``gc=False``: they hold only strings, numbers and tuples of each
 other, so they can never be part of a reference cycle, and leaving them out of the
 cyclic garbage collector's reach means the many made per step never trigger or
@@ -21,12 +31,15 @@ slow a collection.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import msgspec
 
 from fractor.runtime import Budget, NodeSnapshot
 from fractor.runtime import Usage as Usage
+
+from ._parts import ImageTokens, Part, anthropic_image_tokens, part_tokens
 
 __all__ = [
     "AssistantMessage",
@@ -52,6 +65,8 @@ __all__ = [
     "ToolSpec",
     "UserMessage",
     "exception_text",
+    "parts_in",
+    "parts_tokens",
     "safe_text",
 ]
 
@@ -68,8 +83,12 @@ class SystemMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="sy
     content: str
 
 
-class UserMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="user"):
+class UserMessage(
+    msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True, tag="user"
+):
     content: str
+    #: Images and documents after the text (``actors._parts``); none for text only.
+    parts: tuple[Part, ...] = ()
 
 
 class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="assistant"):
@@ -77,11 +96,15 @@ class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag=
     tool_calls: tuple[ToolCall, ...] = ()
 
 
-class ToolResultMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="tool"):
+class ToolResultMessage(
+    msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True, tag="tool"
+):
     call_id: str
     name: str
     content: str
     is_error: bool = False
+    #: Images and documents the tool returned after its text (``actors._parts``).
+    parts: tuple[Part, ...] = ()
 
 
 class DigestMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="digest"):
@@ -171,6 +194,8 @@ class ModelResponse(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     finish_reason: FinishReason = "stop"
     model: str = ""
     limits: ServerLimits | None = None
+    #: Images and documents of the answer (a final answer's become ``Result.parts``).
+    parts: tuple[Part, ...] = ()
 
 
 Status = Literal["completed", "budget_exceeded", "timed_out", "cancelled", "failed"]
@@ -190,6 +215,9 @@ class Result(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: None otherwise, or when the execution ended without a valid one. Across
     #: hosts it travels as its JSON, decoded again where the type is known.
     output: Any = None
+    #: Images and documents of the final answer (a parent's model reads them in the
+    #: tool result of its call to this agent).
+    parts: tuple[Part, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -213,6 +241,8 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Answered from an earlier attempt of the task (a restart or a resumed ask
     #: with a digest): the same call had completed there; it did not run again.
     reused: bool = False
+    #: Images and documents of the result (the tool result message carries them).
+    parts: tuple[Part, ...] = ()
 
 
 class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -288,6 +318,9 @@ class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     digest: bool = False
     #: The execution an ask with ``resume=True`` picked up from ("": none).
     resumed: str = ""
+    #: Images and documents of the task, and of the final answer.
+    task_parts: tuple[Part, ...] = ()
+    parts: tuple[Part, ...] = ()
 
 
 class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -310,6 +343,26 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         """The inference context these sections compile to."""
         head: tuple[Message, ...] = (SystemMessage(content=self.system),) if self.system else ()
         return head + self.summary + self.buffer + self.messages + self.execution
+
+
+def parts_in(*sections: Iterable[Message]) -> Iterator[Part]:
+    """The images and documents of the user turns and tool results of ``sections``."""
+    for section in sections:
+        for message in section:
+            if type(message) is UserMessage or type(message) is ToolResultMessage:
+                yield from message.parts
+
+
+def parts_tokens(
+    messages: Iterable[Message], *, image_tokens: ImageTokens = anthropic_image_tokens
+) -> int:
+    """The input tokens of the images and documents of ``messages`` (``part_tokens``,
+    with ``image_tokens`` the provider's rule for an image of known size): what a
+    model's ``estimate_tokens`` adds to its estimate of the text. 0 without parts."""
+    tokens = 0
+    for part in parts_in(messages):
+        tokens += part_tokens(part, image_tokens=image_tokens)
+    return tokens
 
 
 def safe_text(text: str) -> str:
@@ -353,6 +406,8 @@ class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     text: str
     budget: Budget | None = None
     node: str = ""
+    #: Images and documents of the task, after its text (``UserMessage.parts``).
+    parts: tuple[Part, ...] = ()
     watch: str = ""
     #: Pick up from the agent's last execution if it stopped before its answer (a
     #: limit, the deadline, a failure): a digest of what it did, and its completed

@@ -482,6 +482,27 @@ def part_tokens(
     return DOCUMENT_TOKENS_PER_PAGE * pages
 
 
+_NAMED = re.compile(r"sha256:([0-9a-f]{8,64})")
+
+
+def named_parts(text: str, parts: Iterable[Part]) -> tuple[Image | Document, ...]:
+    """The images and documents of ``parts`` that ``text`` names as
+    ``sha256:<at least 8 hex digits>`` (as ``describe_part`` shows them), in the
+    order named, each once: how a model hands parts of its context to a subagent
+    (the task text of its call names them). Empty when ``text`` names none."""
+    if "sha256:" not in text:
+        return ()
+    prefixes = _NAMED.findall(text)
+    found: dict[str, Image | Document] = {}
+    candidates = [p for p in parts if isinstance(p, Image | Document) and p.sha256]
+    for prefix in prefixes:
+        for part in candidates:
+            if part.sha256.startswith(prefix) and part.sha256 not in found:
+                found[part.sha256] = part
+                break
+    return tuple(found.values())
+
+
 # -- turning what a caller gives into text and parts ----------------------------------
 
 

@@ -193,7 +193,7 @@ class AgentActor(Actor):
     def _history(self, task: Task) -> tuple[Message, ...]:
         """The conversation with ``task`` as its new user turn, and everything the model
         sees before it: the context of the execution that answers it."""
-        self.messages.append(UserMessage(content=task.text))
+        self.messages.append(UserMessage(content=task.text, parts=task.parts))
         return self._sections()
 
     def _sections(self) -> tuple[Message, ...]:
@@ -381,6 +381,7 @@ class AgentActor(Actor):
             node=node,
             supervisor=context.runtime.supervisor,
             task=task.text,
+            task_parts=task.parts,
             history=history,
             buffer=self.execution,
             context=context,

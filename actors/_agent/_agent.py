@@ -60,6 +60,8 @@ class Agent(AgentDefinition):
     ``@tool(approval=True)`` marks a tool itself): see ``AgentRef.approve``.
     ``memory`` folds old turns of a long conversation into a summary
     (``Compaction``: when, how many turns stay, which model summarizes).
+    ``content_limits`` bounds the images and documents of a task, a tool result and
+    a model request (``ContentLimits``: 20 MB a part, 50 MB a request by default).
     """
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -25,6 +25,7 @@ from .._execution._output import FINAL_ANSWER, OutputMode, OutputSpec, output_sp
 from .._memory._compaction import Compaction
 from .._messages import StepRecord, ToolCall, ToolSpec, safe_text
 from .._models._protocol import Model
+from .._parts import ContentLimits
 from .._tools._approval import ApprovalPolicy, approver
 from .._tools._tool import Tool, tool
 from .._tools._toolbox import Toolbox, Toolset, is_toolset
@@ -69,6 +70,7 @@ class AgentDefinition:
     output_retries: int = 2
     approval: ApprovalPolicy | None = None
     memory: Compaction | None = None
+    content_limits: ContentLimits = field(default_factory=ContentLimits)
     toolbox: Toolbox = field(init=False, repr=False, compare=False)
     specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
     subagents_by_name: dict[str, AgentDefinition] = field(init=False, repr=False, compare=False)
@@ -110,6 +112,11 @@ class AgentDefinition:
                 f"Agent {self.name!r}: max_tokens must be >= 1, got {self.max_tokens!r}"
             )
         self._check_types()
+        if not isinstance(self.content_limits, ContentLimits):
+            raise TypeError(
+                f"Agent {self.name!r}: content_limits must be a fractor.ContentLimits, "
+                f"got {type(self.content_limits).__qualname__}"
+            )
         for option in ("instructions", "description"):  # text from outside: made safe
             object.__setattr__(self, option, safe_text(getattr(self, option)))
         entries = tuple(

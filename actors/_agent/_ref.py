@@ -11,6 +11,7 @@ reaches the agent.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -19,10 +20,15 @@ from fractor.runtime import ActorRef, Budget, MailboxStatistics
 
 from .._messages import Conversation, ExecutionTrace, Progress, Result, Task, safe_text
 from .._observation._stream import AgentStream
+from .._parts import Part, split_content
 from .._tools._approval import ApprovalRequest
 
 if TYPE_CHECKING:
     from ._definition import AgentDefinition
+
+#: What a task may be: text, or a list or tuple mixing text and parts (images,
+#: documents: ``actors._parts``), or one part.
+TaskContent = str | Part | Sequence[str | Part]
 
 __all__ = ["AgentRef", "Decide", "GetApprovals", "GetConversation", "GetProgress", "GetTrace"]
 
@@ -72,25 +78,35 @@ class AgentRef:
     def __repr__(self) -> str:
         return f"<AgentRef {self._ref.id!r} ({self.agent.name})>"
 
-    async def ask(self, text: str, *, budget: Budget | None = None, resume: bool = False) -> Result:
+    async def ask(
+        self, text: TaskContent, *, budget: Budget | None = None, resume: bool = False
+    ) -> Result:
         """Give the agent a task and wait for its one ``Result``.
+
+        ``text`` is a str, or a list (or tuple) mixing str and parts: images and
+        documents (``fractor.Image``, ``fractor.Document``), checked against the
+        agent's ``content_limits`` here, before anything reaches the agent. The
+        text pieces join (a blank line between them) as the user message's
+        content, the parts follow it in their order.
 
         ``resume=True`` picks up from the agent's last execution if it stopped before
         its answer (a limit, the deadline, a failure): the new execution reads a
         digest of what it did, and its completed tool calls are answered from their
         results instead of run again (nothing to pick up after a completed one).
         """
-        result: Result = await self._ref.ask(self._handed(_task(text, budget, resume)))
+        result: Result = await self._ref.ask(self._handed(self._task(text, budget, resume)))
         return result
 
-    async def tell(self, text: str, *, budget: Budget | None = None, resume: bool = False) -> None:
+    async def tell(
+        self, text: TaskContent, *, budget: Budget | None = None, resume: bool = False
+    ) -> None:
         """Give the agent a task without waiting; its answer joins its conversation.
-        ``resume``: as for ``ask``."""
-        await self._ref.tell(self._handed(_task(text, budget, resume)))
+        ``text`` and ``resume``: as for ``ask``."""
+        await self._ref.tell(self._handed(self._task(text, budget, resume)))
 
     def stream(
         self,
-        text: str,
+        text: TaskContent,
         *,
         budget: Budget | None = None,
         subagents: bool = False,
@@ -104,8 +120,15 @@ class AgentRef:
         ``buffer`` events wait for a slow consumer (see ``actors._observation._stream``).
         Leaving the block before the answer stops the execution. ``resume``: as
         for ``ask``."""
-        task = self._handed(_task(text, budget, resume))
+        task = self._handed(self._task(text, budget, resume))
         return AgentStream(self._ref, task, subagents=subagents, buffer=buffer)
+
+    def _task(self, text: TaskContent, budget: Budget | None, resume: bool) -> Task:
+        """``_task``, with the parts checked against this agent's content limits."""
+        task = _task(text, budget, resume)
+        if task.parts:
+            self.agent.content_limits.check(task.parts, f"the task for agent {self.id!r}")
+        return task
 
     def _handed(self, task: Task) -> Task:
         """A task from outside is handed over: tell the observer that asked to know
@@ -169,15 +192,16 @@ class AgentRef:
 _keys = itertools.count(1)
 
 
-def _task(text: str, budget: Budget | None, resume: bool = False) -> Task:
+def _task(text: object, budget: Budget | None, resume: bool = False) -> Task:
     """The task to send, checked before anything reaches the agent."""
+    parts: tuple[Part, ...] = ()
     if not isinstance(text, str):
-        raise TypeError(f"a task is text (str), got {type(text).__qualname__}")
+        text, parts = split_content(text, "a task")
     if budget is not None and not isinstance(budget, Budget):
         raise TypeError(f"budget must be a fractor.Budget or None, got {type(budget).__qualname__}")
     if not isinstance(resume, bool):
         raise TypeError(f"resume must be a bool, got {resume!r}")
-    return Task(text=safe_text(text), budget=budget, resume=resume)
+    return Task(text=safe_text(text), budget=budget, resume=resume, parts=parts)
 
 
 def _request_id(request_id: object) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -22,7 +22,7 @@ import msgspec
 from fractor.runtime import ActorContext, BudgetExceeded
 from fractor.runtime.lowlevel import TOOL_LANE
 
-from .._messages import ToolCall, ToolOutcome
+from .._messages import Message, ToolCall, ToolOutcome, parts_in
 from .._observation._events import (
     ApprovalAsked,
     ApprovalDecision,
@@ -91,6 +91,7 @@ class ToolRunner:
         "subagents",
         "supervisor",
         "toolbox",
+        "visible",
     )
 
     def __init__(
@@ -112,6 +113,10 @@ class ToolRunner:
         self.supervisor = recorder.supervisor
         self.context = context
         self.new_actor = new_actor
+        #: The sections of the context the execution's model sees (its history and
+        #: its buffer), whose images and documents a subagent call's task may name
+        #: (``named_parts``); set by the execution.
+        self.visible: tuple[Sequence[Message], ...] = ()
         #: The tool call ids of this execution so far (see ``unique``).
         self.call_ids: set[str] = set()
         self.escalation = ""
@@ -208,6 +213,7 @@ class ToolRunner:
                     tg,
                     delegated,
                     outcomes,
+                    functools.partial(parts_in, *self.visible),
                 )
                 await delegation.run()
         finally:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -24,6 +24,7 @@ from fractor.runtime.lowlevel import Waiter, new_waiter, park, wake
 
 from .._messages import Result, Task, ToolCall, ToolOutcome, exception_text
 from .._observation._events import Spawn
+from .._parts import Part, named_parts
 from ._children import HostUnavailable, placer_of
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class Delegation:
         "subagents",
         "supervisor",
         "task_group",
+        "visible",
         "waiter",
     )
 
@@ -80,6 +82,7 @@ class Delegation:
         task_group: TaskGroup,
         calls: list[tuple[int, ToolCall]],
         outcomes: list[ToolOutcome],
+        visible: Callable[[], Iterable[Part]] | None = None,
     ) -> None:
         #: The parent execution's records (its node, supervisor and events), its
         #: actor's context (which spawns the children) and the actor of a child run
@@ -94,6 +97,8 @@ class Delegation:
         self.task_group = task_group
         self.pending = collections.deque(calls)
         self.outcomes = outcomes
+        #: The parts of the parent's context, which a task may name (see ``_parts``).
+        self.visible = visible
         self.running: dict[int, Node] = {}
         # Children that stopped without answering (failed to start, cancelled), with
         # why: their nodes are closed by ``run``, which knows whether the step goes on.
@@ -212,7 +217,8 @@ class Delegation:
             child = self.context.spawn_soon(
                 self.new_actor(subagent), task_group=self.task_group, id=node.id, name=subagent.name
             )
-            reply = child.ask_nowait(Task(text=task, node=node.id))
+            parts = named_parts(task, self.visible()) if self.visible is not None else ()
+            reply = child.ask_nowait(Task(text=task, node=node.id, parts=parts))
             child.stop_nowait()  # the task is its only message
         except Exception as exc:
             supervisor.close(node, "failed", exception_text(exc))
@@ -270,6 +276,7 @@ class Delegation:
                 content=result.text,
                 is_error=result.status != "completed",
                 seconds=time.perf_counter() - began,
+                parts=result.parts,
             )
         self.outcomes[index] = outcome
         if self.waiter is not None and (not self.running or self.pending):

@@ -77,6 +77,7 @@ from .._observation._events import (
     ModelText,
     StepStart,
 )
+from .._parts import Part
 from ._answering import Answers
 from ._calling import Interrupted, ToolRunner
 from ._recording import NOT_RUN, Recorder, bind_log_context, synthesize
@@ -126,6 +127,7 @@ class Execution:
         "ended",
         "ends_itself",
         "execution_id",
+        "final_parts",
         "final_text",
         "history",
         "kept",
@@ -143,6 +145,7 @@ class Execution:
         "summarizer",
         "supervisor",
         "task",
+        "task_parts",
         "tools",
         "via",
     )
@@ -167,6 +170,7 @@ class Execution:
         compacted: Callable[[Fold, str], tuple[Message, ...]] | None = None,
         digest: DigestMessage | None = None,
         reuse: Reuse | None = None,
+        task_parts: tuple[Part, ...] = (),
     ) -> None:
         self.agent = agent
         self.agent_id = agent_id
@@ -179,6 +183,8 @@ class Execution:
         parent = node.parent
         self.parent_attempt = parent.attempt if parent is not None else 1
         self.task = task
+        #: The images and documents of the task (its user message carries them).
+        self.task_parts = task_parts
         self.history = history
         # A fresh buffer: an earlier execution (or attempt) never carries its over.
         buffer.clear()
@@ -204,6 +210,8 @@ class Execution:
         self.status: Status = "cancelled"
         self.reason = "cancelled before it finished"
         self.final_text = ""
+        #: The images and documents of the model's final answer (``Result.parts``).
+        self.final_parts: tuple[Part, ...] = ()
         self.last_text = ""
         self.started = time.perf_counter()
         self.ended = 0.0
@@ -230,6 +238,7 @@ class Execution:
             context,
             new_actor,
         )
+        self.tools.visible = (history, buffer)
         output = agent.output_spec
         self.answers = None if output is None else Answers(output, recorder)
         #: The tools the model is offered (a typed answer's tool among them).
@@ -542,8 +551,9 @@ class Execution:
                 self._conclude(answers)
             return said
         self.recorder.record(input_messages, response, usage, (), model_seconds, 0.0)
-        if response.text:
+        if response.text or response.parts:
             self.final_text = response.text
+            self.final_parts = response.parts
             self._stop("completed", "final answer")
         else:
             self._stop("completed", f"the model stopped ({response.finish_reason}) without text")
@@ -630,6 +640,7 @@ class Execution:
                 name=outcome.call.name,
                 content=outcome.content,
                 is_error=outcome.is_error,
+                parts=outcome.parts,
             )
             for outcome in outcomes
         ]
@@ -688,6 +699,7 @@ class Execution:
             execution_id=self.execution_id,
             steps=len(recorder.steps) + (1 if recorder.step_began else 0),
             output=answers.value if answers is not None and self.status == "completed" else None,
+            parts=self.final_parts if self.status == "completed" else (),
         )
 
     def progress(self, *, queued: int, turns: int) -> Progress:
@@ -752,6 +764,8 @@ class Execution:
                 summarization=summarizer.record if summarizer is not None else None,
                 digest=self.digested,
                 resumed=self.resumed,
+                task_parts=self.task_parts,
+                parts=self.final_parts if self.status == "completed" else (),
             )
         elif built.parent_id != parent_id or built.execution_id != self.execution_id:
             built = self.built = msgspec.structs.replace(

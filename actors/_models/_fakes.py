@@ -28,7 +28,15 @@ import msgspec
 
 from fractor.runtime import FractorError
 
-from .._messages import AssistantMessage, ModelRequest, ModelResponse, ToolResultMessage, Usage
+from .._messages import (
+    AssistantMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+    parts_tokens,
+)
 from ._turns import NO_USAGE, Failure, Streamed, Turn
 
 __all__ = [
@@ -68,21 +76,28 @@ def estimate_tokens(request: ModelRequest) -> int:
     One token per four characters of every message's text (content, tool call names
     and arguments, tool result content) and of every tool spec (name, description,
     JSON schema) and of a native structured output's schema, plus four tokens per
-    message. Linear in the size of the request.
+    message; and each image and document of a user turn or tool result as
+    ``part_tokens`` counts it (Anthropic's image rule, 1,500 tokens a PDF page).
+    Linear in the size of the request.
     """
     chars = 0
+    parts = 0
     for message in request.messages:
         chars += len(message.content)
         if type(message) is AssistantMessage:
             for tool_call in message.tool_calls:
                 chars += len(tool_call.name) + len(tool_call.arguments)
+        elif (type(message) is UserMessage or type(message) is ToolResultMessage) and (
+            message.parts
+        ):
+            parts += parts_tokens((message,))
     for spec in request.tools:
         chars += len(spec.name) + len(spec.description)
         chars += len(_json_encoder.encode(spec.parameters))
     output = request.output_schema
     if output is not None and output.native:
         chars += len(_json_encoder.encode(output.schema))
-    return _ceil_tokens(chars) + _TOKENS_PER_MESSAGE * len(request.messages)
+    return _ceil_tokens(chars) + _TOKENS_PER_MESSAGE * len(request.messages) + parts
 
 
 def _estimate_output(response: ModelResponse) -> int:
@@ -221,6 +236,7 @@ class _ServingModel:
             usage=usage,
             finish_reason=finish,
             model=turn.model or self.name,
+            parts=turn.parts,
         )
 
 

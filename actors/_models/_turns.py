@@ -19,6 +19,7 @@ from typing import TypeAlias
 import msgspec
 
 from .._messages import ModelResponse, ToolCall, Usage
+from .._parts import Part
 
 __all__ = ["Failure", "Streamed", "Turn", "call", "calls", "fail", "reply", "streamed"]
 
@@ -58,13 +59,14 @@ Turn: TypeAlias = ModelResponse | Failure | Streamed
 that comes in chunks (``Streamed``)."""
 
 
-def reply(text: str, *, usage: Usage | None = None) -> ModelResponse:
-    """A final answer: ``text`` and no tool calls (``finish_reason="stop"``).
+def reply(text: str, *, usage: Usage | None = None, parts: tuple[Part, ...] = ()) -> ModelResponse:
+    """A final answer: ``text`` and no tool calls (``finish_reason="stop"``), with
+    ``parts`` (images, documents) if given: they become ``Result.parts``.
 
     Without ``usage`` the serving model estimates it from the request and the text.
     """
     return ModelResponse(
-        text=text, usage=NO_USAGE if usage is None else usage, finish_reason="stop"
+        text=text, usage=NO_USAGE if usage is None else usage, finish_reason="stop", parts=parts
     )
 
 

@@ -39,6 +39,7 @@ import anyio.to_thread
 import msgspec
 
 from .._messages import ToolCall, ToolOutcome, ToolSpec, exception_text, safe_text
+from .._parts import ContentError, ContentLimits, Document, Image, Text, split_content
 from ._schema import (
     ToolDefinitionError,
     build_arguments,
@@ -289,7 +290,21 @@ class Tool(Generic[P, R]):
         return self._finish(call, f"{self._invalid_prefix}{problem}. {self._expected}", 0, start)
 
     def succeeded(self, call: ToolCall, value: object, start: float, attempts: int) -> ToolOutcome:
-        """The outcome of a call that returned ``value`` (as text, cut to the cap)."""
+        """The outcome of a call that returned ``value`` (as text, cut to the cap).
+
+        A tool may return a part (``Image``, ``Document``) or a list or tuple mixing
+        text and parts: the text pieces (joined by a newline) are the result's
+        content, the images and documents its ``parts``, checked against the
+        default ``ContentLimits`` (too large: an error result saying so).
+        """
+        if type(value) is not str and _has_parts(value):
+            text, parts = split_content(value, f"the result of tool {self.name!r}", joiner="\n")
+            try:
+                _LIMITS.check(parts, f"the result of tool {self.name!r}")
+            except ContentError as exc:
+                return self._finish(call, f"tool {self.name!r} failed: {exc}", attempts, start)
+            outcome = self._outcome(call, safe_text(text), False, attempts, start)
+            return msgspec.structs.replace(outcome, parts=parts)
         return self._outcome(call, _to_text(value), False, attempts, start)
 
     def failed(
@@ -327,6 +342,17 @@ class Tool(Generic[P, R]):
             seconds=perf_counter() - start,
             attempts=attempts,
         )
+
+
+_LIMITS = ContentLimits()
+_PART_TYPES = (Text, Image, Document)
+
+
+def _has_parts(value: object) -> bool:
+    """Whether a tool's return value is a part or a list or tuple holding one."""
+    if isinstance(value, _PART_TYPES):
+        return True
+    return isinstance(value, list | tuple) and any(isinstance(v, _PART_TYPES) for v in value)
 
 
 def _to_text(value: object) -> str:
