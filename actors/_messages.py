@@ -39,7 +39,7 @@ import msgspec
 from fractor.runtime import Budget, NodeSnapshot
 from fractor.runtime import Usage as Usage
 
-from ._parts import ImageTokens, Part, anthropic_image_tokens, part_tokens
+from ._parts import ImageTokens, Media, anthropic_image_tokens, part_tokens
 
 __all__ = [
     "AssistantMessage",
@@ -88,7 +88,7 @@ class UserMessage(
 ):
     content: str
     #: Images and documents after the text (``actors._parts``); none for text only.
-    parts: tuple[Part, ...] = ()
+    parts: tuple[Media, ...] = ()
 
 
 class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="assistant"):
@@ -104,7 +104,7 @@ class ToolResultMessage(
     content: str
     is_error: bool = False
     #: Images and documents the tool returned after its text (``actors._parts``).
-    parts: tuple[Part, ...] = ()
+    parts: tuple[Media, ...] = ()
 
 
 class DigestMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="digest"):
@@ -195,7 +195,7 @@ class ModelResponse(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     model: str = ""
     limits: ServerLimits | None = None
     #: Images and documents of the answer (a final answer's become ``Result.parts``).
-    parts: tuple[Part, ...] = ()
+    parts: tuple[Media, ...] = ()
 
 
 Status = Literal["completed", "budget_exceeded", "timed_out", "cancelled", "failed"]
@@ -217,7 +217,7 @@ class Result(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     output: Any = None
     #: Images and documents of the final answer (a parent's model reads them in the
     #: tool result of its call to this agent).
-    parts: tuple[Part, ...] = ()
+    parts: tuple[Media, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -242,7 +242,7 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: with a digest): the same call had completed there; it did not run again.
     reused: bool = False
     #: Images and documents of the result (the tool result message carries them).
-    parts: tuple[Part, ...] = ()
+    parts: tuple[Media, ...] = ()
 
 
 class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -319,8 +319,8 @@ class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: The execution an ask with ``resume=True`` picked up from ("": none).
     resumed: str = ""
     #: Images and documents of the task, and of the final answer.
-    task_parts: tuple[Part, ...] = ()
-    parts: tuple[Part, ...] = ()
+    task_parts: tuple[Media, ...] = ()
+    parts: tuple[Media, ...] = ()
 
 
 class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -345,7 +345,7 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return head + self.summary + self.buffer + self.messages + self.execution
 
 
-def parts_in(*sections: Iterable[Message]) -> Iterator[Part]:
+def parts_in(*sections: Iterable[Message]) -> Iterator[Media]:
     """The images and documents of the user turns and tool results of ``sections``."""
     for section in sections:
         for message in section:
@@ -407,7 +407,7 @@ class Task(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     budget: Budget | None = None
     node: str = ""
     #: Images and documents of the task, after its text (``UserMessage.parts``).
-    parts: tuple[Part, ...] = ()
+    parts: tuple[Media, ...] = ()
     watch: str = ""
     #: Pick up from the agent's last execution if it stopped before its answer (a
     #: limit, the deadline, a failure): a digest of what it did, and its completed

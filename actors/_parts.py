@@ -60,6 +60,7 @@ __all__ = [
     "ContentLimits",
     "Document",
     "Image",
+    "Media",
     "Part",
     "Text",
     "anthropic_image_tokens",
@@ -203,7 +204,11 @@ class Document(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="documen
         return self.data is None and not self.url
 
 
+#: A part of any kind: what a caller may give (``AgentRef.ask``, a tool's result).
 Part = Text | Image | Document
+#: What messages, results and traces carry in their ``parts`` (their text is in
+#: their ``content``): images and documents.
+Media = Image | Document
 
 
 # -- completing a part from its bytes -------------------------------------------------
@@ -485,7 +490,7 @@ def part_tokens(
 _NAMED = re.compile(r"sha256:([0-9a-f]{8,64})")
 
 
-def named_parts(text: str, parts: Iterable[Part]) -> tuple[Image | Document, ...]:
+def named_parts(text: str, parts: Iterable[Part]) -> tuple[Media, ...]:
     """The images and documents of ``parts`` that ``text`` names as
     ``sha256:<at least 8 hex digits>`` (as ``describe_part`` shows them), in the
     order named, each once: how a model hands parts of its context to a subagent
@@ -493,7 +498,7 @@ def named_parts(text: str, parts: Iterable[Part]) -> tuple[Image | Document, ...
     if "sha256:" not in text:
         return ()
     prefixes = _NAMED.findall(text)
-    found: dict[str, Image | Document] = {}
+    found: dict[str, Media] = {}
     candidates = [p for p in parts if isinstance(p, Image | Document) and p.sha256]
     for prefix in prefixes:
         for part in candidates:
@@ -506,9 +511,7 @@ def named_parts(text: str, parts: Iterable[Part]) -> tuple[Image | Document, ...
 # -- turning what a caller gives into text and parts ----------------------------------
 
 
-def split_content(
-    value: Any, what: str, *, joiner: str = "\n\n"
-) -> tuple[str, tuple[Image | Document, ...]]:
+def split_content(value: Any, what: str, *, joiner: str = "\n\n") -> tuple[str, tuple[Media, ...]]:
     """``(text, parts)`` of a str, a part, or a list/tuple mixing str and parts: the
     text pieces (str and ``Text``) joined by ``joiner``, the images and documents in
     their order. ``TypeError`` naming ``what`` for anything else."""
@@ -524,7 +527,7 @@ def split_content(
             f"(fractor.Image, fractor.Document, fractor.Text), got {type(value).__qualname__}"
         )
     texts: list[str] = []
-    parts: list[Image | Document] = []
+    parts: list[Media] = []
     for item in items:
         if isinstance(item, str):
             texts.append(item)

@@ -43,6 +43,7 @@ from ._ref import ActorRef as ActorRef
 from ._ref import PendingReply as PendingReply
 from ._runtime import Hosts as Hosts
 from ._runtime import Runtime as Runtime
+from ._store import BlobStore as BlobStore
 from ._store import MemoryStore as MemoryStore
 from ._store import Record as Record
 from ._store import SQLiteStore as SQLiteStore
@@ -61,6 +62,7 @@ __all__ = [
     "ActorStop",
     "ActorStopped",
     "AskTimeout",
+    "BlobStore",
     "Budget",
     "BudgetExceeded",
     "Caps",

@@ -12,6 +12,13 @@ The kernel knows bytes, not LLMs. A store keeps two things:
 transaction** (all or none: a process killed mid-save leaves the previous state
 readable); a record saved under an id already taken replaces it.
 
+A ``BlobStore`` (both stores here) also keeps **blobs**: opaque bytes under a key
+that names their content (the ``actors`` package uses an image's or a document's
+SHA-256), each kept once however many states and records refer to it.
+``save(..., blobs={key: data})`` adds them in the same transaction (a key already
+stored is not written again); ``load_blobs(keys)`` returns those it has. Blobs are
+never replaced nor deleted: a key names one content.
+
 Two implementations: ``MemoryStore`` (the fake, for tests: a dict, nothing survives
 the process) and ``SQLiteStore`` (stdlib ``sqlite3`` run in worker threads, WAL
 mode, one transaction per save). Neither is opened or closed by the ``Runtime``:
@@ -24,7 +31,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Literal, Protocol, TypeVar
@@ -35,12 +42,13 @@ import msgspec
 
 from ._exceptions import StoreError
 
-__all__ = ["SCHEMA_VERSION", "MemoryStore", "Record", "SQLiteStore", "Store"]
+__all__ = ["SCHEMA_VERSION", "BlobStore", "MemoryStore", "Record", "SQLiteStore", "Store"]
 
 T = TypeVar("T")
 
-#: The layout of the SQLite database, kept in ``PRAGMA user_version``.
-SCHEMA_VERSION = 1
+#: The layout of the SQLite database, kept in ``PRAGMA user_version``: 2 added the
+#: blobs table (a version 1 database is brought up to 2 when opened).
+SCHEMA_VERSION = 2
 
 
 class Record(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,6 +121,36 @@ class Store(Protocol):
         ...
 
 
+class BlobStore(Store, Protocol):
+    """A store that also keeps blobs, each once, under a key naming its content."""
+
+    async def save(
+        self,
+        actor_id: str,
+        state: bytes | None,
+        *,
+        records: Sequence[Record] = (),
+        blobs: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """As ``Store.save``, and add ``blobs`` (key to bytes) in the same
+        transaction; a key already stored keeps its bytes."""
+        ...
+
+    async def load_blobs(self, keys: Iterable[str]) -> dict[str, bytes]:
+        """The blobs stored under ``keys`` (a key not stored is left out)."""
+        ...
+
+
+def _check_blobs(store: str, actor_id: str, blobs: Mapping[str, bytes] | None) -> None:
+    for key, data in (blobs or {}).items():
+        if not isinstance(key, str) or not key or not isinstance(data, bytes):
+            raise StoreError(
+                store,
+                f"save blobs of actor {actor_id!r}",
+                f"blobs map non-empty str keys to bytes, got {key!r}: {type(data).__qualname__}",
+            )
+
+
 def _check_save(store: str, actor_id: str, state: bytes | None, records: Sequence[Record]) -> None:
     """Refuse a save whose arguments are of the wrong type, before touching anything."""
     if not isinstance(actor_id, str) or not actor_id:
@@ -145,11 +183,13 @@ class MemoryStore:
 
     It behaves like ``SQLiteStore``: one save is all or nothing, records come back
     in save order, a closed store refuses every call. ``states`` (actor id to state)
-    is there for assertions.
+    and ``blobs`` (key to the very bytes object saved first under it) are there
+    for assertions.
     """
 
     def __init__(self) -> None:
         self.states: dict[str, bytes] = {}
+        self.blobs: dict[str, bytes] = {}
         self._records: dict[str, tuple[int, Record]] = {}
         self._seq = 0
         self._closed = False
@@ -174,17 +214,25 @@ class MemoryStore:
         return self.states.get(actor_id)
 
     async def save(
-        self, actor_id: str, state: bytes | None, *, records: Sequence[Record] = ()
+        self,
+        actor_id: str,
+        state: bytes | None,
+        *,
+        records: Sequence[Record] = (),
+        blobs: Mapping[str, bytes] | None = None,
     ) -> None:
         await anyio.lowlevel.checkpoint()
         self._check_open(f"save the state of actor {actor_id!r}")
         _check_save(repr(self), actor_id, state, records)
+        _check_blobs(repr(self), actor_id, blobs)
         if any(not record.id for record in records):
             raise StoreError(repr(self), f"save records of actor {actor_id!r}", _EMPTY_ID)
         # Validated: from here on nothing can fail, so the save is all or nothing.
         now = time.time()
         if state is not None:
             self.states[actor_id] = state
+        for key, data in (blobs or {}).items():
+            self.blobs.setdefault(key, data)
         for record in records:
             self._seq += 1
             stored = msgspec.structs.replace(
@@ -197,6 +245,12 @@ class MemoryStore:
         await anyio.lowlevel.checkpoint()
         self._check_open(f"delete the state of actor {actor_id!r}")
         self.states.pop(actor_id, None)
+
+    async def load_blobs(self, keys: Iterable[str]) -> dict[str, bytes]:
+        await anyio.lowlevel.checkpoint()
+        self._check_open("load blobs")
+        blobs = self.blobs
+        return {key: blobs[key] for key in keys if key in blobs}
 
     async def record(self, record_id: str) -> Record | None:
         await anyio.lowlevel.checkpoint()
@@ -251,6 +305,10 @@ CREATE TABLE IF NOT EXISTS records (
 );
 CREATE INDEX IF NOT EXISTS records_by_actor ON records (actor_id, seq);
 CREATE INDEX IF NOT EXISTS records_by_parent ON records (parent_id, seq);
+CREATE TABLE IF NOT EXISTS blobs (
+    key TEXT PRIMARY KEY NOT NULL CHECK (key <> ''),
+    data BLOB NOT NULL
+) WITHOUT ROWID;
 """
 
 _UPSERT_STATE = (
@@ -340,13 +398,33 @@ class SQLiteStore:
         return await self._run(f"load the state of actor {actor_id!r}", load)
 
     async def save(
-        self, actor_id: str, state: bytes | None, *, records: Sequence[Record] = ()
+        self,
+        actor_id: str,
+        state: bytes | None,
+        *,
+        records: Sequence[Record] = (),
+        blobs: Mapping[str, bytes] | None = None,
     ) -> None:
         _check_save(repr(self), actor_id, state, records)
+        _check_blobs(repr(self), actor_id, blobs)
 
         def save(connection: sqlite3.Connection) -> None:
             now = time.time()
             with _transaction(connection):
+                if blobs:
+                    # Only the keys not stored yet: a blob's bytes are bound once.
+                    keys = list(blobs)
+                    marks = ", ".join("?" * len(keys))
+                    stored = {
+                        row[0]
+                        for row in connection.execute(
+                            f"SELECT key FROM blobs WHERE key IN ({marks})", keys
+                        )
+                    }
+                    connection.executemany(
+                        "INSERT OR IGNORE INTO blobs (key, data) VALUES (?, ?)",
+                        [(key, blobs[key]) for key in keys if key not in stored],
+                    )
                 if state is not None:
                     connection.execute(_UPSERT_STATE, (actor_id, state, now))
                 if records:
@@ -405,6 +483,24 @@ class SQLiteStore:
             return [_record(row) for row in reversed(rows)]
 
         return await self._run("list records", records)
+
+    async def load_blobs(self, keys: Iterable[str]) -> dict[str, bytes]:
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+
+        def load(connection: sqlite3.Connection) -> dict[str, bytes]:
+            found: dict[str, bytes] = {}
+            for start in range(0, len(wanted), 500):  # under SQLite's bound variables
+                chunk = wanted[start : start + 500]
+                marks = ", ".join("?" * len(chunk))
+                for key, data in connection.execute(
+                    f"SELECT key, data FROM blobs WHERE key IN ({marks})", chunk
+                ):
+                    found[key] = bytes(data)
+            return found
+
+        return await self._run("load blobs", load)
 
     async def aclose(self) -> None:
         """Close the connection (waiting for the call in progress, if any)."""

@@ -62,7 +62,8 @@ def test_runtime_surface_names() -> None:
         # events: the envelope, the base of every kind's detail, the kernel's own kind
         "EventDetail", "ActorStop",
         "FailurePolicy", "FractorError", "Hosts", "InvalidUsage",
-        "MailboxFull", "MailboxStatistics", "MemoryStore", "Node", "NodeSnapshot", "NodeStatus",
+        "MailboxFull", "MailboxStatistics", "MemoryStore", "BlobStore",
+        "Node", "NodeSnapshot", "NodeStatus",
         "OutputSharing", "RateLimit", "LaneStatistics",
         "PendingReply", "Price", "Record", "Reservation", "Runtime", "RuntimeClosed",
         "RuntimeStatistics", "SQLiteStore", "Spawnable", "Store", "StoreError", "Supervisor",

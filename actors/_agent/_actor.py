@@ -18,7 +18,7 @@ client never outlives the event loop it was made in.
 from __future__ import annotations
 
 from collections.abc import Coroutine, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import structlog
@@ -35,6 +35,14 @@ from fractor.runtime import (
     Usage,
 )
 
+from .._blobs import (
+    attach_messages,
+    attach_trace,
+    detach_messages,
+    keeps_blobs,
+    load_blobs,
+    stored_keys,
+)
 from .._execution._execution import Execution
 from .._memory._digest import completed, digest, resumable
 from .._memory._summarizer import Fold, Tally, summary_section
@@ -59,6 +67,8 @@ from ._persistence import AgentState, decode_state, encode_state, is_automatic_i
 from ._ref import Decide, GetApprovals, GetConversation, GetProgress, GetTrace
 
 if TYPE_CHECKING:
+    from fractor.runtime import BlobStore
+
     from .._models._protocol import Model
 
 __all__ = ["AgentActor"]
@@ -100,6 +110,8 @@ class AgentActor(Actor):
         # Trace records whose save failed, a group per execution (with its subtree's):
         # retried with the next save.
         self._unsaved: list[list[Record]] = []
+        #: The blobs (images, documents) the unsaved traces refer to.
+        self._unsaved_blobs: dict[str, bytes] = {}
         #: The execution running now, if one is (read by ``control``).
         self.running: Execution | None = None
 
@@ -130,9 +142,16 @@ class AgentActor(Actor):
         data = await store.load(context.id)
         if data is not None:
             state = decode_state(data, store=repr(store), actor_id=context.id)
-            self.summary[:] = state.summary
-            self.buffer[:] = state.buffer
-            self.messages[:] = state.messages
+            summary, buffer, messages = state.summary, state.buffer, state.messages
+            keys = stored_keys((*summary, *buffer, *messages))
+            if keys:  # its images and documents: their bytes from the store's blobs
+                blobs = await load_blobs(store, keys)
+                summary = attach_messages(summary, blobs)
+                buffer = attach_messages(buffer, blobs)
+                messages = attach_messages(messages, blobs)
+            self.summary[:] = summary
+            self.buffer[:] = buffer
+            self.messages[:] = messages
             self.summarized = state.summarized
 
     def receive(self, message: Task | GetConversation | GetTrace) -> Coroutine[Any, Any, Any]:
@@ -328,25 +347,42 @@ class AgentActor(Actor):
         top = len(execution.earlier) + 1
         ordered = [*ended[-top:], *ended[:-top]]
         groups = self._unsaved
+        # A store that keeps blobs gets each image's and document's bytes once.
+        blobs = dict(self._unsaved_blobs) if keeps_blobs(store) else None
         try:  # encoding too: whatever fails, the Result is returned
-            group = [trace_record(each.final_trace()) for each in ordered]
+            group = [trace_record(each.final_trace(), blobs) for each in ordered]
             groups = [*self._unsaved, group]
             records = [record for each in groups for record in each]
             state = None
             if self.persistent:
+                summary, buffer, messages = (
+                    tuple(self.summary),
+                    tuple(self.buffer),
+                    tuple(self.messages),
+                )
+                if blobs is not None:
+                    summary = detach_messages(summary, blobs)
+                    buffer = detach_messages(buffer, blobs)
+                    messages = detach_messages(messages, blobs)
                 state = encode_state(
                     AgentState(
-                        summary=tuple(self.summary),
-                        buffer=tuple(self.buffer),
-                        messages=tuple(self.messages),
+                        summary=summary,
+                        buffer=buffer,
+                        messages=messages,
                         summarized=self.summarized,
                     )
                 )
             with anyio.fail_after(SAVE_TIMEOUT, shield=True):
-                await store.save(self.context.id, state, records=records)
+                if blobs:
+                    await cast("BlobStore", store).save(
+                        self.context.id, state, records=records, blobs=blobs
+                    )
+                else:
+                    await store.save(self.context.id, state, records=records)
         except Exception as exc:
             self.store_failures += 1
             self._unsaved = groups[-self.agent.trace_limit :]
+            self._unsaved_blobs = blobs or {}
             log.warning(
                 "agent state not saved",
                 agent_id=self.context.id,
@@ -358,6 +394,7 @@ class AgentActor(Actor):
             )
         else:
             self._unsaved.clear()
+            self._unsaved_blobs = {}
         finally:
             ended.clear()  # the subtree's nodes may outlive this: let go of them
 
@@ -406,6 +443,10 @@ class AgentActor(Actor):
             try:
                 records = await store.records(actor_id=self.context.id, kind=TRACE_KIND, limit=50)
                 traces = tuple(trace_from_record(record) for record in records)
+                keys = stored_keys(traces=traces)
+                if keys:  # what the traces' parts were, to send them again
+                    blobs = await load_blobs(store, keys)
+                    traces = tuple(attach_trace(trace, blobs) for trace in traces)
             except StoreError as exc:  # the task runs all the same, from scratch
                 log.warning(
                     "the last execution could not be read to resume it",

@@ -20,7 +20,7 @@ from fractor.runtime import ActorRef, Budget, MailboxStatistics
 
 from .._messages import Conversation, ExecutionTrace, Progress, Result, Task, safe_text
 from .._observation._stream import AgentStream
-from .._parts import Part, split_content
+from .._parts import Media, Part, split_content
 from .._tools._approval import ApprovalRequest
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ _keys = itertools.count(1)
 
 def _task(text: object, budget: Budget | None, resume: bool = False) -> Task:
     """The task to send, checked before anything reaches the agent."""
-    parts: tuple[Part, ...] = ()
+    parts: tuple[Media, ...] = ()
     if not isinstance(text, str):
         text, parts = split_content(text, "a task")
     if budget is not None and not isinstance(budget, Budget):

@@ -24,7 +24,7 @@ from fractor.runtime.lowlevel import Waiter, new_waiter, park, wake
 
 from .._messages import Result, Task, ToolCall, ToolOutcome, exception_text
 from .._observation._events import Spawn
-from .._parts import Part, named_parts
+from .._parts import Media, named_parts
 from ._children import HostUnavailable, placer_of
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class Delegation:
         task_group: TaskGroup,
         calls: list[tuple[int, ToolCall]],
         outcomes: list[ToolOutcome],
-        visible: Callable[[], Iterable[Part]] | None = None,
+        visible: Callable[[], Iterable[Media]] | None = None,
     ) -> None:
         #: The parent execution's records (its node, supervisor and events), its
         #: actor's context (which spawns the children) and the actor of a child run

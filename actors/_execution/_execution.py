@@ -77,7 +77,7 @@ from .._observation._events import (
     ModelText,
     StepStart,
 )
-from .._parts import Part
+from .._parts import Media
 from ._answering import Answers
 from ._calling import Interrupted, ToolRunner
 from ._recording import NOT_RUN, Recorder, bind_log_context, synthesize
@@ -170,7 +170,7 @@ class Execution:
         compacted: Callable[[Fold, str], tuple[Message, ...]] | None = None,
         digest: DigestMessage | None = None,
         reuse: Reuse | None = None,
-        task_parts: tuple[Part, ...] = (),
+        task_parts: tuple[Media, ...] = (),
     ) -> None:
         self.agent = agent
         self.agent_id = agent_id
@@ -211,7 +211,7 @@ class Execution:
         self.reason = "cancelled before it finished"
         self.final_text = ""
         #: The images and documents of the model's final answer (``Result.parts``).
-        self.final_parts: tuple[Part, ...] = ()
+        self.final_parts: tuple[Media, ...] = ()
         self.last_text = ""
         self.started = time.perf_counter()
         self.ended = 0.0

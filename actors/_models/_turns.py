@@ -19,7 +19,7 @@ from typing import TypeAlias
 import msgspec
 
 from .._messages import ModelResponse, ToolCall, Usage
-from .._parts import Part
+from .._parts import Media
 
 __all__ = ["Failure", "Streamed", "Turn", "call", "calls", "fail", "reply", "streamed"]
 
@@ -59,7 +59,7 @@ Turn: TypeAlias = ModelResponse | Failure | Streamed
 that comes in chunks (``Streamed``)."""
 
 
-def reply(text: str, *, usage: Usage | None = None, parts: tuple[Part, ...] = ()) -> ModelResponse:
+def reply(text: str, *, usage: Usage | None = None, parts: tuple[Media, ...] = ()) -> ModelResponse:
     """A final answer: ``text`` and no tool calls (``finish_reason="stop"``), with
     ``parts`` (images, documents) if given: they become ``Result.parts``.
 

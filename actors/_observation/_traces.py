@@ -24,7 +24,9 @@ import msgspec
 
 from fractor.runtime import Record, Store, StoreError, Usage
 
+from .._blobs import detach_trace
 from .._messages import ExecutionTrace, StepRecord, SummaryRecord, ToolCall, ToolOutcome
+from .._parts import describe_part
 
 __all__ = [
     "TRACE_KIND",
@@ -81,8 +83,12 @@ def load_traces(data: bytes | str) -> tuple[ExecutionTrace, ...]:
     return export.traces
 
 
-def trace_record(trace: ExecutionTrace) -> Record:
-    """The store record of one trace: JSON, under its execution id and parent."""
+def trace_record(trace: ExecutionTrace, blobs: dict[str, bytes] | None = None) -> Record:
+    """The store record of one trace: JSON, under its execution id and parent.
+    With ``blobs`` (a store that keeps them), its images' and documents' bytes go
+    there, and the record keeps each part without them (``actors._blobs``)."""
+    if blobs is not None:
+        trace = detach_trace(trace, blobs)
     return Record(
         id=trace.execution_id,
         kind=TRACE_KIND,
@@ -205,6 +211,7 @@ def _draw_execution(
     lines.append(first + " · ".join(part for part in header if part))
     if not attempt:
         lines.append(f"{rest}│ task: {_quote(trace.task)}")
+        lines.extend(f"{rest}│ part: {describe_part(part)}" for part in trace.task_parts)
     matches = _match_children(trace, list(tree.children.get(trace.execution_id, ())))
     summary = trace.summarization
     items = (summary is not None) + len(earlier)
@@ -229,6 +236,7 @@ def _draw_execution(
         index += 1
     if not attempt:
         lines.append(f"{rest}└── answer: {_quote(trace.final_text)}")
+        lines.extend(f"{rest}    part: {describe_part(part)}" for part in trace.parts)
 
 
 def _summarized(record: SummaryRecord) -> str:
@@ -361,6 +369,7 @@ def _outcome(outcome: ToolOutcome) -> str:
             parts.append(f"{outcome.attempts} attempts")
         verdict = "error" if outcome.is_error else "ok"
         parts.append(f"{verdict}: {_quote(outcome.content)}")
+    parts.extend(describe_part(part) for part in outcome.parts)
     return " · ".join(parts)
 
 

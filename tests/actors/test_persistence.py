@@ -6,7 +6,7 @@ import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -205,12 +205,17 @@ class FlakyStore(MemoryStore):
         self.failures = failures
 
     async def save(
-        self, actor_id: str, state: bytes | None, *, records: Sequence[Record] = ()
+        self,
+        actor_id: str,
+        state: bytes | None,
+        *,
+        records: Sequence[Record] = (),
+        blobs: Mapping[str, bytes] | None = None,
     ) -> None:
         if self.failures:
             self.failures -= 1
             raise StoreError(repr(self), f"save the state of actor {actor_id!r}", "disk full")
-        await super().save(actor_id, state, records=records)
+        await super().save(actor_id, state, records=records, blobs=blobs)
 
 
 async def test_a_store_failure_does_not_lose_the_result_and_heals_at_the_next_save() -> None:

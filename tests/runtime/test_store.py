@@ -174,7 +174,7 @@ async def test_sqlite_uses_wal_and_records_its_schema_version(tmp_path: Path) ->
         await store.save("a", b"x")
         with sqlite3.connect(path) as raw:
             assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+            assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
         raw.close()
 
 
@@ -223,3 +223,32 @@ def test_sqlite_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"path must be a str or os\.PathLike, got None"):
         SQLiteStore(None)  # type: ignore[arg-type]
     assert repr(SQLiteStore(tmp_path / "x.db")).startswith("SQLiteStore(")
+
+
+async def test_blobs_are_kept_once_and_loaded_by_key(store: Store) -> None:
+    assert isinstance(store, MemoryStore | SQLiteStore)
+    blob = b"\x89PNG" + b"\x00" * 1000
+    await store.save("a", b"s1", records=[rec("t1")], blobs={"k1": blob})
+    await store.save("b", b"s2", blobs={"k1": b"other bytes, same key", "k2": b"two"})
+    assert await store.load_blobs(["k1", "k2", "missing"]) == {"k1": blob, "k2": b"two"}
+    assert await store.load_blobs([]) == {}
+    with pytest.raises(StoreError, match="blobs map non-empty str keys to bytes"):
+        await store.save("a", b"s3", blobs={"": b"x"})
+    assert await store.load("a") == b"s1"  # the refused save wrote nothing
+
+
+async def test_a_version_1_database_is_brought_up_to_blobs(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    raw = sqlite3.connect(path)
+    raw.execute(
+        "CREATE TABLE states (actor_id TEXT PRIMARY KEY NOT NULL, state BLOB NOT NULL, "
+        "saved_at REAL NOT NULL)"
+    )
+    raw.execute("INSERT INTO states VALUES ('a', x'6f6c64', 0)")
+    raw.execute("PRAGMA user_version = 1")
+    raw.commit()
+    raw.close()
+    async with SQLiteStore(path) as store:
+        assert await store.load("a") == b"old"
+        await store.save("a", b"new", blobs={"k": b"blob"})
+        assert await store.load_blobs(["k"]) == {"k": b"blob"}
