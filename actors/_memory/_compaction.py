@@ -13,8 +13,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .._messages import Message, ModelRequest, SystemMessage, UserMessage, safe_text
+from .._messages import (
+    Message,
+    ModelRequest,
+    SystemMessage,
+    UserMessage,
+    parts_tokens,
+    safe_text,
+)
 from .._models._protocol import Model
+from .._parts import describe_part
 
 __all__ = [
     "DEFAULT_SUMMARY_INSTRUCTIONS",
@@ -41,10 +49,13 @@ _PER_MESSAGE = 4
 def conversation_tokens(messages: list[Message] | tuple[Message, ...]) -> int:
     """An estimate of the tokens of ``messages``: a token per four characters of each
     message (rounded up) and four per message (providers count their own way: this
-    decides when to fold). Per message, so that counting a conversation as it grows
-    (``Tally``) gives what counting it whole does."""
-    return sum(_tokens_of(len(message.content)) for message in messages) + _PER_MESSAGE * len(
-        messages
+    decides when to fold), and the images and documents of its user turns as
+    ``part_tokens`` counts them. Per message, so that counting a conversation as it
+    grows (``Tally``) gives what counting it whole does."""
+    return (
+        sum(_tokens_of(len(message.content)) for message in messages)
+        + _PER_MESSAGE * len(messages)
+        + parts_tokens(messages)
     )
 
 
@@ -124,9 +135,16 @@ class Compaction:
         first = summarized + 1
         last = summarized + len(folded) // 2
         lines = [f"The turns to fold in (turns {first} to {last}):"]
+        named = False
         for message in folded:
             speaker = "User" if isinstance(message, UserMessage) else "Assistant"
             lines.append(f"{speaker}: {message.content}")
+            if isinstance(message, UserMessage) and message.parts:
+                # Never the bytes: each image or document by its one line.
+                named = True
+                lines.extend(f"  (attached: {describe_part(part)})" for part in message.parts)
+        if named:
+            lines.append(_NAMED_PARTS)
         parts.append("\n".join(lines))
         return ModelRequest(
             messages=(
@@ -172,6 +190,13 @@ class Fold:
 
 
 _HEADING = "Summary of the conversation before the turns below"
+
+#: Said in a summary request whose turns had images or documents (named, not shown).
+_NAMED_PARTS = (
+    "(Attachments are named, not shown: the summary replaces these turns and their "
+    "attachments leave the conversation; keep each name, e.g. [image ... sha256:...], "
+    "that later turns may need, and say what it showed if the turns say.)"
+)
 
 
 def summary_section(text: str, covered: int) -> SystemMessage:

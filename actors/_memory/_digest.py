@@ -25,6 +25,7 @@ import msgspec
 
 from .._messages import DigestMessage, ExecutionTrace, ToolCall, ToolOutcome
 from .._observation._events import ToolEnd, ToolStart
+from .._parts import describe_part
 
 if TYPE_CHECKING:
     from .._execution._recording import Emit
@@ -112,6 +113,8 @@ def _step(step: StepRecord) -> list[str]:
             lines.append(f"- {shown} failed: {_cut(outcome.content)}")
         else:
             lines.append(f"- {shown} returned: {_cut(outcome.content)}")
+        # Its images and documents by name, never their bytes.
+        lines.extend(f"  with {describe_part(part)}" for part in outcome.parts)
     lines.extend(f"- {_shown(call)}: not run" for call in step.tool_calls if call.id not in done)
     return lines
 
