@@ -8,6 +8,7 @@ from fractor.actors import (
     Agent,
     Compaction,
     Image,
+    Message,
     ScriptedModel,
     UserMessage,
     call,
@@ -41,8 +42,8 @@ async def test_a_summary_request_names_the_parts_of_the_turns_it_folds() -> None
 
 
 def test_the_conversation_estimate_counts_a_turns_image() -> None:
-    plain = [UserMessage(content="look")]
-    with_image = [UserMessage(content="look", parts=(IMAGE,))]
+    plain: list[Message] = [UserMessage(content="look")]
+    with_image: list[Message] = [UserMessage(content="look", parts=(IMAGE,))]
     assert conversation_tokens(with_image) == conversation_tokens(plain) + 1334
 
 
