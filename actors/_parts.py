@@ -67,6 +67,7 @@ __all__ = [
     "describe_part",
     "openai_image_tokens",
     "part_tokens",
+    "size_text",
 ]
 
 #: The default most bytes of one part.
@@ -107,14 +108,14 @@ class ContentLimits(msgspec.Struct, frozen=True, kw_only=True):
             size = part.size
             if self.part is not None and size > self.part:
                 raise ContentError(
-                    f"{describe_part(part)} in {what} is {_kb(size)}: more than the "
-                    f"{_kb(self.part)} a part may have (ContentLimits.part)"
+                    f"{describe_part(part)} in {what} is {size_text(size)}: more than the "
+                    f"{size_text(self.part)} a part may have (ContentLimits.part)"
                 )
             total += size
         if self.request is not None and total > self.request:
             raise ContentError(
-                f"the parts of {what} are {_kb(total)} together: more than the "
-                f"{_kb(self.request)} a request may carry (ContentLimits.request)"
+                f"the parts of {what} are {size_text(total)} together: more than the "
+                f"{size_text(self.request)} a request may carry (ContentLimits.request)"
             )
 
 
@@ -265,7 +266,7 @@ def _read(path: str | os.PathLike[str], max_bytes: int | None) -> bytes:
     size = os.stat(path).st_size
     if max_bytes is not None and size > max_bytes:
         raise ContentError(
-            f"{os.fspath(path)!r} is {_kb(size)}: more than the {_kb(max_bytes)} "
+            f"{os.fspath(path)!r} is {size_text(size)}: more than the {size_text(max_bytes)} "
             "a part may have (max_bytes)"
         )
     with open(path, "rb") as file:
@@ -384,7 +385,8 @@ def _head(data: bytes) -> str:
     return f"starting {data[:8]!r}"
 
 
-def _kb(size: int) -> str:
+def size_text(size: int) -> str:
+    """A size in bytes as people read it: ``182 KB``, ``1.2 MB``, ``25 MB``."""
     if size >= 10_000_000:
         return f"{size / 1_000_000:.0f} MB"
     if size >= 1_000_000:
@@ -414,11 +416,11 @@ def describe_part(part: Part) -> str:
             words.append(f"{part.width}x{part.height}")
         words.append(part.media_type.removeprefix("image/"))
         head = " ".join(words)
-        return f"[image {head}, {_kb(part.size)}, sha256:{part.sha256[:8]}]"
+        return f"[image {head}, {size_text(part.size)}, sha256:{part.sha256[:8]}]"
     assert type(part) is Document
     name = part.name or "pdf"
     pages = "" if part.pages is None else f", {part.pages} page{'s' * (part.pages != 1)}"
-    return f"[document {name}{pages}, {_kb(part.size)}, sha256:{part.sha256[:8]}]"
+    return f"[document {name}{pages}, {size_text(part.size)}, sha256:{part.sha256[:8]}]"
 
 
 def describe_parts(parts: Iterable[Part]) -> str:

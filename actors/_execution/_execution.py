@@ -68,6 +68,7 @@ from .._messages import (
     ToolOutcome,
     ToolResultMessage,
     exception_text,
+    parts_in,
 )
 from .._observation._events import (
     DeadlineReached,
@@ -77,7 +78,7 @@ from .._observation._events import (
     ModelText,
     StepStart,
 )
-from .._parts import Media
+from .._parts import Media, describe_part, size_text
 from ._answering import Answers
 from ._calling import Interrupted, ToolRunner
 from ._recording import NOT_RUN, Recorder, bind_log_context, synthesize
@@ -634,6 +635,8 @@ class Execution:
         assert step is not None  # set by ``_asked``
         response, usage, model_seconds, began = step
         tools_seconds = time.perf_counter() - began
+        if any(outcome.parts for outcome in outcomes):
+            self._within_limits(outcomes)
         results = [
             ToolResultMessage(
                 call_id=outcome.call.id,
@@ -666,6 +669,31 @@ class Execution:
         if clearing is not None and (done := clear_results(buffer, clearing, self.cleared)):
             context, self.cleared = context[: len(context) - len(buffer)] + tuple(buffer), done
         return context
+
+    def _within_limits(self, outcomes: list[ToolOutcome]) -> None:
+        """Leave out the parts of tool results that would take the requests of this
+        execution past the agent's ``content_limits.request`` (the bytes of every
+        image and document in its context), each result saying what was left out:
+        nothing over the limit is ever sent."""
+        limit = self.agent.content_limits.request
+        if limit is None:
+            return
+        total = sum(part.size for part in parts_in(self.history, self.buffer))
+        for index, outcome in enumerate(outcomes):
+            size = sum(part.size for part in outcome.parts)
+            if not size:
+                continue
+            if total + size <= limit:
+                total += size
+                continue
+            left_out = " ".join(describe_part(part) for part in outcome.parts)
+            note = (
+                f"[left out: {left_out}: with them the request would carry "
+                f"{size_text(total + size)} of images and documents, more than the "
+                f"{size_text(limit)} allowed (content_limits.request)]"
+            )
+            content = f"{outcome.content}\n{note}" if outcome.content else note
+            outcomes[index] = msgspec.structs.replace(outcome, content=content, parts=())
 
     # -- what it says of itself ----------------------------------------------------------
 

@@ -240,3 +240,25 @@ def test_text_only_messages_encode_as_before() -> None:
     assert back == with_parts
     result = ToolResultMessage(call_id="c", name="t", content="x")
     assert msgspec.json.decode(msgspec.json.encode(result), type=ToolResultMessage) == result
+
+
+async def test_tool_results_past_the_request_limit_leave_their_parts_out() -> None:
+    first, second = Image(data=big_png(3_000, width=1)), Image(data=big_png(3_000, width=2))
+    shots = iter([first, second])
+
+    @tool
+    async def snap() -> list[str | Image]:
+        """A picture."""
+        return ["a picture", next(shots)]
+
+    model = ScriptedModel([call("snap"), call("snap"), reply("done")])
+    limits = ContentLimits(part=4_000, request=5_000)
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", model, tools=[snap], content_limits=limits))
+        assert (await ref.ask("Take two.")).ok
+    kept, dropped = tool_results(model.requests[2])
+    assert kept.parts == (first,)
+    assert dropped.parts == ()
+    assert dropped.content.startswith("a picture\n[left out: [image 2x768 png, 3 KB, sha256:")
+    assert "carry 6 KB of images and documents, more than the 5 KB allowed" in dropped.content
+    assert "(content_limits.request)" in dropped.content
