@@ -88,7 +88,7 @@ OutputSharing = Literal["fair", "whole"]
 class Need:
     """What one request needs at least: its input estimate and a minimum output."""
 
-    __slots__ = ("asked", "input", "least", "model", "output", "price", "wanted")
+    __slots__ = ("asked", "fair", "input", "least", "model", "output", "price", "wanted")
 
     def __init__(
         self, input: int, output: int, wanted: int, price: Price | None, model: str = ""
@@ -96,6 +96,10 @@ class Need:
         #: Whether it asked the tree above a leased subtree for room for all it wants
         #: (once: what the answer leaves room for is then its fair share).
         self.asked = False
+        #: On a leased subtree, once a cut by what its lease has left was deep: the
+        #: output its fair part of the budget above leaves it, asked for (a second
+        #: ask at most), and then taken from the lease when there (0: not asked).
+        self.fair = 0
         self.input = input
         #: The model's name (its price is looked up by it).
         self.model = model
@@ -254,6 +258,29 @@ def _lease_short(node: Node, lender: Lender[Node], name: str, parts: int) -> boo
     return 2 * per_part < lender.fresh.get(name, math.inf) or (
         lender.hint.get(name, 0) > HINT * per_part
     )
+
+
+#: A request on a leased subtree cut below this share of its fair part of the budget
+#: above (``fair_output``) asks for that part (once).
+DEEP = 0.75
+
+
+def fair_output(lender: Lender[Node], name: str, need: Need) -> float:
+    """The output that a part of the budget above (what it last said a part is worth
+    of field ``name``, ``Lender.hint``) leaves ``need`` after its input (0: not
+    known)."""
+    worth = lender.hint.get(name)
+    if worth is None or worth == math.inf:
+        return 0
+    if name == "tokens":
+        return worth - need.input
+    if name == "cost":
+        if need.price is None:
+            return 0
+        per_token = need.price.output_per_million / 1_000_000
+        left = worth - need.cost(0)
+        return left / per_token if per_token > 0 else 0
+    return worth
 
 
 def field_free(node: Node, name: str) -> float:
@@ -473,6 +500,7 @@ def want_of(need: Need) -> Want:
         requests=1,
         detail=need.detail(),
         wanted_output=need.wanted,
+        fair_output=need.fair,
     )
 
 
@@ -730,6 +758,11 @@ class Admission:
                     return current
             budget = current.limits
             if budget is not None:
+                if current.lender is not None and current.lender.asking:
+                    # Its lease asked the tree above: until the answer it spends
+                    # nothing beyond what it holds now, not even what requests in
+                    # flight give back when they settle for less (``Ledger.freeze``).
+                    return current
                 room, field = free_output(current, budget, need)
                 if room < need.output:
                     held = current.held
@@ -770,6 +803,8 @@ class Admission:
                         current.leaves - current.in_flight - (held.holding if held else 0), 1
                     )
                     mine = max(need.output, room // parts)
+                    if need.fair and current.lender is not None:
+                        mine = max(mine, min(need.fair, int(room)))  # asked, granted
                     if mine < share:
                         share, limited_by, limit, per = mine, current, field, parts
             current = current.parent
@@ -778,18 +813,21 @@ class Admission:
         cap = int(min(need.wanted, share))
         if cap >= need.wanted:
             limited_by, limit = None, ""
-        elif (
-            limited_by is not None
-            and limited_by.lender is not None
-            and not need.asked
-            and _lease_short(limited_by, limited_by.lender, limit, per)
-        ):
-            # Cut by what is left of a lease spent past half, or by one worth less
-            # than a part of the real budget now (siblings gave back, ``HINT``): ask
-            # the tree above for more (a share of the real budget's free headroom).
-            need.asked = True
-            limited_by.lender.want(limited_by, want_of(need))
-            return limited_by
+        elif limited_by is not None and limited_by.lender is not None and not need.fair:
+            lender = limited_by.lender
+            fair = min(fair_output(lender, limit, need), need.wanted)
+            short = not need.asked and _lease_short(limited_by, lender, limit, per)
+            if cap < DEEP * fair or short:
+                # Cut deeper than its fair part of the budget above would cut it (the
+                # lease's other parts took more, or it was granted while the budget
+                # was spread over more parts), or by what is left of a lease spent
+                # past half, or worth less than a part of the real budget now
+                # (siblings gave back, ``HINT``): ask the tree above for that part
+                # (a second ask at most, for a request that asked for its minimum).
+                need.asked = True
+                need.fair = max(int(fair), 1)
+                lender.want(limited_by, want_of(need))
+                return limited_by
         return hold(node, need.input, need.price, need.wanted, cap, cap, limited_by, limit)
 
     def _enqueue(self, wait: Wait, at: Node) -> None:

@@ -97,12 +97,21 @@ class Want(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: For a model request: the output it would like (its ``max_tokens``), beyond the
     #: minimum its token fields count: a lease grows by whole requests, not minima.
     wanted_output: int = 0
+    #: For a model request cut deep by what its lease had left: the output its fair
+    #: part of the budget here leaves it (granted when free, never waited for).
+    fair_output: int = 0
 
     def merge(self, other: Want) -> Want:
         """The larger of two wants, field by field."""
         fields = {name: max(getattr(self, name), getattr(other, name)) for name in LEASED}
         wanted = max(self.wanted_output, other.wanted_output)
-        return Want(**fields, detail=other.detail or self.detail, wanted_output=wanted)
+        fair = max(self.fair_output, other.fair_output)
+        return Want(
+            **fields,
+            detail=other.detail or self.detail,
+            wanted_output=wanted,
+            fair_output=fair,
+        )
 
     def whole(self, name: str) -> float:
         """What a whole operation of this want takes of field ``name``: its need, or
@@ -116,6 +125,17 @@ class Want(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         if name == "cost":  # (a bound: the minimum's cost, scaled)
             return need * self.wanted_output / max(self.output_tokens, 1)
         return need
+
+    def fair(self, name: str) -> float:
+        """What an operation of this want takes of field ``name`` with its fair output
+        (``fair_output``; its need when it has none)."""
+        need: float = getattr(self, name)
+        more = self.fair_output - self.output_tokens
+        if more <= 0 or not need or name not in ("tokens", "output_tokens", "cost"):
+            return need
+        if name == "cost":
+            return need * self.fair_output / max(self.output_tokens, 1)
+        return need + more
 
     @staticmethod
     def of(name: str, amount: float) -> Want:
@@ -175,6 +195,10 @@ class Lender(Protocol[_N_contra]):
     #: ``HINT`` times what the lease has left for each of its own parts
     #: (``Ledger.hint``: siblings ended and gave back), field by field.
     hint: dict[str, float]
+
+    @property
+    def asking(self) -> bool:
+        """Whether an ask waits for its answer (then nothing more is admitted)."""
 
     def want(self, node: _N_contra, want: Want) -> None:
         """Ask (without waiting) for at least ``want`` more; the answer comes later
@@ -253,6 +277,8 @@ class Lease:
         "live",
         "lost",
         "members",
+        "reclaim",
+        "reclaiming",
         "ref",
         "reserved",
         "tainted",
@@ -294,6 +320,13 @@ class Lease:
         self.tell: Callable[[dict[str, float]], None] | None = None
         #: How to tell its host that the lease ended while idle (its anchor closed).
         self.close: Callable[[], None] | None = None
+        #: How to ask its host to give back what it holds beyond a fair share: at
+        #: most this much free headroom kept, field by field (``Ledger._reclaim``;
+        #: None: nobody to ask), and the fields it was asked for since it was last
+        #: granted, True until its host answers with its new limits
+        #: (``Ledger.kept``) or asks.
+        self.reclaim: Callable[[dict[str, float]], None] | None = None
+        self.reclaiming: dict[str, bool] = {}
         #: Counted in ``Held.leases`` (it may give back) and ``Held.holding`` (it holds a
         #: grant and is not asking) on the chain.
         self.live = False

@@ -73,6 +73,13 @@ __all__ = ["GROWTH", "Ledger"]
 #: the lease used so far: a fresh lease holds a few whole requests.
 GROWTH = 4
 
+#: An ask whose lease would be granted less than this share of its fair part of an
+#: output-capping field (its parts of what settled usage leaves) because other
+#: leases hold more than theirs has them asked to give their surplus back
+#: (``reclaim``) and waits for their answers: otherwise its host would cut replies
+#: short that the same tree at home would not.
+RECLAIM = 0.75
+
 #: Relative slack for comparing costs (floating point sums), as in admission.
 _COST_EPSILON = 1e-9
 
@@ -133,6 +140,9 @@ class Ledger:
         self.asks = 0
         self.refusals = 0
         self.waits = 0
+        #: Leases asked to give back what they held beyond a fair share (each a
+        #: message down and its answer up).
+        self.reclaims = 0
 
     # -- here: the node of a remote subtree ---------------------------------------
 
@@ -200,6 +210,7 @@ class Ledger:
         first operations, and a lease keeps growing from one batch to the next."""
         lease.idle = False
         lease.base = dict(lease.used)
+        lease.reclaiming.clear()
         idle = self._idle.get(anchor)
         if idle is not None:
             idle.discard(lease)
@@ -287,9 +298,11 @@ class Ledger:
         anchor = _anchor(node)
         if not lease.tainted:
             # It gives back what it does not hold in flight (its host spends nothing
-            # more until the answer: ``freeze``).
+            # more until the answer: ``freeze``; a reclaim it was sent before is
+            # answered so: its host ignores one that comes while it asks).
             for name in lease.fields:
                 lease.granted[name] = lease.used[name] + lease.reserved[name]
+        lease.reclaiming.clear()
         self._hold(anchor, lease)
         self._count(anchor, lease, "holding", 0)
         ask = _Ask(node, want, new_waiter(), lease.fields)
@@ -394,6 +407,7 @@ class Ledger:
             for name in lease.fields:
                 lease.granted[name] = lease.used[name]
             self._hold(anchor, lease)
+        lease.reclaiming.clear()
         self._count(anchor, lease, "holding", 0)
         self._count(anchor, lease, "live", 0)
         self._live.pop(lease, None)
@@ -647,6 +661,8 @@ class Ledger:
                         # not by lost hosts), or by requests in flight here: wait.
                         others = held.alive(name) - lease.hold[name] if held else 0
                         if (current.in_flight and name in _RESERVED) or others > 0:
+                            if name in _SHARED and not self._whole:  # (they may not ask)
+                                self._reclaim(current, lease, name, settled, free, want)
                             wait = wait or (current, name)
                             continue
                         lost = held is not None and held.lost and getattr(held.lost, name)
@@ -661,7 +677,16 @@ class Ledger:
                         if (current.in_flight and name in _RESERVED) or others > 0:
                             wait = wait or (current, name)  # all it wants, once free
                             continue
+                    if (
+                        name in _SHARED
+                        and not self._whole
+                        and self._reclaim(current, lease, name, settled, free, want)
+                    ):
+                        wait = wait or (current, name)  # what others hold past a share
+                        continue
                     share = self._share(current, lease, name, settled, free, whole)
+                    if want.fair_output and name in _SHARED:  # a deep cut: its fair part
+                        share = max(share, min(want.fair(name), max(free, 0)))
                     grant = min(grant, max(need, share))
                 grants[name] = grant
         except BudgetExceeded as error:
@@ -681,6 +706,7 @@ class Ledger:
         self._hold(node, lease)
         self._count(node, lease, "holding", 1)
         self._asking.pop(lease, None)
+        lease.reclaiming.clear()
         limits = lease.limits()
         ask.answer = limits
         self.asks += 1
@@ -704,6 +730,83 @@ class Ledger:
             share = min(max(share, 0), max(free, 0))
         share = min(share, GROWTH * max(lease.weight * need, lease.used[name]))
         return share if name in _FRACTIONAL else math.floor(share)
+
+    def _reclaim(
+        self, node: Node, lease: Lease, name: str, settled: float, free: float, want: Want
+    ) -> bool:
+        """Whether an ask of ``lease`` waits for leases holding more than their fair
+        share of field ``name`` on ``node`` (whose settled usage leaves ``settled``)
+        to give it back: when ``free`` is less than ``RECLAIM`` times its own fair
+        share (as ``_share`` reckons it, ``GROWTH`` included), each other live lease
+        under ``node`` holding more than its share beyond its requests in flight is
+        asked to keep no more than that (once per grant it had: ``Lease.reclaiming``),
+        and the ask waits while one of them has not answered. Every part under a
+        budget then gets what it would at home, whichever lease asked first. (A
+        request cut deep asks for its own fair part, ``Want.fair``: at least that.)"""
+        parts = _parts(node)
+        fair = settled * min(lease.weight / parts, 1) - lease.hold[name]
+        fair = min(fair, GROWTH * max(lease.weight * want.whole(name), lease.used[name]))
+        if want.fair_output:
+            fair = max(fair, want.fair(name))
+        if free >= RECLAIM * fair:
+            return False
+        short = fair - free
+        pending = False
+        for other, anchor in self._live.items():
+            if (
+                other is lease
+                or other.reclaim is None
+                or other.lost
+                or other.tainted
+                or other in self._asking
+                or name not in other.hold
+            ):
+                continue
+            if not any(current is node for current in anchor.chain()):
+                continue
+            asked = other.reclaiming.get(name)
+            if asked is not None:
+                pending = pending or asked
+                continue
+            keep = max(settled * min(other.weight / parts, 1) - other.reserved[name], 0)
+            surplus = other.hold[name] - other.reserved[name] - keep
+            if surplus > short / 10 and surplus >= 1:
+                other.reclaiming[name] = True
+                self.reclaims += 1
+                other.reclaim({name: keep})
+                pending = True
+        return pending
+
+    def kept(self, lease: Lease, limits: dict[str, float]) -> None:
+        """``lease``'s host answered a reclaim: its limits of those fields are now
+        ``limits`` (what it holds beyond them comes back here)."""
+        anchor = self._live.get(lease)
+        if anchor is None or lease.lost:
+            return
+        for name, value in limits.items():
+            if lease.reclaiming.get(name):
+                lease.reclaiming[name] = False
+                lease.granted[name] = min(lease.granted[name], value)
+        self._hold(anchor, lease)
+        self.changed_at(anchor)
+
+    def keep(self, node: Node, free: dict[str, float]) -> dict[str, float]:
+        """On a host: the tree above asks the lease of ``node`` to keep at most
+        ``free`` headroom of each of those fields beyond what it used and holds in
+        flight. Lower its limits so, and return them (what to answer)."""
+        limits = node.limits
+        if limits is None:
+            return {}
+        kept: dict[str, float] = {}
+        for name, most in free.items():
+            limit = getattr(limits, name, None)
+            if limit is None:
+                continue
+            value = min(limit, _used(node, name) + _reserved(node, name) + most)
+            kept[name] = value if name in _FRACTIONAL else math.floor(value)
+        if kept:
+            self.extend(node, msgspec.structs.replace(limits, **kept))
+        return kept
 
     def _free(self, node: Node, name: str) -> float:
         """What ``node`` has free of field ``name``: neither used, nor reserved by

@@ -47,7 +47,9 @@ from ._remote import (
     Done,
     Events,
     Grant,
+    Kept,
     Nodes,
+    Reclaim,
     Room,
     Start,
     Stop,
@@ -142,6 +144,10 @@ class _Lender:
         self.pool = pool
         self.fresh: dict[str, float] = {}
         self.hint: dict[str, float] = {}
+
+    @property
+    def asking(self) -> bool:
+        return self.pool.asking
 
     def want(self, node: Node, want: Want) -> None:
         pool = self.pool
@@ -270,7 +276,7 @@ class AgentHost:
         ledger = runtime.supervisor.ledger
         supervisor = runtime.supervisor
         for message in decode_down(data):
-            if isinstance(message, (Grant, Deny, Room, Close)):
+            if isinstance(message, (Grant, Deny, Room, Reclaim, Close)):
                 self._to_pool(message)
                 continue
             if isinstance(message, Taken):
@@ -297,8 +303,8 @@ class AgentHost:
                     message.id, approved=message.approved, reason=message.reason
                 )
 
-    def _to_pool(self, message: Grant | Deny | Room | Close) -> None:
-        """Apply a lease's grant, refusal, news or end to its node."""
+    def _to_pool(self, message: Grant | Deny | Room | Reclaim | Close) -> None:
+        """Apply a lease's grant, refusal, news, reclaim or end to its node."""
         runtime = self.runtime
         assert runtime is not None
         supervisor = runtime.supervisor
@@ -317,6 +323,10 @@ class AgentHost:
         elif isinstance(message, Deny):
             pool.asking = False
             supervisor.ledger.refuse(node, message.refusal.error())
+        elif isinstance(message, Reclaim):
+            if not pool.asking:  # (asking, it gave back all: its ask answers this)
+                kept = supervisor.ledger.keep(node, message.free)
+                self.post(Kept(pool=message.pool, limits=kept))
         elif node.lender is not None:
             node.lender.hint = {**node.lender.hint, **message.worth}
 

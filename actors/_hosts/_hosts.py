@@ -46,7 +46,9 @@ from ._remote import (
     Events,
     Grant,
     HostLink,
+    Kept,
     Lost,
+    Reclaim,
     RemoteChild,
     RemoteReply,
     Room,
@@ -237,7 +239,12 @@ class RemoteHosts:
                 if not link.lost:
                     link.send(encode([Room(pool=ref, worth=worth)]))
 
+            def reclaim(free: dict[str, float]) -> None:
+                if not link.lost:
+                    link.send(encode([Reclaim(pool=ref, free=free)]))
+
             lease.tell = tell
+            lease.reclaim = reclaim
             lease.close = lambda: link.close(lease)
         elif lease.count == 1:  # it was idle: the host's node of it gets its new limits
             pool_limits = lease.limits()
@@ -317,6 +324,9 @@ class RemoteHosts:
                     if isinstance(message, Ask):
                         self._ask(link, message)
                         continue
+                    if isinstance(message, Kept):
+                        self._kept(link, message)
+                        continue
                     if isinstance(message, Take):
                         self._lanes_of().take(link.name, message, functools.partial(_answer, link))
                         continue
@@ -366,6 +376,13 @@ class RemoteHosts:
         if asker is not None and task_group is not None:
             ledger = asker.supervisor.ledger
             task_group.start_soon(self._answer, link, lease, ledger, asker.node, message.want)
+
+    def _kept(self, link: HostLink, message: Kept) -> None:
+        """A lease of ``link``'s host gave back what a reclaim asked."""
+        lease = link.pools.get(message.pool)
+        runtime = self.runtime
+        if lease is not None and runtime is not None:
+            runtime.supervisor.ledger.kept(lease, message.limits)
 
     @staticmethod
     async def _answer(link: HostLink, lease: Lease, ledger: Ledger, node: Node, want: Want) -> None:

@@ -62,7 +62,9 @@ __all__ = [
     "Grant",
     "HostLink",
     "HostUnavailable",
+    "Kept",
     "Nodes",
+    "Reclaim",
     "RemoteChild",
     "RemoteReply",
     "Room",
@@ -128,6 +130,15 @@ class Room(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     worth: dict[str, float]
 
 
+class Reclaim(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Down: the lease holds more than its fair share while another asks: keep at
+    most ``free`` headroom of each of these fields beyond what its subtrees used
+    and hold in flight (ignored while it asks: the ask gives back all of it)."""
+
+    pool: int
+    free: dict[str, float]
+
+
 class Deny(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Down: a lease's ask was refused: a limit of the tree above is spent."""
 
@@ -159,7 +170,7 @@ class Decided(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     reason: str = ""
 
 
-Down = Start | Grant | Room | Deny | Close | Stop | Decided | Taken
+Down = Start | Grant | Room | Reclaim | Deny | Close | Stop | Decided | Taken
 
 
 class Ask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -169,6 +180,13 @@ class Ask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     pool: int
     tallies: tuple[tuple[int, Tally], ...]
     want: Want
+
+
+class Kept(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Up: a lease gave back what a ``Reclaim`` asked: its limits of those fields now."""
+
+    pool: int
+    limits: dict[str, float]
 
 
 class Nodes(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -211,7 +229,7 @@ class Withdrawn(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     id: str
 
 
-Up = Ask | Nodes | Done | Events | Asking | Withdrawn | Take | Give
+Up = Ask | Kept | Nodes | Done | Events | Asking | Withdrawn | Take | Give
 
 _encoder = msgspec.msgpack.Encoder()
 _up = msgspec.msgpack.Decoder(list[Up])

@@ -118,6 +118,10 @@ class _Lender:
         self.hint: dict[str, float] = {}
         self.wants: list[int] = []
 
+    @property
+    def asking(self) -> bool:
+        return False  # (answered at once: the test admits again)
+
     def want(self, node: Node, want: Want) -> None:
         self.wants.append(want.output_tokens)
 
@@ -127,7 +131,8 @@ class _Lender:
     [
         (1_000, 0.0, False),  # a fresh lease: its cut is its share
         (2_100, 0.0, True),  # spent past half of what it had
-        (1_000, 1_400.0, False),  # a part above is worth less than 1.5 x its own
+        (1_000, 1_300.0, False),  # a part above is worth less than its cut / DEEP
+        (1_000, 1_400.0, True),  # cut deeper than DEEP x its fair part: ask for it
         (1_000, 1_600.0, True),  # worth more: siblings gave back, ask for it
     ],
 )

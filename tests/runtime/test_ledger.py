@@ -793,6 +793,7 @@ async def test_a_hosts_lease_asking_for_more_spends_nothing_more_until_the_answe
         def __init__(self) -> None:
             self.fresh: dict[str, float] = {}
             self.hint: dict[str, float] = {}
+            self.asking = False
 
         def want(self, node: Node, want: Want) -> None:
             asked.append(want)
@@ -805,6 +806,77 @@ async def test_a_hosts_lease_asking_for_more_spends_nothing_more_until_the_answe
     assert not sup.try_charge(node, tool_calls=1)
     assert asked == [Want(tool_calls=1)]
     assert (node.tool_calls, node.stop_status) == (2, None)
+
+
+async def test_what_a_request_gives_back_while_its_lease_asks_stays_unspent_till_answered() -> None:
+    # On the host: a request in flight when its lease asked settles for less than it
+    # held. The tree above counts what the lease's subtrees use and hold from their
+    # later reports, so that room must stay unspent until the answer (it was
+    # spent before, and a remote budget overshot: 17.6 of a 17.1 cost limit).
+    sup = started()
+    node = sup.open(sup.root, name="lease", limits=Budget(tokens=5_000))
+
+    class Lender:
+        def __init__(self) -> None:
+            self.fresh: dict[str, float] = {}
+            self.hint: dict[str, float] = {}
+            self.asking = False
+
+        def want(self, node: Node, want: Want) -> None:
+            self.asking = True
+            sup.ledger.freeze(node)
+
+    lender = node.lender = Lender()
+    first = sup.reserve_nowait(node, input_estimate=1_000, max_tokens=4_000)
+    assert first.max_tokens == 4_000
+    lender.want(node, Want(tool_calls=1))  # another operation there asks
+    assert node.limits is not None
+    assert node.limits.tokens == 5_000
+    sup.settle(node, first, Usage(input_tokens=1_000, output_tokens=500))
+    # 3,500 came back under the frozen limits: still nothing until the answer.
+    with pytest.raises(anyio.WouldBlock):
+        sup.reserve_nowait(node, input_estimate=100, max_tokens=200)
+    lender.asking = False
+    sup.ledger.extend(node, Budget(tokens=1_500 + 300))
+    again = sup.reserve_nowait(node, input_estimate=100, max_tokens=200)
+    assert (again.input, again.max_tokens) == (100, 200)
+
+
+async def test_an_ask_short_of_its_share_takes_back_what_other_leases_hold_past_theirs() -> None:
+    # Two leases took half of 10,000 each; a third subtree starts: a part is now worth
+    # a third. Its ask finds nothing free, so the others are asked to keep no more
+    # than their third (``Reclaim`` to their hosts); it waits for their answers and
+    # gets its third, as it would at home, instead of a sliver of what is free.
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000))
+    first, second = leased(sup, parent, "first"), leased(sup, parent, "second")
+    want = Want(tokens=1_016, input_tokens=1_000, output_tokens=16, wanted_output=4_000)
+    assert (await sup.ledger.ask(first, Tally(), want)).tokens == 5_000
+    assert (await sup.ledger.ask(second, Tally(), want)).tokens == 5_000
+    asked: dict[str, dict[str, float]] = {}
+    for node in (first, second):
+        lease = node.lease
+        assert lease is not None
+        lease.reclaim = lambda free, name=node.name: asked.setdefault(name, free)
+    third = leased(sup, parent, "third")
+    got = sup.ledger.ask_nowait(third, Tally(), want)
+    assert not isinstance(got, Budget)  # it waits for the others' answers
+    assert asked == {
+        "first": {"tokens": pytest.approx(10_000 / 3)},
+        "second": {"tokens": pytest.approx(10_000 / 3)},
+    }
+    assert sup.ledger.reclaims == 2
+    for node in (first, second):
+        assert node.lease is not None
+        sup.ledger.kept(node.lease, {"tokens": 3_333})
+    answer = got.answer
+    assert isinstance(answer, Budget)
+    assert answer.tokens == 3_333
+    assert held(parent, "tokens") == 9_999
+    # Asked once for each grant they had: the next ask short of its share waits for
+    # them to ask or end, and asks them nothing more.
+    assert not isinstance(sup.ledger.ask_nowait(third, used(3_333), want), Budget)
+    assert sup.ledger.reclaims == 2
 
 
 # -- reports ----------------------------------------------------------------------------
