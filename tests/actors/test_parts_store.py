@@ -16,8 +16,10 @@ from fractor.actors import (
     Message,
     ModelRequest,
     ScriptedModel,
+    ToolResultMessage,
     UserMessage,
     call,
+    fail,
     reply,
     tool,
 )
@@ -138,3 +140,28 @@ async def test_a_store_without_blobs_keeps_the_parts_whole() -> None:
     assert store.blobs == {}
     state = msgspec.json.decode(store.states["viewer"])
     assert len(state["messages"][0]["parts"][0]["data"]) > SIZE  # base64, whole
+
+
+async def test_a_resumed_ask_in_a_new_process_reuses_a_tool_results_image(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "resume.db"
+    calls_made: list[str] = []
+
+    @tool
+    async def snap() -> list[str | Image]:
+        """The screen, as an image."""
+        calls_made.append("snap")
+        return ["the screen", IMAGE]
+
+    first = ScriptedModel([call("snap"), fail(RuntimeError("the server went away"))])
+    async with SQLiteStore(path) as store, Runtime(store=store) as rt:
+        ref = await rt.spawn(Agent("viewer", first, tools=[snap]), id="viewer")
+        assert not (await ref.ask("Look at the screen.")).ok
+    later = ScriptedModel([call("snap"), reply("A screen.")])
+    async with SQLiteStore(path) as store, Runtime(store=store) as rt:
+        ref = await rt.spawn(Agent("viewer", later, tools=[snap]), id="viewer")
+        assert (await ref.ask("Look at the screen.", resume=True)).ok
+    assert calls_made == ["snap"]  # answered from the stored trace, not run again
+    (result,) = [m for m in later.requests[1].messages if isinstance(m, ToolResultMessage)]
+    assert data_of(result.parts[0]) == IMAGE.data
