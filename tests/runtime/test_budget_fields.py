@@ -82,7 +82,7 @@ def test_a_node_counts_every_field_for_its_subtree_and_itself() -> None:
 
 def test_leases_want_hold_and_tally_every_leased_field() -> None:
     assert tuple(field.name for field in FIELDS if field.leased) == LEASED
-    assert set(Want.__struct_fields__) == {*LEASED, "detail", "wanted_output"}
+    assert set(Want.__struct_fields__) == {*LEASED, "detail", "wanted_output", "fair_output"}
     held = Held()
     lease = Lease(LEASED, None)
     limits = lease.limits()

@@ -854,10 +854,14 @@ async def test_an_ask_short_of_its_share_takes_back_what_other_leases_hold_past_
     assert (await sup.ledger.ask(first, Tally(), want)).tokens == 5_000
     assert (await sup.ledger.ask(second, Tally(), want)).tokens == 5_000
     asked: dict[str, dict[str, float]] = {}
+
+    def reclaim(name: str) -> Callable[[dict[str, float]], None]:
+        return lambda free: asked.__setitem__(name, free)
+
     for node in (first, second):
         lease = node.lease
         assert lease is not None
-        lease.reclaim = lambda free, name=node.name: asked.setdefault(name, free)
+        lease.reclaim = reclaim(node.name)
     third = leased(sup, parent, "third")
     got = sup.ledger.ask_nowait(third, Tally(), want)
     assert not isinstance(got, Budget)  # it waits for the others' answers
