@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from fractor.runtime import Node, Supervisor
 
     from .._agent._definition import AgentDefinition
+    from .._parts import Media
 
 __all__ = ["ChildReply", "HostUnavailable", "Launch", "NewActor", "Place", "placer_of"]
 
@@ -70,6 +71,8 @@ class Launch(Protocol):
         node: Node,
         supervisor: Supervisor,
         task_group: TaskGroup,
+        *,
+        parts: tuple[Media, ...] = (),
     ) -> ChildReply: ...
 
 

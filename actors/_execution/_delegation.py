@@ -182,6 +182,7 @@ class Delegation:
         node.traces = parent.traces  # where its execution leaves itself
         began = time.perf_counter()
         recorder = self.recorder
+        parts = named_parts(task, self.visible()) if self.visible is not None else ()
         place = placer_of(self.context.runtime.hosts)  # None: everything runs here
         if place is not None:
             try:
@@ -192,7 +193,14 @@ class Delegation:
                 return True
             if placement is not None:
                 try:
-                    remote = placement.launch(subagent, task, node, supervisor, self.task_group)
+                    # The parts go as a keyword only when there are some: a placement
+                    # written before parts existed still takes every text-only call.
+                    if parts:
+                        remote = placement.launch(
+                            subagent, task, node, supervisor, self.task_group, parts=parts
+                        )
+                    else:
+                        remote = placement.launch(subagent, task, node, supervisor, self.task_group)
                 except Exception as exc:
                     reason = f"not started on host {placement.host!r}: {exception_text(exc)}"
                     supervisor.close(node, "failed", reason)
@@ -217,7 +225,6 @@ class Delegation:
             child = self.context.spawn_soon(
                 self.new_actor(subagent), task_group=self.task_group, id=node.id, name=subagent.name
             )
-            parts = named_parts(task, self.visible()) if self.visible is not None else ()
             reply = child.ask_nowait(Task(text=task, node=node.id, parts=parts))
             child.stop_nowait()  # the task is its only message
         except Exception as exc:

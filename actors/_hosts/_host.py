@@ -35,6 +35,7 @@ from fractor.runtime import (
 )
 from fractor.runtime.lowlevel import Tally, Want, new_waiter, park, wake
 
+from .._blobs import detach_trace
 from .._messages import ExecutionTrace, Result, Task, exception_text
 from .._tools._approval import ApprovalRequest, approvals_of
 from ._lanes import HostRates, Taken
@@ -55,7 +56,9 @@ from ._remote import (
     Stop,
     Up,
     Withdrawn,
+    attach_parts,
     decode_down,
+    detach_parts,
     encode,
     tally,
 )
@@ -382,7 +385,8 @@ class AgentHost:
             self.down(encode([early]))
         try:
             ref = await runtime.spawn(agent, id=node.id)
-            reply = ref.actor.ask_nowait(Task(text=start.text, node=node.id))
+            parts = attach_parts(start.parts, start.blobs)
+            reply = ref.actor.ask_nowait(Task(text=start.text, node=node.id, parts=parts))
             ref.actor.stop_nowait()
             result: Result = await reply.wait()
         except Exception as exc:
@@ -398,6 +402,11 @@ class AgentHost:
                 runtime.event_bus.tap = None
                 runtime.event_bus.active = runtime.event_bus.log_events
             self._flush_events()
+        # The images and documents of its answer and traces go up as their bytes,
+        # each once, beside what names them (not those its task came with).
+        blobs: dict[str, bytes] = {}
+        if result.parts:
+            result = msgspec.structs.replace(result, parts=detach_parts(result.parts, blobs))
         traces: tuple[ExecutionTrace, ...] = ()
         if node.traces:
             # The top's executions hang from the parent in the whole tree (here, from
@@ -408,11 +417,24 @@ class AgentHost:
                     trace,
                     parent_id=start.parent_id if trace.parent_id in here else trace.parent_id,
                 )
-                for trace in (execution.final_trace() for execution in node.traces)
+                for trace in (
+                    detach_trace(execution.final_trace(), blobs) for execution in node.traces
+                )
             )
             node.traces = None
+        for key in start.blobs:  # the driver sent these: it has them
+            blobs.pop(key, None)
         nodes = _marked(supervisor.subtree(node), self.name, run.offset)
-        self.post(Done(run=start.run, result=result, tally=tally(node), traces=traces, nodes=nodes))
+        self.post(
+            Done(
+                run=start.run,
+                result=result,
+                tally=tally(node),
+                traces=traces,
+                nodes=nodes,
+                blobs=blobs,
+            )
+        )
 
     def _open_pool(self, start: Start) -> None:
         """Open the lease of ``start`` if it is new, at once, in the order the

@@ -54,6 +54,7 @@ from ._remote import (
     Room,
     Start,
     decode_up,
+    detach_parts,
     encode,
 )
 
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from fractor.runtime import Event
 
     from .._agent._agent import Agent
+    from .._parts import Media
 
 __all__ = [
     "DEFAULT_POOL",
@@ -208,11 +210,19 @@ class RemoteHosts:
         node: Node,
         supervisor: Supervisor,
         task_group: TaskGroup,
+        parts: tuple[Media, ...] = (),
     ) -> RemoteReply:
-        """Run ``agent`` on ``text`` on ``link``'s host as the subtree of ``node`` (just
-        opened here), followed by a ``RemoteChild`` in ``task_group``."""
+        """Run ``agent`` on ``text`` (and the images and documents ``parts``) on
+        ``link``'s host as the subtree of ``node`` (just opened here), followed by a
+        ``RemoteChild`` in ``task_group``."""
         child = RemoteChild(
-            agent, text, node, supervisor, runtime=self.runtime, place_again=self.place_again
+            agent,
+            text,
+            node,
+            supervisor,
+            runtime=self.runtime,
+            place_again=self.place_again,
+            parts=parts,
         )
         self.start_on(child, link)
         task_group.start_soon(child.run, name=f"remote {node.id}")
@@ -253,6 +263,8 @@ class RemoteHosts:
             remaining = max(node.deadline - supervisor.now(), 1e-6)
             limits = msgspec.structs.replace(limits, seconds=remaining)
         run_id = next(self._runs)
+        blobs: dict[str, bytes] = {}
+        parts = detach_parts(child.parts, blobs)
         start = Start(
             run=run_id,
             text=child.text,
@@ -267,6 +279,8 @@ class RemoteHosts:
             events=node.watch is not None
             or (self.runtime is not None and self.runtime.event_bus.active),
             above=tuple(above.name for above in reversed(list(node.chain())[1:-1])),
+            parts=parts,
+            blobs=blobs,
         )
         if node.watch is not None:
             self._watched[node.id] = node.watch
@@ -444,9 +458,16 @@ class _OnLink:
         return self.link.name
 
     def launch(
-        self, agent: Agent, text: str, node: Node, supervisor: Supervisor, task_group: TaskGroup
+        self,
+        agent: Agent,
+        text: str,
+        node: Node,
+        supervisor: Supervisor,
+        task_group: TaskGroup,
+        *,
+        parts: tuple[Media, ...] = (),
     ) -> RemoteReply:
-        return self.hosts.launch(self.link, agent, text, node, supervisor, task_group)
+        return self.hosts.launch(self.link, agent, text, node, supervisor, task_group, parts)
 
 
 class _LocalLink(HostLink):

@@ -46,7 +46,15 @@ class Placement(Protocol):
         """Run ``agent`` on ``text`` on the host as the subtree of ``node`` (just
         opened here), followed by a task in ``task_group``; its one reply, settled
         once after ``supervisor.close(node, ...)`` with how the subtree ended. Raises
-        if it could not be started (the call is then refused, ``node`` closed)."""
+        if it could not be started (the call is then refused, ``node`` closed).
+
+        A task that names images and documents of its parent's context (its
+        ``Task.parts``) is launched with them as one more keyword, ``parts=`` (a
+        tuple of ``Image`` and ``Document``), and only then: a placement that takes
+        them accepts ``*, parts=()`` (``RemoteHosts`` sends them to the host, each
+        blob's bytes once); one written without parts runs every text-only call and
+        refuses (by raising) a call that carries some. Its reply's ``Result.parts``
+        go to the parent as the call's result."""
         ...
 
 

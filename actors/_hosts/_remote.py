@@ -8,9 +8,11 @@ the subtree on its host (through a ``HostLink``) and follows it until its one
 ``Result`` comes back. What crosses is fractor's own messages as msgspec bytes
 (``Down``: the task, lease grants and refusals, a stop, approval decisions; ``Up``:
 lease asks, snapshots, approval requests, the ``Result`` with its traces), never a
-pickled conversation. The hosts (``_hosts``) build on this module, never the
-reverse: they hand a stand-in what it needs of them (the driver's runtime, and how
-to place its subtree again when its host is lost).
+pickled conversation. Images and documents cross as the bytes of their blobs, each
+once per message (``Start.blobs``, ``Done.blobs``, by SHA-256), beside the parts,
+traces and result that name them without their bytes. The hosts (``_hosts``) build
+on this module, never the reverse: they hand a stand-in what it needs of them (the
+driver's runtime, and how to place its subtree again when its host is lost).
 
 The stand-in keeps every promise of a local child:
 
@@ -39,8 +41,10 @@ import msgspec
 from fractor.runtime import Budget, Node, NodeSnapshot, Usage
 from fractor.runtime.lowlevel import Lease, Refusal, Tally, Want, new_waiter, park, wake
 
+from .._blobs import attach_trace
 from .._messages import ExecutionTrace, Result
 from .._observation._events import WireEvent
+from .._parts import Document, Image, Media
 from .._tools._approval import ApprovalRequest, approvals_of
 from ._lanes import Give, Take, Taken
 from ._placing import HostUnavailable
@@ -72,8 +76,10 @@ __all__ = [
     "Stop",
     "Up",
     "Withdrawn",
+    "attach_parts",
     "decode_down",
     "decode_up",
+    "detach_parts",
     "encode",
     "tally",
 ]
@@ -110,6 +116,10 @@ class Start(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     #: The names of the agents above the top in the whole tree, from the top-level
     #: agent down: an approval request of the subtree names its whole path.
     above: tuple[str, ...] = ()
+    #: The images and documents the task names (``Task.parts``), without their
+    #: bytes: those are in ``blobs``, by SHA-256, each once.
+    parts: tuple[Media, ...] = ()
+    blobs: dict[str, bytes] = {}
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -206,6 +216,10 @@ class Done(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     traces: tuple[ExecutionTrace, ...] = ()
     #: The subtree's nodes below its top as they ended.
     nodes: tuple[NodeSnapshot, ...] = ()
+    #: The bytes of the images and documents that ``result`` and ``traces`` name
+    #: (theirs are left out), by SHA-256, each once; not those of ``Start.blobs``
+    #: (the driver has them).
+    blobs: dict[str, bytes] = {}
 
 
 class Events(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -247,6 +261,35 @@ def decode_up(data: bytes) -> list[Up]:
 
 def decode_down(data: bytes) -> list[Down]:
     return _down.decode(data)
+
+
+def detach_parts(parts: tuple[Media, ...], blobs: dict[str, bytes]) -> tuple[Media, ...]:
+    """``parts`` without their bytes, which go to ``blobs`` (each SHA-256 once): what
+    crosses to another host, as a store keeps them (``actors._blobs``)."""
+    if not parts:
+        return parts
+    out: list[Media] = []
+    for part in parts:
+        if (type(part) is Image or type(part) is Document) and part.data is not None:
+            blobs.setdefault(part.sha256, part.data)
+            part = msgspec.structs.replace(part, data=None)
+        out.append(part)
+    return tuple(out)
+
+
+def attach_parts(parts: tuple[Media, ...], blobs: dict[str, bytes]) -> tuple[Media, ...]:
+    """``parts`` that crossed without their bytes, with them from ``blobs`` (a part
+    named twice gets the same bytes object)."""
+    if not parts or not blobs:
+        return parts
+    out: list[Media] = []
+    for part in parts:
+        if (type(part) is Image or type(part) is Document) and part.stored:
+            data = blobs.get(part.sha256)
+            if data is not None:
+                part = msgspec.structs.replace(part, data=data)
+        out.append(part)
+    return tuple(out)
 
 
 def tally(node: Node) -> Tally:
@@ -385,6 +428,7 @@ class RemoteChild:
         "lost",
         "node",
         "parent_attempt",
+        "parts",
         "place_again",
         "placed_again",
         "reply",
@@ -404,11 +448,14 @@ class RemoteChild:
         *,
         runtime: Runtime | None,
         place_again: PlaceAgain,
+        parts: tuple[Media, ...] = (),
     ) -> None:
         self.runtime = runtime
         self.place_again = place_again
         self.agent = agent
         self.text = text
+        #: The images and documents its task names (sent with each start).
+        self.parts = parts
         self.link: HostLink | None = None
         self.run_id = 0
         self.node = node
@@ -558,9 +605,16 @@ class RemoteChild:
             self._withdraw(request_id)
         if done is not None:
             result = done.result
+            blobs = done.blobs
+            if self.parts:  # what the host did not send back: the driver has them
+                sent = {p.sha256: p.data for p in self.parts if p.data is not None}
+                blobs = {**sent, **blobs}
+            if blobs and result.parts:
+                result = msgspec.structs.replace(result, parts=attach_parts(result.parts, blobs))
             if node.traces is not None and done.traces:
                 parent, attempt = node.parent, self.parent_attempt
-                node.traces.extend(_Shipped(trace, parent, attempt) for trace in done.traces)
+                traces = [attach_trace(trace, blobs) if blobs else trace for trace in done.traces]
+                node.traces.extend(_Shipped(trace, parent, attempt) for trace in traces)
         else:
             lease = node.lease
             assert lease is not None
