@@ -24,17 +24,25 @@ and the execution's deadline, cancelled with its execution. A server error, a cr
 the server process, a malformed reply all become error results the model reads. Each
 call sends a progress token: what the server reports on it becomes a
 ``tool_progress`` event of the call (when someone observes the execution). A
-result's text is what the model reads; an image, a sound or a binary resource is
-named with its type and size instead (never pasted as base64), a text resource's text
-is included, a link to a resource is named. A tool the server offers only as a task
-(``execution.taskSupport`` "required") is not offered to the model: each call of it
-would fail (a warning names it; ``include`` naming it is an error). A server that
-goes away (its process died, its connection closed) is connected again
-(a stdio server started again) for the calls after it: at most ``RECONNECTS`` times
-within ``RECONNECT_WINDOW`` seconds, each attempt after a short backoff; past that,
-every later call says the server is gone, and why. The call that saw it go is not
-sent again (it may have done part of its work): its result says so, and the model
-decides.
+result's text is what the model reads, and its images and documents are parts of
+the tool result (``ToolOutcome.parts``): an image block, or an embedded resource of
+an image type, becomes an ``Image``; an embedded resource that is a PDF becomes a
+``Document`` (named by its URI's last segment). Their bytes are checked as any
+part's are: the media type read from the magic number (a block whose bytes are not
+what its ``mimeType`` says, or of no kind fractor takes, is refused), and the sizes
+against ``content_limits`` (``ContentLimits``; a part, and all of one result's). What
+the model cannot take becomes a line of text saying what was dropped and why, with
+its size or URI, never its base64: a sound, another binary resource, a part
+refused, a link to a resource (not fetched). A text resource's text (or a blob's
+of a ``text/*`` type, in UTF-8) is included after a line naming it. A tool the
+server offers only as a task (``execution.taskSupport`` "required") is not offered
+to the model: each call of it would fail (a warning names it; ``include`` naming
+it is an error). A server that goes away (its process died, its connection closed)
+is connected again (a stdio server started again) for the calls after it: at most
+``RECONNECTS`` times within ``RECONNECT_WINDOW`` seconds, each attempt after a short
+backoff; past that, every later call says the server is gone, and why. The call that
+saw it go is not sent again (it may have done part of its work): its result says so,
+and the model decides.
 
 The tools are bound to the runtime that listed them: build the agent inside the
 runtime block. They cannot be shipped to another host.
@@ -42,6 +50,9 @@ runtime block. They cannot be shipped to another host.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import posixpath
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -65,6 +76,17 @@ from fractor.runtime import Runtime
 
 from .._execution._calling import ProgressReporter, progress_reporter
 from .._messages import ToolCall, ToolOutcome, ToolSpec, exception_text
+from .._parts import (
+    IMAGE_TYPES,
+    PDF,
+    ContentError,
+    ContentLimits,
+    Document,
+    Image,
+    Media,
+    size_text,
+    sniff,
+)
 from .._tools._tool import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError
 from .._version import VERSION
 
@@ -154,6 +176,7 @@ class MCPServer:
         prefix: str = "",
         timeout: float | None = None,
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        content_limits: ContentLimits | None = None,
     ) -> MCPToolset:
         """This server's tools as an entry of an agent's ``tools``, next to its own:
         ``Agent(..., tools=[search, server.tools(prefix="fs_")])``. Resolved when the
@@ -165,6 +188,7 @@ class MCPServer:
             prefix=prefix,
             timeout=timeout,
             max_result_chars=max_result_chars,
+            content_limits=content_limits,
         )
 
     @asynccontextmanager
@@ -300,6 +324,7 @@ class MCPToolset:
     prefix: str = ""
     timeout: float | None = None
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
+    content_limits: ContentLimits | None = None
 
     async def tools(self, runtime: Runtime) -> tuple[MCPTool, ...]:
         return await mcp_tools(
@@ -309,13 +334,14 @@ class MCPToolset:
             prefix=self.prefix,
             timeout=self.timeout,
             max_result_chars=self.max_result_chars,
+            content_limits=self.content_limits,
         )
 
 
 class MCPTool(Tool[..., Any]):
     """One tool of an MCP server, called through a runtime's session with it."""
 
-    __slots__ = ("link", "remote_name", "server")
+    __slots__ = ("content_limits", "link", "remote_name", "server")
 
     def __init__(
         self,
@@ -326,6 +352,7 @@ class MCPTool(Tool[..., Any]):
         name: str,
         timeout: float | None,
         max_result_chars: int,
+        content_limits: ContentLimits | None = None,
     ) -> None:
         if not _NAME.fullmatch(name):
             raise ToolDefinitionError(
@@ -335,6 +362,8 @@ class MCPTool(Tool[..., Any]):
             )
         self.link = link
         self.server = server
+        #: What the images and documents of one result may weigh (``ContentLimits``).
+        self.content_limits = content_limits or _LIMITS
         self.remote_name = listed.name
         self.fn = self._unbound
         self.name = name
@@ -423,10 +452,12 @@ class MCPTool(Tool[..., Any]):
                 text = f"{self._timed_out} waiting for the MCP server {self.server} to be "
                 return self._finish(call, text + "connected again", 0, start)
             return self._finish(call, self._timed_out, 1, start)
-        text = _text(result)
+        text, parts = _content(result, self.content_limits)
         if result.is_error:
-            return self._finish(call, f"tool {self.name!r} failed: {text}", 1, start)
-        return self._outcome(call, text, False, 1, start)
+            outcome = self._finish(call, f"tool {self.name!r} failed: {text}", 1, start)
+        else:
+            outcome = self._outcome(call, text, False, 1, start)
+        return msgspec.structs.replace(outcome, parts=parts) if parts else outcome
 
 
 class _Progress:
@@ -445,57 +476,136 @@ class _Progress:
             report(progress, total, message or "")
 
 
-def _text(result: types.CallToolResult) -> str:
-    """A tool result's content as the text the model reads.
+_LIMITS = ContentLimits()
 
-    Text is the text, and so is a text resource's (after a line naming it). What the
-    model cannot be shown as text yet (an image, a sound, a binary resource) is named
-    with its type and size, never pasted as base64; a link to a resource is named.
-    """
-    parts: list[str] = []
+
+def _content(result: types.CallToolResult, limits: ContentLimits) -> tuple[str, tuple[Media, ...]]:
+    """A tool result's content as the text the model reads and the images and
+    documents it sees (see the module): each block of text in order, one line for
+    each block dropped, saying why."""
+    lines: list[str] = []
+    media = _Media(limits, lines)
     for block in result.content:
         match block:
             case types.TextContent(text=text):
-                parts.append(text)
-            case (
-                types.ImageContent(data=data, mime_type=mime)
-                | types.AudioContent(data=data, mime_type=mime)
-            ):
-                parts.append(f"[{mime} {block.type}, {_size(_decoded_size(data))}, {_NOT_SHOWN}]")
+                lines.append(text)
+            case types.ImageContent(data=data, mime_type=mime):
+                media.add(data, mime, f"{mime} image", kind=Image)
+            case types.AudioContent(data=data, mime_type=mime):
+                lines.append(_dropped(f"{mime} audio", _decoded_size(data), _NO_AUDIO))
             case types.EmbeddedResource(resource=types.TextResourceContents() as resource):
-                parts.append(f"[{resource.mime_type or 'text'} resource {resource.uri}]")
-                parts.append(resource.text)
+                lines.append(f"[{resource.mime_type or 'text'} resource {resource.uri}]")
+                lines.append(resource.text)
             case types.EmbeddedResource(resource=types.BlobResourceContents() as resource):
-                size = _size(_decoded_size(resource.blob))
-                mime = resource.mime_type or "binary"
-                parts.append(f"[{mime} resource {resource.uri}, {size}, {_NOT_SHOWN}]")
+                mime = resource.mime_type or ""
+                what = f"{mime or 'binary'} resource {resource.uri}"
+                name = posixpath.basename(str(resource.uri).split("?", 1)[0].rstrip("/"))
+                if mime == PDF:
+                    media.add(resource.blob, mime, what, kind=Document, name=name)
+                elif mime in IMAGE_TYPES:
+                    media.add(resource.blob, mime, what, kind=Image)
+                elif not mime:
+                    media.add(resource.blob, mime, what, kind=None, name=name)
+                elif mime.startswith("text/") and (said := _blob_text(resource.blob)) is not None:
+                    lines.append(f"[{mime} resource {resource.uri}]")
+                    lines.append(said)
+                else:
+                    lines.append(_dropped(what, _decoded_size(resource.blob), _NOT_TAKEN))
             case types.ResourceLink():
-                about = [block.mime_type or ""]
+                about = [block.uri, block.mime_type or ""]
                 if block.size is not None:
-                    about.append(_size(block.size))
-                said = ", ".join([block.uri, *filter(None, about)])
-                parts.append(f"[a link to the resource {block.name!r}: {said}]")
+                    about.append(size_text(block.size))
+                said = ", ".join(filter(None, about))
+                lines.append(f"[a link to the resource {block.name!r}: {said}; not fetched]")
             case _:  # a kind of content newer than this code
-                parts.append(f"[{getattr(block, 'type', 'unknown')} content, {_NOT_SHOWN}]")
-    if not parts and result.structured_content is not None:
-        return msgspec.json.encode(result.structured_content).decode()
-    return "\n".join(parts)
+                lines.append(f"[{getattr(block, 'type', 'unknown')} content: dropped, {_NEWER}]")
+    if not lines and not media.parts and result.structured_content is not None:
+        return msgspec.json.encode(result.structured_content).decode(), ()
+    return "\n".join(lines), tuple(media.parts)
 
 
-_NOT_SHOWN = "not shown to the model"
+class _Media:
+    """The images and documents of one result, as they are decoded and checked: a
+    block refused adds its line to ``lines`` instead."""
+
+    __slots__ = ("limits", "lines", "parts", "total")
+
+    def __init__(self, limits: ContentLimits, lines: list[str]) -> None:
+        self.limits = limits
+        self.lines = lines
+        self.parts: list[Media] = []
+        self.total = 0
+
+    def add(
+        self,
+        data: str,
+        mime: str,
+        what: str,
+        *,
+        kind: type[Image] | type[Document] | None,
+        name: str = "",
+    ) -> None:
+        """Decode base64 ``data`` that says it is ``mime`` (``kind`` None: a blob of
+        no stated type, taken if its bytes are an image or a PDF) and keep it as a
+        part, or say in a line why not."""
+        limits = self.limits
+        size = _decoded_size(data)
+        if limits.part is not None and size > limits.part:
+            why = f"more than the {size_text(limits.part)} a part may have (ContentLimits.part)"
+            self.lines.append(_dropped(what, size, why))
+            return
+        if limits.request is not None and self.total + size > limits.request:
+            why = (
+                f"with the parts before it, more than the {size_text(limits.request)} one "
+                "result may carry (ContentLimits.request)"
+            )
+            self.lines.append(_dropped(what, size, why))
+            return
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            self.lines.append(_dropped(what, size, "its data is not valid base64"))
+            return
+        if kind is None:
+            found = sniff(raw)
+            kind = Document if found == PDF else Image if found else None
+            if kind is None:
+                self.lines.append(_dropped(what, len(raw), _NOT_TAKEN))
+                return
+        try:
+            part: Media = (
+                Image(data=raw, media_type=mime)
+                if kind is Image
+                else Document(data=raw, media_type=mime or PDF, name=name)
+            )
+        except ContentError as exc:
+            self.lines.append(_dropped(what, len(raw), str(exc)))
+            return
+        self.parts.append(part)
+        self.total += part.size
+
+
+_NO_AUDIO = "the model takes no audio"
+_NOT_TAKEN = "the model takes images (PNG, JPEG, WebP, GIF) and PDFs only"
+_NEWER = "a kind of content fractor does not know"
+
+
+def _blob_text(data: str) -> str | None:
+    """The text a blob of a text type holds (None: not base64 of UTF-8)."""
+    try:
+        return base64.b64decode(data, validate=True).decode()
+    except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+
+
+def _dropped(what: str, size: int, why: str) -> str:
+    """The line naming a block the model does not see: what it was, how big, why."""
+    return f"[{what}, {size_text(size)}: dropped, {why}]"
 
 
 def _decoded_size(data: str) -> int:
     """The bytes base64 ``data`` holds (without decoding it)."""
     return len(data.rstrip("=")) * 3 // 4
-
-
-def _size(size: int) -> str:
-    if size < 1024:
-        return f"{size} bytes"
-    if size < 1024 * 1024:
-        return f"{size / 1024:.1f} KB"
-    return f"{size / (1024 * 1024):.1f} MB"
 
 
 async def mcp_tools(
@@ -506,13 +616,16 @@ async def mcp_tools(
     prefix: str = "",
     timeout: float | None = None,
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+    content_limits: ContentLimits | None = None,
 ) -> tuple[MCPTool, ...]:
     """The tools of ``server``, through ``runtime``'s session with it (connected on
     first use, shared, closed with the runtime).
 
     ``include`` keeps the tools of those names (the server's names; one it does not
     have is an error naming those it has); ``prefix`` goes before every name the model
-    sees; ``timeout`` bounds each call, in seconds; ``max_result_chars`` caps a result.
+    sees; ``timeout`` bounds each call, in seconds; ``max_result_chars`` caps a
+    result's text; ``content_limits`` bounds its images and documents (by default
+    ``ContentLimits()``: 20 MB a part, 50 MB a result).
     """
     if not isinstance(server, MCPServer):
         raise TypeError(f"server is an MCPServer, got {type(server).__qualname__}")
@@ -560,6 +673,7 @@ async def mcp_tools(
             name=f"{prefix}{entry.name}",
             timeout=None if timeout is None else float(timeout),
             max_result_chars=max_result_chars,
+            content_limits=content_limits,
         )
         for entry in listed
     )

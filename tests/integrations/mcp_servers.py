@@ -30,6 +30,8 @@ from mcp.types import (
     ToolExecution,
 )
 
+from tests.actors.parts_data import gif, pdf, png
+
 #: The tools listed as needing task augmentation (``execution.taskSupport``).
 TASK_ONLY = frozenset({"queued_job"})
 
@@ -49,8 +51,12 @@ class _Server(MCPServer):
 
 server = _Server("fractor-tests", log_level="CRITICAL")
 
-#: 12,600 bytes of "image": 12.3 KB.
+#: 12,600 bytes of "image" of no kind: 13 KB.
 IMAGE = bytes(range(256)) * 49 + bytes(56)
+#: A real 4x3 PNG, a GIF, and a PDF of 2 pages.
+PNG = png(4, 3)
+GIF = gif(7, 5)
+PDF = pdf(2)
 
 
 @server.tool()
@@ -94,7 +100,8 @@ def crash() -> str:
 
 @server.tool()
 def media() -> CallToolResult:
-    """Text, an image, a sound, a text resource, a binary resource and a link."""
+    """Text, images (one true, one whose bytes are not what it says, one of no kind),
+    a sound, a text resource, a PDF, a binary resource, an untyped PDF and a link."""
 
     def b64(data: bytes) -> str:
         return base64.b64encode(data).decode()
@@ -103,13 +110,21 @@ def media() -> CallToolResult:
     blob = BlobResourceContents(
         uri="file:///data.bin", mime_type="application/octet-stream", blob=b64(bytes(1500))
     )
+    report = BlobResourceContents(
+        uri="file:///docs/report.pdf", mime_type="application/pdf", blob=b64(PDF)
+    )
+    untyped = BlobResourceContents(uri="file:///scan", blob=b64(PDF))
     return CallToolResult(
         content=[
             TextContent(type="text", text="here they are"),
+            ImageContent(type="image", data=b64(PNG), mime_type="image/png"),
+            ImageContent(type="image", data=b64(GIF), mime_type="image/png"),
             ImageContent(type="image", data=b64(IMAGE), mime_type="image/png"),
             AudioContent(type="audio", data=b64(bytes(2048)), mime_type="audio/wav"),
             EmbeddedResource(type="resource", resource=text),
+            EmbeddedResource(type="resource", resource=report),
             EmbeddedResource(type="resource", resource=blob),
+            EmbeddedResource(type="resource", resource=untyped),
             ResourceLink(
                 type="resource_link",
                 name="report",

@@ -18,10 +18,27 @@ import pytest
 from anyio import wait_all_tasks_blocked
 from structlog.testing import capture_logs
 
-from fractor.actors import Agent, ScriptedModel, ToolCall, ToolProgress, call, calls, reply
+from fractor.actors import (
+    Agent,
+    ContentLimits,
+    Document,
+    FunctionModel,
+    Image,
+    ModelRequest,
+    ModelResponse,
+    ScriptedModel,
+    ToolCall,
+    ToolProgress,
+    ToolResultMessage,
+    call,
+    calls,
+    describe_part,
+    reply,
+)
 from fractor.actors.integrations import mcp
 from fractor.actors.integrations.mcp import MCPServer, MCPTool, mcp_tools
 from fractor.runtime import Budget, Runtime
+from tests.integrations.mcp_servers import PDF, PNG
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
 MODULE = "tests.integrations.mcp_servers"
@@ -408,9 +425,13 @@ async def test_an_http_server_that_restarts_is_connected_again(
     assert (again.content, again.is_error) == ("4", False)
 
 
-async def test_media_in_a_result_are_described_never_pasted(stdio: MCPServer) -> None:
-    """An image, a sound and a binary resource reach the model as what they are and how
-    big (never as base64); a text resource's text is included; a link is named."""
+async def test_media_in_a_result_are_parts_or_described_never_pasted(
+    stdio: MCPServer,
+) -> None:
+    """An image and the PDFs (typed, or untyped but a PDF by its bytes) become parts,
+    in order; an image whose bytes are not what it says, or of no kind, a sound, a
+    binary resource and a link become lines saying what was dropped, how big or where,
+    and why (never base64); a text resource's text is included."""
     with anyio.fail_after(20):
         async with Runtime() as rt:
             (media,) = await mcp_tools(rt, stdio, include=["media"])
@@ -418,14 +439,88 @@ async def test_media_in_a_result_are_described_never_pasted(stdio: MCPServer) ->
     assert not outcome.is_error
     assert outcome.content.splitlines() == [
         "here they are",
-        "[image/png image, 12.3 KB, not shown to the model]",
-        "[audio/wav audio, 2.0 KB, not shown to the model]",
+        "[image/png image, 1 KB: dropped, the image's media_type says 'image/png', "
+        "its bytes are image/gif]",
+        "[image/png image, 13 KB: dropped, an image must be PNG or JPEG or WebP or GIF, "
+        "got bytes of no known type (starting b'\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07')]",
+        "[audio/wav audio, 2 KB: dropped, the model takes no audio]",
         "[text/plain resource file:///notes.txt]",
         "the notes",
-        "[application/octet-stream resource file:///data.bin, 1.5 KB, not shown to the model]",
-        "[a link to the resource 'report': file:///report.pdf, application/pdf, 4.9 KB]",
+        "[application/octet-stream resource file:///data.bin, 2 KB: dropped, the model "
+        "takes images (PNG, JPEG, WebP, GIF) and PDFs only]",
+        "[a link to the resource 'report': file:///report.pdf, application/pdf, 5 KB; not fetched]",
     ]
     assert "AAAA" not in outcome.content
+    image, report, scan = outcome.parts
+    assert isinstance(image, Image)
+    assert isinstance(report, Document)
+    assert isinstance(scan, Document)
+    assert (image.media_type, image.data, image.width, image.height) == ("image/png", PNG, 4, 3)
+    assert (report.media_type, report.data, report.name, report.pages) == (
+        "application/pdf",
+        PDF,
+        "report.pdf",
+        2,
+    )
+    assert (scan.data, scan.name) == (PDF, "scan")
+
+
+async def test_media_over_the_content_limits_are_dropped_saying_which_limit(
+    stdio: MCPServer,
+) -> None:
+    """A part over ``ContentLimits.part`` is a line naming the limit; so is one that
+    would take the result's parts past ``ContentLimits.request``; the others stay."""
+    with anyio.fail_after(20):
+        async with Runtime() as rt:
+            (per_part,) = await mcp_tools(
+                rt, stdio, include=["media"], content_limits=ContentLimits(part=len(PDF) - 1)
+            )
+            first = await per_part.invoke(ToolCall(id="1", name="media", arguments="{}"))
+            whole = ContentLimits(part=None, request=len(PNG) + len(PDF))
+            (per_result,) = await mcp_tools(
+                rt, stdio, include=["media"], prefix="b_", content_limits=whole
+            )
+            second = await per_result.invoke(ToolCall(id="2", name="b_media", arguments="{}"))
+    assert [type(p) for p in first.parts] == [Image]
+    assert (
+        "[application/pdf resource file:///docs/report.pdf, 1 KB: dropped, more than the "
+        "1 KB a part may have (ContentLimits.part)]"
+    ) in first.content.splitlines()
+    assert (
+        "[binary resource file:///scan, 1 KB: dropped, more than the 1 KB a part may have "
+        "(ContentLimits.part)]"
+    ) in first.content.splitlines()
+    assert [type(p) for p in second.parts] == [Image, Document]
+    assert (
+        "[binary resource file:///scan, 1 KB: dropped, with the parts before it, more than "
+        "the 1 KB one result may carry (ContentLimits.request)]"
+    ) in second.content.splitlines()
+
+
+async def test_an_mcp_image_reaches_the_model_as_an_image_part(stdio: MCPServer) -> None:
+    """Through an agent: the model's next request holds the tool result with the
+    image and the PDFs as parts, and the lines for what was dropped."""
+    seen: list[ToolResultMessage] = []
+
+    def model(request: ModelRequest) -> ModelResponse:
+        results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+        if not results:
+            return call("media")
+        seen.extend(results)
+        return reply("seen")
+
+    with anyio.fail_after(20):
+        async with Runtime() as rt:
+            agent = Agent("looker", FunctionModel(model), tools=[stdio.tools(include=["media"])])
+            result = await (await rt.spawn(agent)).ask("look")
+    assert result.text == "seen"
+    (message,) = seen
+    assert [describe_part(p) for p in message.parts] == [
+        describe_part(Image(data=PNG)),
+        describe_part(Document(data=PDF, name="report.pdf")),
+        describe_part(Document(data=PDF, name="scan")),
+    ]
+    assert "the model takes no audio" in message.content
 
 
 async def test_tools_that_need_a_task_are_not_offered(stdio: MCPServer) -> None:

@@ -1,0 +1,90 @@
+"""fractor's MCP client against the official reference server,
+``@modelcontextprotocol/server-everything`` from npm, started by the test with
+``npx`` (fetched into npm's cache on the first run, then read from it)."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+
+import anyio
+
+from fractor.actors import (
+    Agent,
+    FunctionModel,
+    Image,
+    ModelRequest,
+    ModelResponse,
+    ToolResultMessage,
+    call,
+    reply,
+)
+from fractor.actors.integrations.mcp import MCPServer
+from fractor.runtime import Runtime
+
+#: The reference server's release the test runs (pinned: its tool names changed
+#: between releases, ``getTinyImage`` became ``get-tiny-image``).
+EVERYTHING = "@modelcontextprotocol/server-everything@2026.8.31"
+
+
+def everything() -> MCPServer:
+    npx = shutil.which("npx")
+    assert npx is not None, "npx (Node.js) is needed to start the MCP reference server"
+    return MCPServer.stdio(npx, ["--yes", "--prefer-offline", EVERYTHING, "stdio"])
+
+
+async def test_the_reference_servers_tiny_image_reaches_the_model_as_an_image() -> None:
+    """``get-tiny-image`` through fractor's MCP client: the model's next request holds
+    the tool result with the server's PNG as an Image part, its bytes exactly the
+    base64 the server sent (read here with the SDK's own client), its text around it;
+    a blob resource of a text type is read as text, resource links are named."""
+    server = everything()
+    with anyio.fail_after(120):
+        async with server.connect() as session:
+            raw = await session.call_tool("get-tiny-image", {})
+    (sent,) = [block for block in raw.content if block.type == "image"]
+    assert sent.mime_type == "image/png"
+    png = base64.b64decode(sent.data)
+
+    seen: list[ToolResultMessage] = []
+
+    def model(request: ModelRequest) -> ModelResponse:
+        results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+        if not results:
+            return call("get-tiny-image")
+        if len(results) == 1:
+            return call("get-resource-reference", resourceType="Blob", resourceId=2)
+        if len(results) == 2:
+            return call("get-resource-links", count=2)
+        seen.extend(results)
+        return reply("a logo")
+
+    tools = server.tools(include=["get-tiny-image", "get-resource-reference", "get-resource-links"])
+    with anyio.fail_after(120):
+        async with Runtime() as rt:
+            agent = Agent("looker", FunctionModel(model), tools=[tools])
+            result = await (await rt.spawn(agent)).ask("What is in the image?")
+    assert result.ok, result.stop_reason
+    image_result, blob_result, links_result = seen
+    (image,) = image_result.parts
+    assert isinstance(image, Image)
+    assert image.media_type == "image/png"
+    assert image.data == png
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert (image.width, image.height) == (20, 20)
+    assert image_result.content.splitlines() == [
+        "Here's the image you requested:",
+        "The image above is the MCP logo.",
+    ]
+    assert blob_result.parts == ()
+    header, text = blob_result.content.splitlines()[1:3]
+    assert header == "[text/plain resource demo://resource/dynamic/blob/2]"
+    assert text.startswith("Resource 2: This is a base64 blob")
+    assert links_result.parts == ()
+    links = [line for line in links_result.content.splitlines() if line.startswith("[a link")]
+    assert links == [
+        "[a link to the resource 'Blob Resource 1': demo://resource/dynamic/blob/1, "
+        "text/plain; not fetched]",
+        "[a link to the resource 'Text Resource 2': demo://resource/dynamic/text/2, "
+        "text/plain; not fetched]",
+    ]
