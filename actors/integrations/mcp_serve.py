@@ -7,7 +7,9 @@
 
 The server offers **one tool**, named after the agent, described by the agent's
 ``description`` (or its instructions), with one ``task`` string argument. A call
-runs the task and returns ``Result.text``; an execution that ends otherwise
+runs the task and returns ``Result.text``, then the answer's images as MCP image
+content (base64, their media type) and its PDFs as embedded resources (a blob,
+``application/pdf``), in order (``part_content``); an execution that ends otherwise
 (``budget_exceeded``, ``timed_out``, ``failed``, ``cancelled``) comes back as a tool
 result marked as an error, whose text names the status and the stop reason. A call
 whose arguments are not one ``task`` string runs nothing: its error names the
@@ -29,9 +31,11 @@ asyncio only; ``fractor mcp-serve`` runs both transports on asyncio.
 
 from __future__ import annotations
 
+import base64
 import socket
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import mcp.types as types
@@ -44,6 +48,7 @@ from fractor.runtime import Budget, Runtime
 
 from .._agent._agent import Agent
 from .._messages import Result
+from .._parts import Document, Image, Media, describe_part
 from .._version import VERSION
 
 __all__ = [
@@ -51,6 +56,7 @@ __all__ = [
     "agent_server",
     "agent_tool",
     "bind",
+    "part_content",
     "serve_http",
     "serve_stdio",
     "tool_result",
@@ -75,13 +81,41 @@ def agent_tool(agent: Agent) -> types.Tool:
 
 
 def tool_result(result: Result) -> types.CallToolResult:
-    """The MCP tool result of an execution: its text, or an error naming how it ended."""
+    """The MCP tool result of an execution: its text, then its images and documents
+    (``Result.parts``, see ``part_content``); or an error naming how it ended."""
     if result.ok:
-        return types.CallToolResult(content=[types.TextContent(text=result.text)])
+        content: list[types.ContentBlock] = [types.TextContent(text=result.text)]
+        content.extend(part_content(part) for part in result.parts)
+        return types.CallToolResult(content=content)
     text = f"{result.status}: {result.stop_reason}"
     if result.text:
         text += f"\n{result.text}"
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def part_content(part: Media) -> types.ContentBlock:
+    """An image or a document of an answer as MCP content: an image with its bytes is
+    ``ImageContent`` (base64, its media type); a PDF with its bytes an embedded
+    resource (a blob, ``application/pdf``, its URI ``fractor://parts/<sha256>/<name>``);
+    one given by URL a resource link to it; one without bytes (decoded from a store)
+    its one line (``describe_part``)."""
+    data = part.data
+    if data is not None:
+        encoded = base64.b64encode(data).decode()
+        if type(part) is Image:
+            return types.ImageContent(data=encoded, mime_type=part.media_type)
+        assert type(part) is Document
+        uri = f"fractor://parts/{part.sha256}/{quote(part.name or 'document.pdf')}"
+        blob = types.BlobResourceContents(uri=uri, mime_type=part.media_type, blob=encoded)
+        return types.EmbeddedResource(resource=blob)
+    if part.url:
+        name = part.url.rsplit("/", 1)[-1] or ("image" if type(part) is Image else "document")
+        return types.ResourceLink(
+            name=getattr(part, "name", "") or name,
+            uri=part.url,
+            mime_type=part.media_type or None,
+        )
+    return types.TextContent(text=describe_part(part))
 
 
 def _error(text: str) -> types.CallToolResult:

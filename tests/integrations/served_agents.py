@@ -3,14 +3,17 @@
 Their models are ``FunctionModel``\\ s answering from the request, so each call (a fresh
 actor on every one) gets the same script, with no network: ``echo`` calls its tool
 ``shout`` on the task and answers with the result; ``greedy`` asks for ``shout`` twice
-in each step, under a budget of one tool call, so its tree is stopped.
+in each step, under a budget of one tool call, so its tree is stopped; ``painter``
+answers with a PNG and a PDF beside its text.
 """
 
 from __future__ import annotations
 
 from fractor.actors import (
     Agent,
+    Document,
     FunctionModel,
+    Image,
     ModelRequest,
     ModelResponse,
     ToolResultMessage,
@@ -20,6 +23,7 @@ from fractor.actors import (
     tool,
 )
 from fractor.runtime import Budget
+from tests.actors.parts_data import pdf, png
 
 
 @tool
@@ -54,6 +58,16 @@ greedy = Agent(
     tools=[shout],
     instructions="Shout everything twice.",
     budget=Budget(tool_calls=1),
+)
+
+#: What ``painter`` answers with besides its text.
+PAINTING = Image(data=png(8, 6, fill=200))
+REPORT = Document(data=pdf(3), name="report.pdf")
+
+painter = Agent(
+    name="painter",
+    model=FunctionModel(lambda request: reply("Here it is.", parts=(PAINTING, REPORT))),
+    description="Paints what it is asked for.",
 )
 
 not_an_agent = 42

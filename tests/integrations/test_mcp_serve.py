@@ -8,6 +8,7 @@ No network, no real model: the agents' models are ``FunctionModel``\\ s.
 
 from __future__ import annotations
 
+import base64
 import importlib.metadata
 import pathlib
 import signal
@@ -19,6 +20,7 @@ from typing import Any
 
 import anyio
 import mcp.types as types
+import msgspec
 import pytest
 from mcp import Client
 from mcp.client.session import ClientSession
@@ -26,12 +28,21 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from fractor.actors import Agent, FunctionModel, ModelRequest, ModelResponse, UserMessage, reply
+from fractor.actors import (
+    Agent,
+    FunctionModel,
+    Image,
+    ModelRequest,
+    ModelResponse,
+    UserMessage,
+    describe_part,
+    reply,
+)
 from fractor.actors.cli import main
-from fractor.actors.integrations.mcp_serve import TASK_SCHEMA, agent_server
+from fractor.actors.integrations.mcp_serve import TASK_SCHEMA, agent_server, part_content
 from fractor.runtime import Budget, Runtime
 
-from .served_agents import echo, greedy
+from .served_agents import PAINTING, REPORT, echo, greedy
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
 AGENTS = "tests.integrations.served_agents"
@@ -83,6 +94,46 @@ async def test_stdio_lists_the_agent_as_one_tool_and_answers_a_call(
             again = await session.call_tool("echo", {"task": "once more"})
             assert _text(again) == "The agent says: ONCE MORE"
     assert "serving agent 'echo' over stdio" in (tmp_path / "server.err").read_text()
+
+
+async def test_stdio_an_answers_image_and_pdf_come_back_as_mcp_content(
+    tmp_path: pathlib.Path,
+) -> None:
+    """``fractor mcp-serve`` of an agent whose answer carries a PNG and a PDF: the
+    call's result is its text, then the image as ``ImageContent`` (base64 of the very
+    bytes, its media type), then the PDF as an embedded blob resource."""
+    with anyio.fail_after(LIMIT):
+        async with _stdio_session(f"{AGENTS}:painter", tmp_path) as session:
+            result = await session.call_tool("painter", {"task": "a red square"})
+    assert not result.is_error
+    text, image, document = result.content
+    assert isinstance(text, types.TextContent)
+    assert text.text == "Here it is."
+    assert isinstance(image, types.ImageContent)
+    assert image.mime_type == "image/png"
+    assert base64.b64decode(image.data) == PAINTING.data
+    assert isinstance(document, types.EmbeddedResource)
+    blob = document.resource
+    assert isinstance(blob, types.BlobResourceContents)
+    assert blob.mime_type == "application/pdf"
+    assert base64.b64decode(blob.blob) == REPORT.data
+    assert str(blob.uri) == f"fractor://parts/{REPORT.sha256}/report.pdf"
+
+
+def test_parts_without_bytes_are_links_or_their_line() -> None:
+    """A part given by URL comes back as a link to it; one decoded from a store
+    without its bytes as its one line, never nothing."""
+    link = part_content(Image.from_url("https://example.com/a/chart.png"))
+    assert isinstance(link, types.ResourceLink)
+    assert (str(link.uri), link.name, link.mime_type) == (
+        "https://example.com/a/chart.png",
+        "chart.png",
+        "image/png",
+    )
+    stored = msgspec.structs.replace(PAINTING, data=None)
+    line = part_content(stored)
+    assert isinstance(line, types.TextContent)
+    assert line.text == describe_part(PAINTING)
 
 
 async def test_stdio_the_server_names_fractors_version_and_a_bad_argument(
