@@ -6,7 +6,9 @@ it exactly as to a native tool-calling model; underneath, the inner model sees:
 - no tool specs, and a system prompt that ends with the action protocol: each tool
   (name, description, JSON schema of its arguments) and the one reply format;
 - its own earlier tool calls as the action JSON they stand for, and each tool result
-  as a user message ``Observation for call <id> (<tool>): <content>``.
+  as a user message ``Observation for call <id> (<tool>): <content>`` carrying the
+  result's images and documents (``parts``), which the inner model's provider sends
+  as it sends a user turn's.
 
 The inner model answers ONE JSON object (bare, in a ```json fence, or with prose
 around it)::
@@ -252,8 +254,10 @@ def _show(message: Message) -> Message:
             return AssistantMessage(content=_action_text(message))
         case AssistantMessage() if message.content:
             return AssistantMessage(content=_final_text(message))
-        case ToolResultMessage():
-            return UserMessage(content=_observation(message))
+        case ToolResultMessage(parts=parts):
+            # The result's images and documents go with its observation, as a user
+            # turn carries them: the inner model sees what the tool returned.
+            return UserMessage(content=_observation(message), parts=parts)
         case _:
             return message
 

@@ -4,8 +4,9 @@ model-string registry.
 - ``_base.py``: what every provider shares (``ProviderModel``: configuration, the
   SDK client, requests and streams), with ``_errors.py`` (``ProviderError``, its
   classification, ``redact``), ``_sse.py`` (server-sent events and the
-  ``StreamReader`` each wire format implements) and ``_estimates.py`` (token
-  estimates). Both providers build on them; neither imports the other, nor this
+  ``StreamReader`` each wire format implements), ``_estimates.py`` (token
+  estimates) and ``_content.py`` (images and documents: each part checked, and its
+  base64 made once per request). Both providers build on them; neither imports the other, nor this
   ``__init__``.
 - ``_openai.py``: ``OpenAIModel``, the chat completions wire format (OpenAI and every
   OpenAI-compatible server: vLLM, Ollama, llama.cpp, LM Studio), and its requests;

@@ -12,6 +12,18 @@ How a ``ModelRequest`` goes out (``POST {base_url}/v1/messages``):
   ``is_error`` when the tool failed) in the next ``user`` turn. Consecutive turns of
   one role are merged into one message, so the results of one step's parallel calls
   share one user message, in call order, ahead of any text.
+- Images and documents (``parts``; ``actors._parts``): a user turn with parts sends
+  its text block (when there is text), then for each part a text block naming it
+  (``describe_part``: ``[image 4x3 png, 1 KB, sha256:ab12cd34]``, so the model can
+  name it to a subagent) and the part's block: ``{"type": "image", "source":
+  {"type": "base64", "media_type": "image/png", "data": ...}}`` (or ``{"type":
+  "url", "url": ...}``), a PDF as ``{"type": "document", "source": {"type":
+  "base64", "media_type": "application/pdf", "data": ...}}`` (or by URL). A
+  ``data:`` URL is sent as its base64 source. A tool result with parts sends its
+  ``content`` as an array of those blocks (its text first): the API takes images and
+  documents inside a ``tool_result``. Each part's base64 is made once per request and
+  never kept in the part; a part with no bytes (read from a store without its blob)
+  or of a kind ``accepts=`` leaves out is refused before anything is sent.
 - ``ToolSpec`` -> ``{"name", "description", "input_schema": <JSON schema>}``.
 - ``max_tokens`` is required by the API: the request's cap (the supervisor's
   reservation) clamped to ``max_output_tokens``, or ``max_output_tokens`` itself
@@ -31,15 +43,15 @@ On trio it needs the SDK 0.46 or later (earlier ones run on asyncio only: the mo
 says so with a ``ProviderError`` instead of failing obscurely).
 
 Not yet: prompt caching breakpoints (``cache_control``), extended thinking (thinking
-blocks are not kept, so it cannot be combined with tool use), images and documents,
-server tools. An assistant message with neither text nor tool calls is left out, and
+blocks are not kept, so it cannot be combined with tool use), server tools, the
+Files API (parts go inline). An assistant message with neither text nor tool calls is left out, and
 so is blank text (the API refuses both); an empty tool result is sent without
 ``content``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import ModuleType
 from typing import Any, ClassVar, cast
 
@@ -55,11 +67,14 @@ from .._messages import (
     ToolResultMessage,
     ToolSpec,
     UserMessage,
+    parts_in,
 )
 from .._models._protocol import Sink
+from .._parts import PDF, Image, Media, anthropic_image_tokens
 from ._anthropic_response import CHARS_PER_TOKEN, read_message
 from ._anthropic_stream import AnthropicStreamReader
 from ._base import ProviderModel, output_cap, read_raw
+from ._content import KINDS, Parts, kind_of, label, part_estimate
 from ._errors import ProviderError
 from ._estimates import estimate_request_tokens
 
@@ -94,6 +109,9 @@ class AnthropicModel(ProviderModel):
     with every request. ``max_output_tokens`` is the output cap sent when the
     request has none, and clamps a larger one. ``stream`` says whether agents
     stream its answers (``streaming``); ``stream`` itself works either way.
+    ``accepts`` names the kinds of parts the endpoint takes (``"image"``,
+    ``"document"``; both by default): a gateway to a model that reads no PDFs takes
+    ``accepts=("image",)``, and a request with one is refused before it is sent.
 
     ``name`` is ``"anthropic:<model>"`` (for example ``"anthropic:claude-sonnet-4-5"``):
     the key of the model's prices in ``Runtime(prices=...)``. The SDK's own retries
@@ -121,6 +139,7 @@ class AnthropicModel(ProviderModel):
         options: Mapping[str, Any] | None = None,
         max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
         stream: bool = True,
+        accepts: Collection[str] = KINDS,
     ) -> None:
         if cast(object, max_output_tokens) is None:
             raise ValueError(
@@ -135,19 +154,28 @@ class AnthropicModel(ProviderModel):
             options=options,
             max_output_tokens=max_output_tokens,
             stream=stream,
+            accepts=accepts,
         )
 
     def estimate_tokens(self, request: ModelRequest) -> int:
         """About 3.5 characters per token, four tokens per message, and when tools
         are offered 350 for the tool-use system prompt and eight per tool on top of
-        its name, description and schema."""
-        return estimate_request_tokens(
+        its name, description and schema; and each image and document of the user
+        turns and tool results: an image by Anthropic's rule, ``width * height /
+        750`` at most 1,600 (``anthropic_image_tokens``; 1,600 when its size is
+        unknown), a PDF 1,500 tokens a page (``part_tokens``), plus 20 for the line
+        naming each part. So a budget's reservation and admission count what
+        images cost."""
+        tokens = estimate_request_tokens(
             request,
             chars_per_token=CHARS_PER_TOKEN,
             per_message=_PER_MESSAGE,
             per_tool=_PER_TOOL,
             tools_preamble=_TOOLS_PREAMBLE,
         )
+        for part in parts_in(request.messages):
+            tokens += part_estimate(part, anthropic_image_tokens)
+        return tokens
 
     def create_client(self, sdk: ModuleType) -> Any:
         check_event_loop(str(getattr(sdk, "__version__", "")))
@@ -170,6 +198,7 @@ class AnthropicModel(ProviderModel):
             )
         system: list[str] = []
         turns: list[dict[str, Any]] = []
+        parts: Parts | None = None  # made at the first part: none for text only
 
         def add(role: str, block: dict[str, Any]) -> None:
             if turns and turns[-1]["role"] == role:
@@ -182,6 +211,12 @@ class AnthropicModel(ProviderModel):
                 case SystemMessage(content=content):
                     if content:
                         system.append(content)
+                case UserMessage(content=content, parts=media) if media:
+                    parts = parts or self.parts()
+                    if content:  # the API refuses empty text blocks
+                        add("user", {"type": "text", "text": content})
+                    for piece in _part_blocks(media, parts):
+                        add("user", piece)
                 case UserMessage(content=content) | DigestMessage(content=content):
                     add("user", {"type": "text", "text": content})
                 case AssistantMessage(content=content, tool_calls=tool_calls):
@@ -192,9 +227,15 @@ class AnthropicModel(ProviderModel):
                             "assistant",
                             {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)},
                         )
-                case ToolResultMessage(call_id=call_id, content=content, is_error=is_error):
+                case ToolResultMessage(
+                    call_id=call_id, content=content, is_error=is_error, parts=media
+                ):
                     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
-                    if content:  # optional: an empty result is sent without it
+                    if media:
+                        parts = parts or self.parts()
+                        inner = [{"type": "text", "text": content}] if content else []
+                        block["content"] = inner + _part_blocks(media, parts)
+                    elif content:  # optional: an empty result is sent without it
                         block["content"] = content
                     if is_error:
                         block["is_error"] = True
@@ -263,6 +304,32 @@ def _input(call: ToolCall) -> dict[str, Any]:
         return _decode_object(call.arguments or "{}")
     except (msgspec.DecodeError, msgspec.ValidationError):
         return {"_arguments": call.arguments}
+
+
+def _part_blocks(media: tuple[Media, ...], parts: Parts) -> list[dict[str, Any]]:
+    """The content blocks of ``media``: each one named by a text block, then itself."""
+    blocks: list[dict[str, Any]] = []
+    for part in media:
+        parts.check(part)
+        kind = kind_of(part)
+        media_type = part.media_type if type(part) is Image else PDF
+        if part.data is not None:
+            source = {"type": "base64", "media_type": media_type, "data": parts.base64(part)}
+        elif part.url.startswith("data:"):
+            head, _, data = part.url.partition(",")
+            if not head.endswith(";base64"):
+                raise parts.refuse(
+                    part,
+                    "its data: URL is not base64 (the Messages API takes base64 or a URL)",
+                    "give its bytes instead",
+                )
+            media_type = head[5:].removesuffix(";base64") or media_type
+            source = {"type": "base64", "media_type": media_type, "data": data}
+        else:
+            source = {"type": "url", "url": part.url}
+        blocks.append({"type": "text", "text": label(part)})
+        blocks.append({"type": kind, "source": source})
+    return blocks
 
 
 def _tool(spec: ToolSpec) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import itertools
 import math
 import os
 import urllib.parse
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Collection, Mapping
 from types import ModuleType
 from typing import Any, ClassVar, Protocol, Self
 
@@ -39,6 +39,7 @@ import msgspec
 
 from .._messages import ModelRequest, ModelResponse
 from .._models._protocol import Sink
+from ._content import KINDS, Parts, check_accepts
 from ._errors import ProviderError, malformed, redact, timed_out, translate_sdk_error
 from ._ratelimits import server_limits
 from ._sse import MAX_EVENT, EventTooLarge, SinkFailed, StreamReader, finish_stream, sse_events
@@ -198,6 +199,13 @@ class ProviderModel:
     runtime closes the models of its agents as it exits): its connections belong to
     the event loop they were made in. A request after ``aclose`` opens a new client,
     so one model serves one ``anyio.run`` after another.
+
+    ``accepts`` names the kinds of parts the endpoint takes, ``"image"`` and
+    ``"document"`` (both by default): ``accepts=()`` for a server that takes text
+    only (a llama.cpp server without a vision projector), ``("image",)`` for one that
+    reads images but not PDFs. A request carrying a part of another kind, or a part
+    with no bytes (``stored``), is a ``ProviderError`` (``kind="content"``, not
+    retryable) naming the part, raised before anything is sent.
     """
 
     #: The provider's name: the prefix of ``name`` and of model strings.
@@ -219,6 +227,7 @@ class ProviderModel:
         options: Mapping[str, Any] | None,
         max_output_tokens: int | None,
         stream: bool = True,
+        accepts: Collection[str] = KINDS,
     ) -> None:
         provider = self.provider
         if not isinstance(stream, bool):
@@ -254,6 +263,7 @@ class ProviderModel:
         self._client: _Held | None = None
         self._ids = itertools.count(1)
         self._stream = stream
+        self._accepts = check_accepts(provider, accepts)
 
     @property
     def name(self) -> str:
@@ -299,6 +309,17 @@ class ProviderModel:
             held.retired = True
             if not held.users:
                 await held.close()
+
+    @property
+    def accepts(self) -> frozenset[str]:
+        """The kinds of parts this model's endpoint takes (``accepts=`` at
+        construction; by default both, ``"image"`` and ``"document"``). A request
+        carrying a part of another kind is refused before anything is sent."""
+        return self._accepts
+
+    def parts(self) -> Parts:
+        """A new ``Parts`` for one request build: checks each part, encodes it once."""
+        return Parts(self.provider, self._model, self._accepts)
 
     @property
     def streaming(self) -> bool:
@@ -352,6 +373,8 @@ class ProviderModel:
         with anyio.move_on_after(self._timeout):
             try:
                 status, body, headers = await self.send(client, request)
+            except ProviderError as error:  # the request refused before it was sent
+                failure = error.redacted(self._secrets())
             except Exception as exc:
                 failure = self._failure(exc)
             else:

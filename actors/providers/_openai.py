@@ -15,6 +15,26 @@ How a ``ModelRequest`` goes out:
   then fails at its second request); OpenAI, vLLM, Ollama and llama.cpp take "".
 - ``ToolResultMessage`` -> ``{"role": "tool", "tool_call_id": id, "content": text}``.
   The wire format has no error flag: an error result says so in its text.
+- Images and documents (``parts``; ``actors._parts``). A user turn with parts
+  sends its content as an array: ``{"type": "text", "text": ...}`` for its text (when
+  there is any), then for each part a text part naming it (``describe_part``:
+  ``[image 4x3 png, 1 KB, sha256:ab12cd34]``, so the model can name it to a
+  subagent) and the part itself: an image as ``{"type": "image_url", "image_url":
+  {"url": "data:<media type>;base64,..."}}`` (or its URL), a PDF as ``{"type":
+  "file", "file": {"filename": <name>, "file_data":
+  "data:application/pdf;base64,..."}}``. Chat completions have no URL form for a
+  file: a PDF given only by an http(s) URL is refused (``ProviderError``), never
+  dropped. A user turn without parts sends its content as a plain string, as ever.
+- **The tool-result rule**: a tool message takes text only, so a tool result's text
+  goes in its tool message and its images and documents in one user message right
+  after the run of tool messages of that step (tool messages must follow their
+  assistant turn unbroken): ``"Attached to the tool results above:"``, then per
+  call ``"From call <id> (<tool>):"`` and its parts, each named as above. This is
+  the usual practice of OpenAI-compatible clients for images a tool returns.
+- Each part's base64 is made once per request, however many turns carry it, and
+  never kept in the part. A part with no bytes (read from a store without its blob)
+  or of a kind the model's ``accepts=`` leaves out is refused before anything is
+  sent.
 - ``ToolSpec`` -> ``{"type": "function", "function": {"name", "description",
   "parameters": <JSON schema>}}``.
 - ``max_tokens`` (the supervisor's reservation) -> ``max_completion_tokens`` for
@@ -35,12 +55,12 @@ How the answer comes back is told where it is read: in one piece in
 ``_openai_response.py``, streamed (with what the servers people run send) in
 ``_openai_stream.py``. This module imports those two, never the reverse.
 
-Not yet: images and other content parts in requests, the Responses API.
+Not yet: the Responses API; OpenAI's image ``detail`` setting (the server's default).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import ModuleType
 from typing import Any, ClassVar, Literal
 
@@ -54,9 +74,12 @@ from .._messages import (
     ToolResultMessage,
     ToolSpec,
     UserMessage,
+    parts_in,
 )
 from .._models._protocol import Sink
+from .._parts import Document, Image, Media, openai_image_tokens
 from ._base import ProviderModel, output_cap, read_raw
+from ._content import KINDS, Parts, label, part_estimate
 from ._estimates import estimate_request_tokens
 from ._openai_response import CHARS_PER_TOKEN, read_completion
 from ._openai_stream import OpenAIStreamReader
@@ -94,7 +117,10 @@ class OpenAIModel(ProviderModel):
     it is generated) or ask for them in one piece (``request``).
     ``structured_output`` says whether the server takes a ``json_schema``
     ``response_format`` (an agent with an ``output_type`` then asks for its answer
-    that way; False: with a final-answer tool).
+    that way; False: with a final-answer tool). ``accepts`` names the kinds of parts
+    the endpoint takes (``"image"``, ``"document"``; both by default): ``accepts=()``
+    for a server that reads text only (a llama.cpp server without a vision
+    projector), so a request with an image is refused clearly before it is sent.
 
     ``name`` is ``"openai:<model>"`` (for example ``"openai:gpt-4.1-mini"``), also for
     a local server: it is the key of the model's prices in ``Runtime(prices=...)``.
@@ -132,6 +158,7 @@ class OpenAIModel(ProviderModel):
         max_tokens_param: Literal["max_tokens", "max_completion_tokens"] | None = None,
         stream: bool = True,
         structured_output: bool = True,
+        accepts: Collection[str] = KINDS,
     ) -> None:
         super().__init__(
             model,
@@ -141,6 +168,7 @@ class OpenAIModel(ProviderModel):
             options=options,
             max_output_tokens=max_output_tokens,
             stream=stream,
+            accepts=accepts,
         )
         if max_tokens_param is None:
             max_tokens_param = "max_tokens" if self._base_url else "max_completion_tokens"
@@ -156,14 +184,22 @@ class OpenAIModel(ProviderModel):
 
     def estimate_tokens(self, request: ModelRequest) -> int:
         """About four characters per token, three tokens per message and three for
-        the reply, eight per tool on top of its name, description and schema."""
-        return estimate_request_tokens(
+        the reply, eight per tool on top of its name, description and schema; and
+        each image and document of the user turns and tool results: an image by
+        OpenAI's tile rule from its width and height (``openai_image_tokens``: 85
+        plus 170 per 512-px tile after scaling; 1,600 when its size is unknown), a
+        PDF 1,500 tokens a page (``part_tokens``), plus 20 for the line naming each
+        part. So a budget's reservation and admission count what images cost."""
+        tokens = estimate_request_tokens(
             request,
             chars_per_token=CHARS_PER_TOKEN,
             per_message=_PER_MESSAGE,
             per_tool=_PER_TOOL,
             base=_REPLY_PRIMING,
         )
+        for part in parts_in(request.messages):
+            tokens += part_estimate(part, openai_image_tokens)
+        return tokens
 
     def create_client(self, sdk: ModuleType) -> Any:
         return sdk.AsyncOpenAI(
@@ -177,7 +213,7 @@ class OpenAIModel(ProviderModel):
         """The keyword arguments of ``chat.completions.create`` for ``request``."""
         kwargs: dict[str, Any] = {
             "model": self._model,
-            "messages": [_message(message) for message in request.messages],
+            "messages": self._messages(request),
         }
         if request.tools:
             kwargs["tools"] = [_tool(spec) for spec in request.tools]
@@ -194,6 +230,34 @@ class OpenAIModel(ProviderModel):
         if extra:
             kwargs["extra_body"] = extra
         return kwargs
+
+    def _messages(self, request: ModelRequest) -> list[dict[str, Any]]:
+        """The chat messages of ``request``: those with parts as the module says,
+        every other one as ``_message`` makes it (text only: as ever)."""
+        out: list[dict[str, Any]] = []
+        parts: Parts | None = None  # made at the first part: none for text only
+        attached: list[ToolResultMessage] = []  # this step's results with parts
+        for message in request.messages:
+            if attached and type(message) is not ToolResultMessage:
+                assert parts is not None
+                out.append(_attachments(attached, parts))
+                attached = []
+            if type(message) is UserMessage and message.parts:
+                parts = parts or self.parts()
+                content = [_text(message.content)] if message.content else []
+                content += _part_blocks(message.parts, parts)
+                out.append({"role": "user", "content": content})
+                continue
+            if type(message) is ToolResultMessage and message.parts:
+                parts = parts or self.parts()
+                for part in message.parts:
+                    _check(part, parts)  # all before anything is built further
+                attached.append(message)
+            out.append(_message(message))
+        if attached:
+            assert parts is not None
+            out.append(_attachments(attached, parts))
+        return out
 
     async def send(
         self, client: Any, request: ModelRequest
@@ -251,6 +315,48 @@ def _message(message: Message) -> dict[str, Any]:
         case ToolResultMessage(call_id=call_id, content=content):
             return {"role": "tool", "tool_call_id": call_id, "content": content}
     raise TypeError(f"not a chat message: {message!r}")  # pragma: no cover
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _check(part: Media, parts: Parts) -> None:
+    """Refuse ``part`` unless it can go out: its bytes or a URL this wire takes."""
+    parts.check(part)
+    if type(part) is Document and part.data is None and not part.url.startswith("data:"):
+        raise parts.refuse(
+            part,
+            "OpenAI chat completions take a PDF only as its bytes (a file part has no URL form)",
+            "give its bytes (Document(data=...) or Document.from_file)",
+        )
+
+
+def _part_blocks(media: tuple[Media, ...], parts: Parts) -> list[dict[str, Any]]:
+    """The content parts of ``media``: each one named by a text part, then itself."""
+    blocks: list[dict[str, Any]] = []
+    for part in media:
+        _check(part, parts)
+        blocks.append(_text(label(part)))
+        if type(part) is Image:
+            url = part.url or parts.data_url(part)
+            blocks.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            assert type(part) is Document
+            name = part.name or f"{part.sha256[:16] or 'document'}.pdf"
+            data = part.url or parts.data_url(part)  # a data: URL (checked above)
+            blocks.append({"type": "file", "file": {"filename": name, "file_data": data}})
+    return blocks
+
+
+def _attachments(results: list[ToolResultMessage], parts: Parts) -> dict[str, Any]:
+    """The user message carrying the images and documents of a step's tool results
+    (a tool message takes text only: see the module's docstring)."""
+    content = [_text("Attached to the tool results above:")]
+    for result in results:
+        content.append(_text(f"From call {result.call_id} ({result.name}):"))
+        content += _part_blocks(result.parts, parts)
+    return {"role": "user", "content": content}
 
 
 def _tool(spec: ToolSpec) -> dict[str, Any]:

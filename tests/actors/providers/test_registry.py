@@ -138,7 +138,7 @@ def test_the_command_line_runs_a_provider_whose_model_has_no_base_url(
 
 PROVIDERS_DIR = pathlib.Path(__file__).parents[3] / "actors" / "providers"
 #: What every wire format builds on.
-SHARED = {"_base", "_errors", "_sse", "_estimates", "_ratelimits"}
+SHARED = {"_base", "_content", "_errors", "_sse", "_estimates", "_ratelimits"}
 
 
 def _imports(path: pathlib.Path) -> set[str]:
