@@ -30,6 +30,7 @@ from .._observation._events import (
     ToolProgress,
     ToolStart,
 )
+from .._parts import describe_part
 from .._tools._approval import approvals_of
 from ._delegation import Delegation, refused
 from ._requests import wait_for_rate
@@ -378,6 +379,7 @@ class ToolRunner:
                 is_error=outcome.is_error,
                 seconds=outcome.seconds,
                 result=outcome.content[:200],
+                parts=tuple(map(describe_part, outcome.parts)),
             )
         )
         return outcome

@@ -314,7 +314,8 @@ class Execution:
             self.agent_id, parent.id if parent is not None else None, node.depth, node.id
         )
         if self.observed:
-            self.emit(ExecutionStart(task=self.task[:200], caller=self.caller))
+            parts = tuple(map(describe_part, self.task_parts))
+            self.emit(ExecutionStart(task=self.task[:200], caller=self.caller, parts=parts))
         return tokens
 
     def _cancelled(self) -> None:
@@ -411,6 +412,9 @@ class Execution:
                 steps=len(self.recorder.steps),
                 tokens=node.input_tokens + node.output_tokens,
                 answer=self.answer()[:200],  # the task's answer, as execution_start its task
+                parts=tuple(map(describe_part, self.final_parts))
+                if self.status == "completed"
+                else (),
             )
         )
 

@@ -189,6 +189,7 @@ async def run_reusing(
                     seconds=0.0,
                     result=found.content[:200],
                     reused=True,
+                    parts=tuple(map(describe_part, found.parts)),
                 )
             )
     if rest:

@@ -65,6 +65,8 @@ class ExecutionStart(EventDetail, frozen=True, kw_only=True, tag="execution_star
     task: str
     #: The key of the task handed in from outside, when it was (``EventBus.on_task``).
     caller: str = ""
+    #: The task's images and documents, each as its one line (``describe_part``).
+    parts: tuple[str, ...] = ()
 
 
 class ExecutionEnd(EventDetail, frozen=True, kw_only=True, tag="execution_end"):
@@ -76,6 +78,8 @@ class ExecutionEnd(EventDetail, frozen=True, kw_only=True, tag="execution_end"):
     steps: int
     tokens: int
     answer: str = ""
+    #: The answer's images and documents, each as its one line (``describe_part``).
+    parts: tuple[str, ...] = ()
 
 
 class Refused(EventDetail, frozen=True, kw_only=True, tag="refused"):
@@ -173,6 +177,8 @@ class ToolEnd(EventDetail, frozen=True, kw_only=True, tag="tool_end"):
     result: str = ""
     #: Answered from an earlier attempt's outcome, not run again.
     reused: bool = False
+    #: The result's images and documents, each as its one line (``describe_part``).
+    parts: tuple[str, ...] = ()
 
 
 class Spawn(EventDetail, frozen=True, kw_only=True, tag="spawn"):

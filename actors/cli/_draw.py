@@ -88,7 +88,9 @@ def _seconds(node: NodeSnapshot) -> str:
     return f"{node.seconds:.1f} s" if limit is None else f"{node.seconds:.1f}/{limit:g} s"
 
 
-def _label(node: NodeSnapshot, steps: int, frame: int, line: str = "") -> Text:
+def _label(
+    node: NodeSnapshot, steps: int, frame: int, line: str = "", media: tuple[str, ...] = ()
+) -> Text:
     tools = node.own_usage.tool_calls
     parts: list[Text | str] = [
         f"{steps} step{'' if steps == 1 else 's'}",
@@ -111,6 +113,8 @@ def _label(node: NodeSnapshot, steps: int, frame: int, line: str = "") -> Text:
         if len(reason) > _REASON_SHOWN:
             reason = reason[: _REASON_SHOWN - 1] + "…"
         label.append(f"\n{reason}", style="dim")
+    for part in media:  # its images and documents, one line each
+        label.append(f"\n{part}", style="cyan")
     if line and node.status == "running":
         label.append(f"\n“{line}”", style="italic dim")
     return label
@@ -141,7 +145,9 @@ def render_tree(
     time. Of more than ``max_children`` children, ``max_children - 1`` are drawn (the
     unfinished or stopped ones first, then in start order) and one more line counts
     the others by status. ``frame`` turns the spinner of running nodes. With
-    ``lines``, a running agent shows the latest line its model streamed.
+    ``lines``, a running agent shows the latest line its model streamed, and every
+    agent the images and documents it was given, its tools returned and it answered
+    with, one line each (``LatestLines.parts``).
     """
     children = _children(snapshot)
     steps = own_steps(snapshot)
@@ -161,8 +167,11 @@ def render_tree(
     def add(branch: Tree, parent: NodeSnapshot) -> None:
         shown, hidden = _shown(children.get(parent.id, []), max_children)
         for node in shown:
-            line = lines.line(node.id) if lines is not None else ""
-            add(branch.add(_label(node, steps[node.id], frame, line)), node)
+            line = ""
+            media: tuple[str, ...] = ()
+            if lines is not None:
+                line, media = lines.line(node.id), lines.parts(node.id)
+            add(branch.add(_label(node, steps[node.id], frame, line, media)), node)
         if hidden:
             counts: dict[str, int] = {}
             for node in hidden:

@@ -6,6 +6,11 @@ detail class and says which kinds it shows in words of its own (``SHOWN``) and w
 it leaves out on purpose (``IGNORED``); any other kind (one defined since) it shows
 as it is, ``kind field=value ...`` (``generic_line``), so that no kind is silently
 dropped and a new kind needs no line here.
+
+Images and documents (a task's, a tool result's, an answer's: the ``parts`` of
+``ExecutionStart``, ``ToolEnd`` and ``ExecutionEnd``) are one line each, as
+``describe_part`` wrote them (``[image 1024x768 png, 182 KB, sha256:ab12cd34]``),
+never their bytes: ``part_lines`` says them, both views show them.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from .._observation._events import (
     ToolStart,
 )
 
-__all__ = ["LatestLines", "ProgressLines"]
+__all__ = ["LatestLines", "ProgressLines", "part_lines"]
 
 #: How many characters of a tool call's arguments a step line shows.
 _ARGUMENTS_SHOWN = 80
@@ -46,6 +51,23 @@ _ARGUMENTS_SHOWN = 80
 _LINE_SHOWN = 100
 #: How many characters of a kind shown as it is (``generic_line``) a line shows.
 _GENERIC_SHOWN = 120
+#: How many part lines the tree keeps under an agent (the latest; a line counts
+#: the ones before).
+_PARTS_SHOWN = 4
+
+
+def part_lines(detail: EventDetail) -> tuple[str, ...]:
+    """The images and documents an event names, one line each, saying whose they
+    are: ``task: [image ...]``, ``search returned [document ...]``, ``answered with
+    [image ...]``; none for an event that carries none."""
+    match detail:
+        case ExecutionStart(parts=parts) if parts:
+            return tuple(f"task: {part}" for part in parts)
+        case ToolEnd(tool=tool, parts=parts) if parts:
+            return tuple(f"{tool} returned {part}" for part in parts)
+        case ExecutionEnd(parts=parts) if parts:
+            return tuple(f"answered with {part}" for part in parts)
+    return ()
 
 
 class LatestLines:
@@ -57,11 +79,17 @@ class LatestLines:
     A step's request starts a new line; an execution's end forgets it. Only the
     tail of a long line is kept (``width`` characters). An event of a kind neither
     ``SHOWN`` nor ``IGNORED`` is the line, as it is (``generic_line``), until the next.
+
+    Apart from that line, ``parts(execution_id)`` are the lines of the images and
+    documents the execution was given, its tools returned and it answered with
+    (``part_lines``; the latest ``_PARTS_SHOWN``, after a line counting the others),
+    kept after it ended.
     """
 
     #: The kinds it reads in words of its own.
     SHOWN: frozenset[type[EventDetail]] = frozenset(
         {
+            ExecutionStart,
             ModelText,
             ApprovalAsked,
             ToolProgress,
@@ -75,7 +103,6 @@ class LatestLines:
     #: The kinds it leaves out on purpose.
     IGNORED: frozenset[type[EventDetail]] = frozenset(
         {
-            ExecutionStart,
             Refused,
             StepEnd,
             RequestStart,
@@ -101,9 +128,17 @@ class LatestLines:
         self._text: dict[str, str] = {}
         #: Per execution: the tool call whose progress its line shows (its call id).
         self._progress: dict[str, str] = {}
+        #: Per execution that has any: the lines of its parts, and how many in all.
+        self._parts: dict[str, tuple[list[str], int]] = {}
 
     def feed(self, event: Event) -> None:
         key = event.execution_id
+        said = part_lines(event.detail)
+        if said:
+            kept, seen = self._parts.get(key, ([], 0))
+            kept.extend(said)
+            del kept[:-_PARTS_SHOWN]
+            self._parts[key] = (kept, seen + len(said))
         match event.detail:
             case ModelText(text=piece):
                 text = self._text.get(key, "") + piece
@@ -135,6 +170,13 @@ class LatestLines:
             return ""
         last = lines[-1].strip()
         return last if len(last) <= self.width else "…" + last[-(self.width - 1) :]
+
+    def parts(self, execution_id: str) -> tuple[str, ...]:
+        """The lines of the images and documents of ``execution_id`` (see the class)."""
+        kept, seen = self._parts.get(execution_id, ((), 0))
+        if seen > len(kept):
+            return (f"… {seen - len(kept)} earlier part(s)", *kept)
+        return tuple(kept)
 
     def __len__(self) -> int:
         return len(self._text)
@@ -175,8 +217,10 @@ class ProgressLines:
     retry, restart, compaction, approval asked and decided, and tool call progress
     reported; with ``steps=True`` also one per model step (its tool calls with their
     arguments, tokens and time); and one per event of a kind neither ``SHOWN`` nor
-    ``IGNORED``, as it is (``generic_line``). Lines are indented by depth and start
-    with the seconds since the runtime started.
+    ``IGNORED``, as it is (``generic_line``). Each image or document a task, a tool
+    result or an answer carries is a line of its own (``part_lines``), after its
+    event's line if it has one (a tool call's end has none). Lines are indented by
+    depth and start with the seconds since the runtime started.
     """
 
     #: The kinds it writes a line for (``ToolStart`` and ``StepEnd`` with ``steps``).
@@ -234,6 +278,10 @@ class ProgressLines:
         text = self._text(event)
         if text is not None:
             lines.append(prefix + text)
+        said = part_lines(event.detail)
+        if said:
+            agent = event.agent or event.agent_id
+            lines.extend(f"{prefix}{agent}: {line}" for line in said)
         return "\n".join(lines) or None
 
     @staticmethod

@@ -148,6 +148,10 @@ class LiveView:
             self._events = None
 
     def _stop_live(self, live: Live) -> None:
+        events = self._events
+        if events is not None:  # the last frame reads every event emitted before it
+            while (event := events.receive_nowait()) is not None:
+                self.latest.feed(event)
         live.update(self.render(), refresh=False)
         live.stop()
         self._live = None

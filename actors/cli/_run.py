@@ -23,8 +23,13 @@ reason the model reads), with progress lines instead of the live tree.
 run ends with the ``fractor trace ID --db PATH`` command that draws its trace;
 ``--compact-at TOKENS`` (and ``--keep N``) folds its old turns into a summary
 (``Compaction``), and ``--resume`` picks up a run that stopped before its answer
-(``ask(..., resume=True)``). Exit status: 0 when the task completed, 1 when it ended
-otherwise (failed, budget, time), 2 for bad options.
+(``ask(..., resume=True)``). ``--image FILE`` (PNG, JPEG, WebP, GIF) and ``--file
+FILE`` (a PDF), each repeatable, give the task images and documents, read and
+checked (their kind from their bytes, their size against ``ContentLimits``) before
+anything runs; the head, the progress lines, the live tree and ``fractor trace``
+show each as one line (``[image 1024x768 png, 182 KB, sha256:ab12cd34]``), never
+its bytes. Exit status: 0 when the task completed, 1 when it ended otherwise
+(failed, budget, time), 2 for bad options.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from fractor.runtime import Budget, Runtime, SQLiteStore, Store, Subscription
 from .._agent._agent import Agent, AgentRef
 from .._agent._persistence import is_automatic_id
 from .._agent._policy import RetryPolicy
+from .._agent._ref import TaskContent
 from .._memory._summarizer import Compaction
 from .._messages import Result
 from .._observation._events import ApprovalAsked
@@ -68,6 +74,7 @@ from .._observation._stream import (
     ToolCallProgress,
     ToolCallStarted,
 )
+from .._parts import ContentError, ContentLimits, Document, Image, Media, describe_part
 from .._tools._approval import ApprovalError
 from .._tools._tool import Tool, ToolDefinitionError, tool
 from ..providers import ProviderError, model_from_string, redact
@@ -75,7 +82,15 @@ from ._imports import import_spec, is_function_of
 from ._live import watch
 from ._trace import default_db
 
-__all__ = ["STREAM_IGNORED", "Event", "add_run_parser", "run_command", "show", "stream_note"]
+__all__ = [
+    "STREAM_IGNORED",
+    "Event",
+    "add_run_parser",
+    "load_parts",
+    "run_command",
+    "show",
+    "stream_note",
+]
 
 
 # -- what is shown ------------------------------------------------------------------------
@@ -88,6 +103,8 @@ class Started:
     base_url: str
     task: str
     budget: Budget | None
+    #: The task's images and documents, each as its one line (``describe_part``).
+    parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,15 +121,21 @@ def show(event: Event, out: TextIO | None = None) -> None:
     """Print the head or the end of a run as plain lines."""
     out = sys.stdout if out is None else out
     match event:
-        case Started(agent=agent, model=model, base_url=base_url, task=task, budget=budget):
+        case Started(
+            agent=agent, model=model, base_url=base_url, task=task, budget=budget, parts=parts
+        ):
             limits = _budget_text(budget)
             print(f"agent {agent!r} started on {model} ({base_url}){limits}", file=out)
             print(f"task: {task}", file=out)
+            for part in parts:
+                print(f"with: {part}", file=out)
         case Finished(result=result, streamed=streamed):
             usage = result.usage
             print(f"status: {result.status} ({result.stop_reason})", file=out)
             if not streamed:
                 print(result.text, file=out)
+            for media in result.parts:
+                print(f"with: {describe_part(media)}", file=out)
             print(
                 f"usage: {usage.input_tokens} input tokens ({usage.cached_tokens} cached), "
                 f"{usage.output_tokens} output tokens, {usage.requests} request(s), "
@@ -230,6 +253,18 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="ask on the terminal before each call of this tool; repeatable",
     )
     run.add_argument(
+        "--image",
+        action="append",
+        metavar="FILE",
+        help="give the task this image (PNG, JPEG, WebP or GIF); repeatable",
+    )
+    run.add_argument(
+        "--file",
+        action="append",
+        metavar="FILE",
+        help="give the task this document (a PDF); repeatable",
+    )
+    run.add_argument(
         "--stream",
         action="store_true",
         help="print the answer as it arrives (instead of the live view)",
@@ -312,8 +347,38 @@ STREAM_IGNORED: frozenset[type[StreamEvent]] = frozenset(
 )
 
 
+def load_parts(images: list[str], files: list[str]) -> tuple[Media, ...]:
+    """The images (``--image``) and PDFs (``--file``) read from their files, in that
+    order, checked against the default ``ContentLimits`` (each, and all together); a
+    ``ValueError`` naming the option and the file for one missing, unreadable, of
+    another kind or too large."""
+    limits = ContentLimits()
+    parts: list[Media] = []
+    for option, paths in (("--image", images), ("--file", files)):
+        for path in paths:
+            try:
+                if option == "--image":
+                    parts.append(Image.from_file(path, max_bytes=limits.part))
+                else:
+                    parts.append(Document.from_file(path, max_bytes=limits.part))
+            except FileNotFoundError:
+                raise ValueError(f"{option} {path!r}: no such file") from None
+            except IsADirectoryError:
+                raise ValueError(f"{option} {path!r}: a directory, not a file") from None
+            except OSError as exc:
+                raise ValueError(f"{option} {path!r}: cannot read it: {exc.strerror}") from None
+            except ContentError as exc:
+                hint = "a PDF goes with --file" if option == "--image" else "an image with --image"
+                raise ValueError(f"{option} {path!r}: {exc} ({hint})") from None
+    try:
+        limits.check(parts, "the task")
+    except ContentError as exc:
+        raise ValueError(str(exc)) from None
+    return tuple(parts)
+
+
 async def _streamed(
-    ref: AgentRef, task: str, out: TextIO, *, resume: bool = False
+    ref: AgentRef, task: TaskContent, out: TextIO, *, resume: bool = False
 ) -> tuple[Result, bool]:
     """Run ``task`` streamed: the model's text as it comes, a line per tool call and
     retry. Also whether the answer was printed whole (the text of its last step)."""
@@ -345,6 +410,12 @@ async def _streamed(
 
 async def run_command(args: argparse.Namespace) -> int:
     """Run ``fractor run``; returns the exit status."""
+    try:
+        parts = load_parts(args.image or [], args.file or [])
+    except ValueError as exc:
+        print(f"fractor run: {exc}", file=sys.stderr)
+        return 2
+    task: TaskContent = [args.task, *parts] if parts else args.task
     api_key: str | None = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -399,7 +470,12 @@ async def run_command(args: argparse.Namespace) -> int:
         base_url = redact(getattr(model, "base_url", None) or "", ())  # no credentials shown
         show(
             Started(
-                agent=agent.name, model=model.name, base_url=base_url, task=args.task, budget=budget
+                agent=agent.name,
+                model=model.name,
+                base_url=base_url,
+                task=args.task,
+                budget=budget,
+                parts=tuple(map(describe_part, parts)),
             )
         )
         asking = agent.approve is not None
@@ -408,9 +484,7 @@ async def run_command(args: argparse.Namespace) -> int:
                 async with Runtime(budget=budget, store=store) as runtime:
                     ref = await runtime.spawn(agent, id=args.session)
                     async with _approvals_asked(runtime, ref, asking):
-                        result, printed = await _streamed(
-                            ref, args.task, sys.stdout, resume=args.resume
-                        )
+                        result, printed = await _streamed(ref, task, sys.stdout, resume=args.resume)
                     kept = await ref.conversation()
                 show(Finished(result=result, streamed=printed))
             else:
@@ -421,7 +495,7 @@ async def run_command(args: argparse.Namespace) -> int:
                 ):
                     ref = await runtime.spawn(agent, id=args.session)
                     async with _approvals_asked(runtime, ref, asking):
-                        result = await ref.ask(args.task, resume=args.resume)
+                        result = await ref.ask(task, resume=args.resume)
                     kept = await ref.conversation()
                 show(Finished(result=result))
             if args.session:

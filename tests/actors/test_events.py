@@ -276,10 +276,10 @@ def test_a_detail_reads_as_a_mapping_too() -> None:
     assert "missing" not in detail
     assert dict(detail) == {**detail} == {
         "host": "", "tool": "t", "call_id": "c", "is_error": True, "seconds": 0.0,
-        "result": "no", "reused": False,
+        "result": "no", "reused": False, "parts": (),
     }  # fmt: skip
     assert list(detail) == list(detail.keys())
-    assert len(detail) == 7
+    assert len(detail) == 8
     with pytest.raises(KeyError):
         detail["missing"]
 
