@@ -487,3 +487,14 @@ async def test_a_budget_refusal_counts_the_image_through_the_provider(
         async with Runtime() as rt:  # the same text alone fits
             assert (await (await rt.spawn(agent)).ask("What is this?")).ok
     assert len(server.requests) == 1
+
+
+async def test_an_agent_whose_model_takes_no_images_fails_clearly(
+    server: LoopbackServer, wire: Wire
+) -> None:
+    async with wire.model(server, accepts=()) as model, Runtime() as rt:
+        result = await (await rt.spawn(Agent("reader", model))).ask(["What is this?", SMALL])
+    assert result.status == "failed"
+    assert describe_part(SMALL) in result.stop_reason
+    assert "does not take images" in result.stop_reason
+    assert server.requests == []  # never sent, not retried
