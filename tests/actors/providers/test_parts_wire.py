@@ -498,3 +498,26 @@ async def test_an_agent_whose_model_takes_no_images_fails_clearly(
     assert describe_part(SMALL) in result.stop_reason
     assert "does not take images" in result.stop_reason
     assert server.requests == []  # never sent, not retried
+
+
+async def test_a_pdf_as_a_data_url_and_a_data_url_that_is_not_base64(
+    server: LoopbackServer, wire: Wire
+) -> None:
+    url = f"data:application/pdf;base64,{b64(REPORT.data)}"
+    paper = Document.from_url(url, name="paper.pdf")
+    server.queue(final(wire, "ok", False))
+    async with wire.model(server) as model:
+        await model.request(ModelRequest(messages=(UserMessage(content="", parts=(paper,)),)))
+        (turn,) = server.requests[0].json()["messages"]
+        if wire.provider == "openai":  # a file part takes the data: URL as it is
+            file = {"filename": "paper.pdf", "file_data": url}
+            assert turn["content"] == [named(paper), {"type": "file", "file": file}]
+        else:
+            source = {"type": "base64", "media_type": "application/pdf", "data": b64(REPORT.data)}
+            assert turn["content"] == [named(paper), {"type": "document", "source": source}]
+        plain = Image.from_url("data:image/png,not-base64")
+        request = ModelRequest(messages=(UserMessage(content="x", parts=(plain,)),))
+        if wire.provider == "anthropic":  # no form of the Messages API takes it
+            with pytest.raises(ProviderError, match="not base64"):
+                await model.request(request)
+            assert len(server.requests) == 1
