@@ -685,8 +685,12 @@ class Ledger:
                         wait = wait or (current, name)  # what others hold past a share
                         continue
                     share = self._share(current, lease, name, settled, free, whole)
-                    if want.fair_output and name in _SHARED:  # a deep cut: its fair part
-                        share = max(share, min(want.fair(name), max(free, 0)))
+                    if want.fair_output and name in _SHARED:
+                        # A request cut deep: its fair part, or what a request would
+                        # take here (a part of what is free among the parts that hold
+                        # none of it: late in a run, the last ones take all).
+                        part = max(want.fair(name), free / self._idle_parts(current, lease))
+                        share = max(share, min(part, max(free, 0)))
                     grant = min(grant, max(need, share))
                 grants[name] = grant
         except BudgetExceeded as error:
@@ -730,6 +734,16 @@ class Ledger:
             share = min(max(share, 0), max(free, 0))
         share = min(share, GROWTH * max(lease.weight * need, lease.used[name]))
         return share if name in _FRACTIONAL else math.floor(share)
+
+    def _idle_parts(self, node: Node, lease: Lease) -> int:
+        """The parts under ``node``'s budget that hold none of its headroom: neither a
+        request in flight here nor a lease holding a grant (``lease``, asking, holds
+        only what its requests in flight hold)."""
+        busy = node.in_flight
+        for other, anchor in self._live.items():
+            if other.holding and other is not lease and any(c is node for c in anchor.chain()):
+                busy += other.weight
+        return max(_parts(node) - busy, 1)
 
     def _reclaim(
         self, node: Node, lease: Lease, name: str, settled: float, free: float, want: Want
@@ -779,14 +793,18 @@ class Ledger:
 
     def kept(self, lease: Lease, limits: dict[str, float]) -> None:
         """``lease``'s host answered a reclaim: its limits of those fields are now
-        ``limits`` (what it holds beyond them comes back here)."""
+        ``limits`` (what it holds beyond them comes back here; none, when it was
+        asking as the reclaim came: its ask answered it). The ask waiting for the
+        answer is served either way."""
         anchor = self._live.get(lease)
         if anchor is None or lease.lost:
             return
-        for name, value in limits.items():
-            if lease.reclaiming.get(name):
+        for name, asked in lease.reclaiming.items():
+            if asked:
                 lease.reclaiming[name] = False
-                lease.granted[name] = min(lease.granted[name], value)
+                value = limits.get(name)
+                if value is not None:
+                    lease.granted[name] = min(lease.granted[name], value)
         self._hold(anchor, lease)
         self.changed_at(anchor)
 

@@ -327,9 +327,10 @@ class AgentHost:
             pool.asking = False
             supervisor.ledger.refuse(node, message.refusal.error())
         elif isinstance(message, Reclaim):
-            if not pool.asking:  # (asking, it gave back all: its ask answers this)
-                kept = supervisor.ledger.keep(node, message.free)
-                self.post(Kept(pool=message.pool, limits=kept))
+            # Asking, it gave back all it does not hold in flight (a grant may be on
+            # its way here): it keeps its limits, and says so.
+            kept = {} if pool.asking else supervisor.ledger.keep(node, message.free)
+            self.post(Kept(pool=message.pool, limits=kept))
         elif node.lender is not None:
             node.lender.hint = {**node.lender.hint, **message.worth}
 

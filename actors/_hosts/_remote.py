@@ -143,7 +143,8 @@ class Room(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 class Reclaim(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Down: the lease holds more than its fair share while another asks: keep at
     most ``free`` headroom of each of these fields beyond what its subtrees used
-    and hold in flight (ignored while it asks: the ask gives back all of it)."""
+    and hold in flight (answered with ``Kept``; while it asks it keeps its limits:
+    its ask gives back all of it)."""
 
     pool: int
     free: dict[str, float]
@@ -193,7 +194,8 @@ class Ask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class Kept(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Up: a lease gave back what a ``Reclaim`` asked: its limits of those fields now."""
+    """Up: a lease gave back what a ``Reclaim`` asked: its limits of those fields now
+    (none: it was asking, and keeps its limits)."""
 
     pool: int
     limits: dict[str, float]

@@ -883,6 +883,34 @@ async def test_an_ask_short_of_its_share_takes_back_what_other_leases_hold_past_
     assert sup.ledger.reclaims == 2
 
 
+async def test_a_reclaim_that_finds_its_host_asking_is_answered_with_nothing_given_back() -> None:
+    # The first lease's host was asking as the reclaim came (a grant may be on its
+    # way there): it keeps its limits and says so, and the ask waiting for it is
+    # served with what the second gave back, never left waiting for an answer.
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=10_000))
+    first, second = leased(sup, parent, "first"), leased(sup, parent, "second")
+    want = Want(tokens=1_016, input_tokens=1_000, output_tokens=16, wanted_output=4_000)
+    for node in (first, second):
+        await sup.ledger.ask(node, Tally(), want)
+        assert node.lease is not None
+        node.lease.reclaim = lambda free: None
+    third = leased(sup, parent, "third")
+    got = sup.ledger.ask_nowait(third, Tally(), want)
+    assert not isinstance(got, Budget)
+    assert first.lease is not None
+    assert second.lease is not None
+    sup.ledger.kept(first.lease, {})
+    assert first.lease.reclaiming == {"tokens": False}
+    assert first.lease.granted["tokens"] == 5_000
+    answers = [got.answer]  # (None: the second has not answered yet)
+    sup.ledger.kept(second.lease, {"tokens": 3_333})
+    answers.append(got.answer)
+    assert answers[0] is None
+    assert isinstance(answers[1], Budget)
+    assert answers[1].tokens == 10_000 - 5_000 - 3_333
+
+
 # -- reports ----------------------------------------------------------------------------
 
 
