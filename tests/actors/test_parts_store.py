@@ -7,9 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from fractor.actors import (
     Agent,
+    ContentError,
+    ContentLimits,
     Document,
     ExecutionTrace,
     Image,
@@ -165,3 +168,25 @@ async def test_a_resumed_ask_in_a_new_process_reuses_a_tool_results_image(
     assert calls_made == ["snap"]  # answered from the stored trace, not run again
     (result,) = [m for m in later.requests[1].messages if isinstance(m, ToolResultMessage)]
     assert data_of(result.parts[0]) == IMAGE.data
+
+
+async def test_parts_refused_at_the_door_leave_nothing_in_the_store(tmp_path: Path) -> None:
+    # An ask whose image is over the agent's limit (or of a kind nobody reads) is
+    # refused before anything is written: no blob, no state, no record.
+    path = tmp_path / "refused.db"
+    model = ScriptedModel([reply("never")])
+    small = Agent("small", model, content_limits=ContentLimits(part=1_000))
+    async with SQLiteStore(path) as store, Runtime(store=store) as rt:
+        ref = await rt.spawn(small, id="small")
+        with pytest.raises(ContentError, match="a part may have"):
+            await ref.ask(["look", IMAGE])
+        with pytest.raises(ContentError):
+            await ref.ask(["look", Image(data=b"GIF89a-not-quite" * 10, media_type="image/png")])
+        records = await store.records(limit=None)
+    with sqlite3.connect(path) as raw:
+        counts = [
+            raw.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("blobs", "states")
+        ]
+    raw.close()
+    assert (counts, records, len(model.requests)) == ([0, 0], [], 0)
