@@ -26,8 +26,10 @@ from ._parts import Document, Image, Media
 
 __all__ = [
     "attach_messages",
+    "attach_parts",
     "attach_trace",
     "detach_messages",
+    "detach_parts",
     "detach_trace",
     "keeps_blobs",
     "load_blobs",
@@ -42,7 +44,11 @@ def keeps_blobs(store: Store) -> bool:
     return callable(getattr(store, "load_blobs", None))
 
 
-def _detach(parts: tuple[Media, ...], blobs: Blobs) -> tuple[Media, ...]:
+def detach_parts(parts: tuple[Media, ...], blobs: Blobs) -> tuple[Media, ...]:
+    """``parts`` without their bytes, which go to ``blobs`` (each SHA-256 once): as a
+    store keeps them, and as they cross to another host."""
+    if not parts:
+        return parts
     out: list[Media] = []
     for part in parts:
         if (type(part) is Image or type(part) is Document) and part.data is not None:
@@ -52,7 +58,11 @@ def _detach(parts: tuple[Media, ...], blobs: Blobs) -> tuple[Media, ...]:
     return tuple(out)
 
 
-def _attach(parts: tuple[Media, ...], blobs: Blobs) -> tuple[Media, ...]:
+def attach_parts(parts: tuple[Media, ...], blobs: Blobs) -> tuple[Media, ...]:
+    """``parts`` stored or sent without their bytes, with them from ``blobs`` (a part
+    named twice gets the same bytes object)."""
+    if not parts or not blobs:
+        return parts
     out: list[Media] = []
     for part in parts:
         if (type(part) is Image or type(part) is Document) and part.stored:
@@ -74,9 +84,9 @@ def _message_parts(
     for message in messages:
         if (type(message) is UserMessage or type(message) is ToolResultMessage) and message.parts:
             parts = (
-                _detach(message.parts, blobs)
-                if change is _detach
-                else _attach(message.parts, blobs)
+                detach_parts(message.parts, blobs)
+                if change is detach_parts
+                else attach_parts(message.parts, blobs)
             )
             message = msgspec.structs.replace(message, parts=parts)
         out.append(message)
@@ -85,12 +95,12 @@ def _message_parts(
 
 def detach_messages(messages: tuple[Message, ...], blobs: Blobs) -> tuple[Message, ...]:
     """``messages`` with their parts' bytes moved to ``blobs`` (the same tuple if none)."""
-    return _message_parts(messages, blobs, _detach)
+    return _message_parts(messages, blobs, detach_parts)
 
 
 def attach_messages(messages: tuple[Message, ...], blobs: Blobs) -> tuple[Message, ...]:
     """``messages`` with their stored parts' bytes taken from ``blobs``."""
-    return _message_parts(messages, blobs, _attach)
+    return _message_parts(messages, blobs, attach_parts)
 
 
 def _has_parts(trace: ExecutionTrace) -> bool:
@@ -102,7 +112,7 @@ def _has_parts(trace: ExecutionTrace) -> bool:
 def _trace_parts(trace: ExecutionTrace, blobs: Blobs, change: object) -> ExecutionTrace:
     if not _has_parts(trace):
         return trace
-    fix = _detach if change is _detach else _attach
+    fix = detach_parts if change is detach_parts else attach_parts
     steps: list[StepRecord] = []
     for step in trace.steps:
         if any(outcome.parts for outcome in step.outcomes):
@@ -122,12 +132,12 @@ def _trace_parts(trace: ExecutionTrace, blobs: Blobs, change: object) -> Executi
 
 def detach_trace(trace: ExecutionTrace, blobs: Blobs) -> ExecutionTrace:
     """``trace`` with its parts' bytes moved to ``blobs`` (the same trace if none)."""
-    return _trace_parts(trace, blobs, _detach)
+    return _trace_parts(trace, blobs, detach_parts)
 
 
 def attach_trace(trace: ExecutionTrace, blobs: Blobs) -> ExecutionTrace:
     """``trace`` with its stored parts' bytes taken from ``blobs``."""
-    return _trace_parts(trace, blobs, _attach)
+    return _trace_parts(trace, blobs, attach_parts)
 
 
 def _stored(parts: Iterable[Media]) -> Iterator[str]:

@@ -41,10 +41,10 @@ import msgspec
 from fractor.runtime import Budget, Node, NodeSnapshot, Usage
 from fractor.runtime.lowlevel import Lease, Refusal, Tally, Want, new_waiter, park, wake
 
-from .._blobs import attach_trace
+from .._blobs import attach_parts, attach_trace, detach_parts
 from .._messages import ExecutionTrace, Result
 from .._observation._events import WireEvent
-from .._parts import Document, Image, Media
+from .._parts import Media
 from .._tools._approval import ApprovalRequest, approvals_of
 from ._lanes import Give, Take, Taken
 from ._placing import HostUnavailable
@@ -263,35 +263,6 @@ def decode_up(data: bytes) -> list[Up]:
 
 def decode_down(data: bytes) -> list[Down]:
     return _down.decode(data)
-
-
-def detach_parts(parts: tuple[Media, ...], blobs: dict[str, bytes]) -> tuple[Media, ...]:
-    """``parts`` without their bytes, which go to ``blobs`` (each SHA-256 once): what
-    crosses to another host, as a store keeps them (``actors._blobs``)."""
-    if not parts:
-        return parts
-    out: list[Media] = []
-    for part in parts:
-        if (type(part) is Image or type(part) is Document) and part.data is not None:
-            blobs.setdefault(part.sha256, part.data)
-            part = msgspec.structs.replace(part, data=None)
-        out.append(part)
-    return tuple(out)
-
-
-def attach_parts(parts: tuple[Media, ...], blobs: dict[str, bytes]) -> tuple[Media, ...]:
-    """``parts`` that crossed without their bytes, with them from ``blobs`` (a part
-    named twice gets the same bytes object)."""
-    if not parts or not blobs:
-        return parts
-    out: list[Media] = []
-    for part in parts:
-        if (type(part) is Image or type(part) is Document) and part.stored:
-            data = blobs.get(part.sha256)
-            if data is not None:
-                part = msgspec.structs.replace(part, data=data)
-        out.append(part)
-    return tuple(out)
 
 
 def tally(node: Node) -> Tally:
