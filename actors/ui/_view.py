@@ -1,0 +1,180 @@
+"""What the page shows of a live tree, as plain values: pure functions, no server.
+
+``tree_view`` turns one ``rt.tree()`` snapshot, what the supervisor holds reserved for
+requests in flight, the latest streamed lines and the pending approvals into a
+``TreeView``, the JSON the page reads (``/api/tree``). Each node carries its own bars,
+one per limit of its budget (``Bar``: spent, reserved, left); the page draws under a
+node the bars of every node above it that has a budget, since a budget is shared by
+its whole subtree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import msgspec
+
+from fractor.runtime import Budget, NodeSnapshot, TreeSnapshot, Usage
+
+from .._tools._approval import ApprovalRequest
+
+__all__ = ["ApprovalView", "Bar", "Held", "NodeView", "TreeView", "bars", "tree_view"]
+
+
+class Held(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What a node's subtree holds reserved now for model requests in flight."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+    requests: int = 0
+
+
+class Bar(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One limit of a node's budget: how much its subtree spent, holds reserved for
+    requests in flight, and has left (never below zero)."""
+
+    field: str
+    limit: float
+    spent: float
+    reserved: float
+    left: float
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One node as the page shows it (``agent`` is the node's name)."""
+
+    id: str
+    parent_id: str | None
+    depth: int
+    agent: str
+    actor_id: str
+    status: str
+    stop_reason: str
+    #: What its model request waits for ("" when it does not wait).
+    waiting: str
+    host: str
+    steps: int
+    agents: int
+    seconds: float
+    usage: Usage
+    #: One per limit of its own budget (none when it has no budget of its own).
+    bars: tuple[Bar, ...]
+    #: The latest line its model streamed ("" if none).
+    line: str
+
+
+class ApprovalView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A tool call waiting for a person's decision, as the page lists it."""
+
+    id: str
+    agent: str
+    agent_id: str
+    execution_id: str
+    path: tuple[str, ...]
+    tool: str
+    #: The call's arguments, JSON text as the model sent them.
+    arguments: str
+    at: float
+
+
+class TreeView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The whole page's data: the tree, parents before children, and the approvals."""
+
+    #: Counts the views published so far (1 for the first).
+    version: int
+    nodes: tuple[NodeView, ...]
+    approvals: tuple[ApprovalView, ...]
+
+
+def _tokens(node: NodeSnapshot) -> float:
+    return node.usage.input_tokens + node.usage.output_tokens
+
+
+#: For each field of ``Budget``: what a node's subtree spent of it, and what it holds
+#: reserved of it; None for a limit that is not spent (depth: a node's place). A test
+#: fails when ``Budget`` has a field this table does not name.
+SPENT: Mapping[str, tuple[Callable[[NodeSnapshot], float], Callable[[Held], float]] | None] = {
+    "depth": None,
+    "tokens": (_tokens, lambda held: held.input_tokens + held.output_tokens),
+    "input_tokens": (lambda node: node.usage.input_tokens, lambda held: held.input_tokens),
+    "output_tokens": (lambda node: node.usage.output_tokens, lambda held: held.output_tokens),
+    "requests": (lambda node: node.usage.requests, lambda held: held.requests),
+    "tool_calls": (lambda node: node.usage.tool_calls, lambda held: 0),
+    "steps": (lambda node: node.steps, lambda held: 0),
+    "agents": (lambda node: node.agents, lambda held: 0),
+    "seconds": (lambda node: node.seconds, lambda held: 0),
+    "cost": (lambda node: node.usage.cost, lambda held: held.cost),
+}
+
+_NOTHING_HELD = Held()
+
+
+def bars(node: NodeSnapshot, held: Held | None = None) -> tuple[Bar, ...]:
+    """A bar per limit of ``node``'s own budget, in ``Budget``'s field order."""
+    limits: Budget | None = node.limits
+    if limits is None:
+        return ()
+    held = _NOTHING_HELD if held is None else held
+    found: list[Bar] = []
+    for name in limits.__struct_fields__:
+        limit = getattr(limits, name)
+        measures = SPENT[name]
+        if limit is None or measures is None:
+            continue
+        spent_of, reserved_of = measures
+        spent, reserved = spent_of(node), reserved_of(held)
+        left = max(0.0, limit - spent - reserved)
+        found.append(Bar(field=name, limit=limit, spent=spent, reserved=reserved, left=left))
+    return tuple(found)
+
+
+def approval_view(request: ApprovalRequest) -> ApprovalView:
+    return ApprovalView(
+        id=request.id,
+        agent=request.agent,
+        agent_id=request.agent_id,
+        execution_id=request.execution_id,
+        path=request.path,
+        tool=request.call.name,
+        arguments=request.call.arguments,
+        at=request.at,
+    )
+
+
+def tree_view(
+    snapshot: TreeSnapshot,
+    *,
+    version: int = 1,
+    held: Mapping[str, Held] | None = None,
+    lines: Callable[[str], str] | None = None,
+    approvals: Sequence[ApprovalRequest] = (),
+) -> TreeView:
+    """The page's data for ``snapshot``: ``held`` by node id (what each live node
+    holds reserved), ``lines(node_id)`` the latest streamed line of a node."""
+    held = {} if held is None else held
+    nodes = tuple(
+        NodeView(
+            id=node.id,
+            parent_id=node.parent_id,
+            depth=node.depth,
+            agent=node.name,
+            actor_id=node.actor_id,
+            status=node.status,
+            stop_reason=node.stop_reason,
+            waiting=node.waiting,
+            host=node.host,
+            steps=node.steps,
+            agents=node.agents,
+            seconds=node.seconds,
+            usage=node.usage,
+            bars=bars(node, held.get(node.id)),
+            line=lines(node.id) if lines is not None else "",
+        )
+        for node in snapshot.nodes
+    )
+    return TreeView(
+        version=version,
+        nodes=nodes,
+        approvals=tuple(approval_view(request) for request in approvals),
+    )

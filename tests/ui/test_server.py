@@ -1,0 +1,218 @@
+"""The web view's server over HTTP on 127.0.0.1, without a browser (``httpx2``).
+
+Each test runs the runtime on asyncio and on trio; the server runs in its own thread
+on its own asyncio loop either way (see ``actors/ui/_server.py``).
+"""
+
+from __future__ import annotations
+
+import anyio
+import httpx2
+import msgspec
+import pytest
+
+from fractor import Agent, AgentRef, Budget, Runtime, ScriptedModel, call, reply, tool
+from fractor.actors import ApprovalRequest, ToolResultMessage
+from fractor.actors.ui import UI, TreeView, serve_ui
+
+RAN: list[str] = []
+
+
+@tool(approval=True)
+async def send_email(to: str) -> str:
+    """Send an email."""
+    RAN.append(to)
+    return f"sent to {to}"
+
+
+@pytest.fixture(autouse=True)
+def clean() -> None:
+    RAN.clear()
+
+
+def quiet(url: str) -> None:
+    """What ``announce`` gets instead of stderr."""
+
+
+async def pending(ref: AgentRef) -> ApprovalRequest:
+    await anyio.wait_all_tasks_blocked()
+    (request,) = ref.approvals()
+    return request
+
+
+async def get_view(client: httpx2.AsyncClient, ui: UI) -> TreeView:
+    response = await client.get(f"http://127.0.0.1:{ui.port}/api/tree", params={"token": ui.token})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    return msgspec.json.decode(response.content, type=TreeView)
+
+
+async def test_every_request_without_the_token_is_refused() -> None:
+    async with Runtime() as rt, serve_ui(rt, announce=quiet) as ui, httpx2.AsyncClient() as client:
+        base = f"http://127.0.0.1:{ui.port}"
+        assert ui.url == f"{base}/?token={ui.token}"
+        assert len(ui.token) >= 40
+        for method, path in [("GET", "/"), ("GET", "/api/tree"), ("POST", "/api/approvals/x")]:
+            for params in [{}, {"token": ""}, {"token": ui.token[:-1]}, {"token": "x" + ui.token}]:
+                response = await client.request(method, base + path, params=params)
+                assert response.status_code == 403, (method, path, params)
+                assert "token" in response.text
+        page = await client.get(ui.url)
+        assert page.status_code == 200
+        assert "<script>" in page.text
+        assert "/api/tree" in page.text
+        by_header = await client.get(base + "/api/tree", headers={"X-Fractor-Token": ui.token})
+        assert by_header.status_code == 200
+
+
+async def test_the_page_ships_every_asset_no_cdn() -> None:
+    async with Runtime() as rt, serve_ui(rt, announce=quiet) as ui, httpx2.AsyncClient() as client:
+        page = (await client.get(ui.url)).text
+        assert "src=" not in page
+        assert "href=" not in page
+        assert "//" not in page.replace("http://", "").split("<script>")[0]
+
+
+async def test_the_url_is_printed_once_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    async with Runtime() as rt, serve_ui(rt) as ui:
+        pass
+    assert capsys.readouterr().err == f"fractor web view: {ui.url}\n"
+
+
+async def test_the_json_tree_matches_rt_tree_with_its_budget_bars() -> None:
+    model = ScriptedModel([call("send_email", to="ana@example.org"), reply("Sent.")])
+    agent = Agent("mailer", model, tools=[send_email])
+    budget = Budget(tokens=50_000, tool_calls=5, requests=9)
+    async with (
+        Runtime(budget=budget) as rt,
+        serve_ui(rt, announce=quiet) as ui,
+        httpx2.AsyncClient() as client,
+    ):
+        ref = await rt.spawn(agent)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "mail Ana")
+            request = await pending(ref)  # held: the tree stands still
+            ui.publish()
+            view = await get_view(client, ui)
+            snapshot = rt.tree()
+            assert [n.id for n in view.nodes] == [n.id for n in snapshot.nodes]
+            for shown, node in zip(view.nodes, snapshot.nodes, strict=True):
+                assert (shown.agent, shown.status, shown.depth, shown.parent_id) == (
+                    node.name,
+                    node.status,
+                    node.depth,
+                    node.parent_id,
+                )
+                assert shown.usage == node.usage
+                assert shown.waiting == node.waiting
+            root = next(n for n in view.nodes if n.parent_id is None)
+            root_node = snapshot.node(root.id)
+            by_field = {bar.field: bar for bar in root.bars}
+            assert list(by_field) == ["tokens", "requests", "tool_calls"]
+            tokens = by_field["tokens"]
+            spent = root_node.usage.input_tokens + root_node.usage.output_tokens
+            assert spent > 0
+            assert (tokens.limit, tokens.spent, tokens.reserved) == (50_000, spent, 0)
+            assert tokens.left == 50_000 - spent
+            assert (by_field["requests"].spent, by_field["requests"].left) == (1, 8)
+            assert (by_field["tool_calls"].spent, by_field["tool_calls"].left) == (0, 5)
+            mailer = next(n for n in view.nodes if n.agent == "mailer")
+            assert mailer.status == "running"
+            assert mailer.bars == ()  # its budget is the root's, drawn from there
+            (approval,) = view.approvals
+            assert (approval.id, approval.tool, approval.path) == (
+                request.id,
+                "send_email",
+                ("mailer",),
+            )
+            assert msgspec.json.decode(approval.arguments) == {"to": "ana@example.org"}
+            ref.approve(request)
+        ui.publish()
+        view = await get_view(client, ui)
+        assert next(n for n in view.nodes if n.agent == "mailer").status == "completed"
+        assert view.approvals == ()
+
+
+async def test_an_approval_decided_by_post_lets_the_tool_run() -> None:
+    model = ScriptedModel([call("send_email", to="ana@example.org"), reply("Sent.")])
+    async with (
+        Runtime() as rt,
+        serve_ui(rt, announce=quiet) as ui,
+        httpx2.AsyncClient() as client,
+    ):
+        ref = await rt.spawn(Agent("mailer", model, tools=[send_email]))
+        async with anyio.create_task_group() as tg:
+
+            async def ask() -> None:
+                result = await ref.ask("mail Ana")
+                assert (result.status, result.text) == ("completed", "Sent.")
+
+            tg.start_soon(ask)
+            request = await pending(ref)
+            assert RAN == []
+            response = await client.post(
+                f"http://127.0.0.1:{ui.port}/api/approvals/{request.id}",
+                params={"token": ui.token},
+                json={"approved": True},
+            )
+            assert response.status_code == 200, response.text
+            assert response.json() == {"id": request.id, "approved": True}
+        assert RAN == ["ana@example.org"]
+        (trace,) = await ref.trace()
+        assert trace.steps[0].outcomes[0].approval == "approved"
+
+
+async def test_a_denial_by_post_reaches_the_model_with_its_reason() -> None:
+    model = ScriptedModel([call("send_email", to="ana@example.org"), reply("Not sent.")])
+    async with (
+        Runtime() as rt,
+        serve_ui(rt, announce=quiet) as ui,
+        httpx2.AsyncClient() as client,
+    ):
+        ref = await rt.spawn(Agent("mailer", model, tools=[send_email]))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "mail Ana")
+            request = await pending(ref)
+            url = f"http://127.0.0.1:{ui.port}/api/approvals/{request.id}"
+            bad = await client.post(url, params={"token": ui.token}, content=b"{nope")
+            assert bad.status_code == 400
+            wrong = await client.post(url, params={"token": ui.token}, json={"approved": "yes"})
+            assert wrong.status_code == 400
+            assert ref.approvals() == (request,)  # nothing decided by a bad body
+            response = await client.post(
+                url, params={"token": ui.token}, json={"approved": False, "reason": "not Ana"}
+            )
+            assert response.status_code == 200, response.text
+            again = await client.post(url, params={"token": ui.token}, json={"approved": True})
+            assert again.status_code == 404
+        assert RAN == []
+        (result,) = [m for m in model.requests[-1].messages if isinstance(m, ToolResultMessage)]
+        assert "denied" in result.content
+        assert "not Ana" in result.content
+
+
+async def test_secrets_given_are_masked_in_every_view() -> None:
+    key = "sk-live-1234567890abcdef"
+    model = ScriptedModel([call("send_email", to=key), reply("Sent.")])
+    async with (
+        Runtime() as rt,
+        serve_ui(rt, announce=quiet, secrets=[key]) as ui,
+        httpx2.AsyncClient() as client,
+    ):
+        ref = await rt.spawn(Agent("mailer", model, tools=[send_email]))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "mail")
+            request = await pending(ref)
+            ui.publish()
+            response = await client.get(ui.url.replace("/?", "/api/tree?"))
+            assert key.encode() not in response.content
+            assert b"[redacted]" in response.content
+            ref.deny(request)
+
+
+async def test_a_port_out_of_range_is_refused() -> None:
+    async with Runtime() as rt:
+        with pytest.raises(ValueError, match="port"):
+            serve_ui(rt, port=70_000)
+        with pytest.raises(ValueError, match="interval"):
+            serve_ui(rt, interval=0)

@@ -1,0 +1,62 @@
+"""The page's data, as pure values: ``tree_view`` and its budget bars."""
+
+from __future__ import annotations
+
+import msgspec
+
+from fractor.actors.ui import Held, bars, tree_view
+from fractor.actors.ui._view import SPENT
+from fractor.runtime import Budget, NodeSnapshot, TreeSnapshot, Usage
+
+
+def node(**changes: object) -> NodeSnapshot:
+    base = NodeSnapshot(
+        id="n1",
+        parent_id="root",
+        depth=1,
+        name="lead",
+        actor_id="a1",
+        status="running",
+        stop_reason="",
+        usage=Usage(input_tokens=300, output_tokens=100, requests=2, tool_calls=3, cost=0.5),
+        own_usage=Usage(),
+        steps=4,
+        agents=2,
+        limits=None,
+        started=0.0,
+        seconds=2.0,
+    )
+    return msgspec.structs.replace(base, **changes)
+
+
+def test_every_budget_field_is_measured_or_said_not_to_be() -> None:
+    assert set(SPENT) == set(Budget.__struct_fields__)
+
+
+def test_a_bar_per_limit_with_spent_reserved_and_left() -> None:
+    limits = Budget(depth=3, tokens=1_000, requests=5, tool_calls=3, steps=10, seconds=4, cost=1.0)
+    held = Held(input_tokens=200, output_tokens=50, cost=0.25, requests=1)
+    shown = {bar.field: bar for bar in bars(node(limits=limits), held)}
+    assert list(shown) == ["tokens", "requests", "tool_calls", "steps", "seconds", "cost"]
+    tokens, requests = shown["tokens"], shown["requests"]
+    assert (tokens.spent, tokens.reserved, tokens.left) == (400, 250, 350)
+    assert (requests.spent, requests.reserved, requests.left) == (2, 1, 2)
+    assert (shown["tool_calls"].spent, shown["tool_calls"].left) == (3, 0)  # never below 0
+    assert (shown["steps"].spent, shown["seconds"].spent, shown["seconds"].left) == (4, 2.0, 2.0)
+    assert (shown["cost"].spent, shown["cost"].reserved, shown["cost"].left) == (0.5, 0.25, 0.25)
+    assert bars(node()) == ()  # no budget of its own
+
+
+def test_the_view_keeps_the_tree_order_lines_and_waits() -> None:
+    snapshot = TreeSnapshot(
+        nodes=(
+            node(id="root", parent_id=None, depth=0, name="", limits=Budget(tokens=10)),
+            node(waiting="tokens: 400 of 10 used"),
+        )
+    )
+    view = tree_view(snapshot, version=7, lines=lambda i: {"n1": "thinking..."}.get(i, ""))
+    assert view.version == 7
+    assert [(n.id, n.line, n.waiting) for n in view.nodes] == [
+        ("root", "", ""),
+        ("n1", "thinking...", "tokens: 400 of 10 used"),
+    ]
