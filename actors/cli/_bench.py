@@ -55,7 +55,7 @@ DEFAULT_JSON = "fractor-bench.json"
 DEFAULT_FANOUT = 10
 DEFAULT_CALLS = 200
 _SUITE_ONLY = ("quick", "only")
-_TOOL_ONLY = ("args", "fanout", "concurrency", "calls")
+_TOOL_ONLY = ("args", "fanout", "concurrency", "calls", "sweep", "svg")
 #: The suite's package, run as ``python -m benchmarks``: never imported from here.
 _SUITE = "fractor.benchmarks"
 #: Worker threads anyio's default limiter lets sync tools use at once.
@@ -106,6 +106,15 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help=f"tool calls to run in all (default {DEFAULT_CALLS})",
     )
+    mine.add_argument(
+        "--sweep",
+        metavar="LEVELS",
+        help="measure the tool at each concurrency, e.g. 1,2,4,...,64 (--calls calls per "
+        "level, made directly with anyio): throughput, p50/p95/p99 and the knee",
+    )
+    mine.add_argument(
+        "--svg", metavar="FILE", help="with --sweep: also write the chart as an SVG file"
+    )
     bench.add_argument(
         "--backend", choices=("asyncio", "trio"), default="asyncio", help="event loop to run on"
     )
@@ -123,6 +132,10 @@ def bench_command(args: argparse.Namespace) -> int:
         return _fail("--backend trio needs the trio package: pip install trio")
     if args.tool is None:
         return _suite(args)
+    if args.sweep is not None or args.svg is not None:
+        from ._bench_sweep import sweep_command
+
+        return sweep_command(args)
     return _tool(args)
 
 
