@@ -50,6 +50,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import msgspec
+from anyio.abc import TaskGroup
 
 from fractor.runtime import Runtime, Subscription, TreeSnapshot
 
@@ -128,6 +129,7 @@ class UI:
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
         self._token: anyio.lowlevel.EventLoopToken | None = None
+        self._group: TaskGroup | None = None
 
     @property
     def url(self) -> str:
@@ -303,10 +305,11 @@ class UI:
             stack.push_async_callback(self._stop)
             if not await anyio.to_thread.run_sync(started.wait, THREAD_TIMEOUT):
                 raise RuntimeError(f"the web view's server did not start: {self._failure!r}")
-            group = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(group.cancel_scope.cancel)
-            group.start_soon(self._publish_every)
             self._stack = stack.pop_all()
+        # Apart from the stack: the body's exception goes through it as it was raised.
+        group = self._group = anyio.create_task_group()
+        await group.__aenter__()
+        group.start_soon(self._publish_every)
         show = self._announce
         if show is None:
             print(f"fractor web view: {self.url}", file=sys.stderr, flush=True)
@@ -329,10 +332,18 @@ class UI:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        group, self._group = self._group, None
+        stack, self._stack = self._stack, AsyncExitStack()
         try:
-            return await self._stack.__aexit__(exc_type, exc, tb)
+            if group is not None:
+                group.cancel_scope.cancel()
+                await group.__aexit__(None, None, None)
+        except BaseException as error:
+            await stack.__aexit__(type(error), error, error.__traceback__)
+            raise
         finally:
             self._events = None
+        return await stack.__aexit__(exc_type, exc, tb)
 
 
 _NO_STORE = {"cache-control": "no-store"}

@@ -6,6 +6,8 @@ on its own asyncio loop either way (see ``actors/ui/_server.py``).
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import httpx2
 import msgspec
@@ -216,3 +218,14 @@ async def test_a_port_out_of_range_is_refused() -> None:
             serve_ui(rt, port=70_000)
         with pytest.raises(ValueError, match="interval"):
             serve_ui(rt, interval=0)
+
+
+async def test_leaving_stops_the_server_and_an_error_comes_out_as_itself() -> None:
+    async with Runtime() as rt:
+        with pytest.raises(KeyError, match="inside"):
+            async with serve_ui(rt, announce=quiet) as ui:
+                raise KeyError("inside")
+        assert not any(thread.name == "fractor-ui" for thread in threading.enumerate())
+        async with httpx2.AsyncClient() as client:
+            with pytest.raises(httpx2.ConnectError):
+                await client.get(ui.url)
