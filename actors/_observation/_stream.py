@@ -160,6 +160,8 @@ class ToolCallFinished(_Base, frozen=True, kw_only=True, tag="tool_end"):
     #: The result (the first 200 characters).
     result: str = ""
     seconds: float = 0.0
+    #: The images and documents it returned, a line each (``describe_part``).
+    parts: tuple[str, ...] = ()
 
 
 class SubagentStarted(_Base, frozen=True, kw_only=True, tag="subagent_start"):
@@ -504,7 +506,7 @@ SHOWN: dict[type[EventDetail], tuple[type[StreamEvent] | None, tuple[str, ...]]]
     ModelText: (TextDelta, ("text", "step")),
     ToolStart: (ToolCallStarted, ("tool", "call_id", "arguments")),
     ToolProgress: (ToolCallProgress, ("tool", "call_id", "progress", "total", "message")),
-    ToolEnd: (ToolCallFinished, ("tool", "call_id", "is_error", "result", "seconds")),
+    ToolEnd: (ToolCallFinished, ("tool", "call_id", "is_error", "result", "seconds", "parts")),
     ExecutionStart: (None, ("task",)),
     ExecutionEnd: (None, ("status", "reason")),
     BudgetWait: (BudgetWaiting, ("reason",)),

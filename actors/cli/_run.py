@@ -322,8 +322,9 @@ def stream_note(event: StreamEvent) -> str | None:
         case ToolCallProgress(tool=tool, progress=progress, total=total, message=message):
             done = f"{progress:g}" + (f"/{total:g}" if total is not None else "")
             return f"[{tool}: {done}{': ' + message if message else ''}]"
-        case ToolCallFinished(tool=tool, is_error=is_error, seconds=seconds):
-            return f"[{tool} {'failed' if is_error else 'done'} in {seconds:.2f} s]"
+        case ToolCallFinished(tool=tool, is_error=is_error, seconds=seconds, parts=parts):
+            done = f"[{tool} {'failed' if is_error else 'done'} in {seconds:.2f} s]"
+            return "\n".join([done, *(f"[{tool} returned {part}]" for part in parts)])
         case Retrying(attempt=attempt, error=error, delay=delay):
             return f"[retry {attempt} in {delay:.1f} s: {error}]"
         case Restarted(restarts=restarts, reason=reason):

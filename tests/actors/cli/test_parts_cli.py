@@ -22,6 +22,7 @@ from fractor.actors import (
     Image,
     ModelRequest,
     ModelResponse,
+    ToolCallFinished,
     ToolEnd,
     ToolResultMessage,
     call,
@@ -33,6 +34,7 @@ from fractor.actors import (
 from fractor.actors.cli import main
 from fractor.actors.cli._draw import render_tree
 from fractor.actors.cli._lines import LatestLines, ProgressLines, part_lines
+from fractor.actors.cli._run import stream_note
 from fractor.runtime import Event, Runtime
 
 from ..loopback import LoopbackServer, json_reply
@@ -249,3 +251,20 @@ def test_fractor_trace_shows_the_parts_of_a_run(
     shown = capsys.readouterr().out
     assert f"part: {describe_part(Image(data=PNG))}" in shown
     assert base64.b64encode(PNG).decode() not in shown
+
+
+async def test_a_stream_shows_the_parts_a_tool_returned_one_line_each() -> None:
+    """``ref.stream`` (and so ``fractor run --stream``): a tool's images come as lines
+    of its ``ToolCallFinished``, and the note ``run`` writes shows them, never bytes."""
+    agent = Agent("looker", FunctionModel(_looker), tools=[screenshot])
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        async with ref.stream(["look at this", Image(data=PNG)]) as run:
+            events = [event async for event in run]
+    (finished,) = [event for event in events if isinstance(event, ToolCallFinished)]
+    image = describe_part(SHOT)
+    assert finished.parts == (image,)
+    note = stream_note(finished)
+    assert note is not None
+    assert note.splitlines()[1:] == [f"[screenshot returned {image}]"]
+    assert base64.b64encode(SHOT.data or b"").decode()[:40] not in note
