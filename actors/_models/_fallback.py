@@ -3,8 +3,9 @@
 ``FallbackModel(primary, cheaper, local)``: an agent sends each request to the first
 model of the chain; it goes to the next one when the one before cannot answer it:
 
-- it does not fit that model's context (``ProviderError.kind`` "context_length"), or
-  is larger than its rate limit allows at all ("too_large"): at once;
+- it does not fit that model's context (``ProviderError.kind`` "context_length"), is
+  larger than its rate limit allows at all ("too_large"), or carries an image or a
+  document that model does not take ("content": a text-only endpoint): at once;
 - its server failed or was unreachable, after that model's retries (the agent's
   ``RetryPolicy``): a server error, a timeout, a lost connection;
 - its rate limit would make it wait longer than ``max_wait`` seconds (a 429's
@@ -34,7 +35,7 @@ __all__ = ["FALLBACK_KINDS", "FallbackModel", "falls_back"]
 
 #: The kinds of provider errors (``ProviderError.kind``) that go to the next model of
 #: the chain at once, and those that go there once the model's retries are spent.
-FALLBACK_KINDS = frozenset({"context_length", "too_large"})
+FALLBACK_KINDS = frozenset({"context_length", "too_large", "content"})
 _AFTER_RETRIES = frozenset({"server", "busy", "rate_limited", "timeout", "connection"})
 
 

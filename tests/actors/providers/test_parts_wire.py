@@ -20,12 +20,14 @@ from fractor.actors import (
     Agent,
     AssistantMessage,
     Document,
+    FallbackModel,
     FunctionModel,
     Image,
     ModelRequest,
     ModelResponse,
     ProviderError,
     ReActModel,
+    RetryPolicy,
     ToolCall,
     ToolResultMessage,
     UserMessage,
@@ -521,3 +523,24 @@ async def test_a_pdf_as_a_data_url_and_a_data_url_that_is_not_base64(
             with pytest.raises(ProviderError, match="not base64"):
                 await model.request(request)
             assert len(server.requests) == 1
+
+
+async def test_a_text_only_model_hands_an_image_to_the_next_model_of_its_chain(
+    server: LoopbackServer, wire: Wire
+) -> None:
+    # A refused part ("content") is not mended by retrying, and a vision model may
+    # take it: a FallbackModel goes to the next model at once.
+    seen: list[ModelRequest] = []
+
+    async def vision(request: ModelRequest) -> ModelResponse:
+        seen.append(request)
+        return ModelResponse(text="A small picture.")
+
+    async with wire.model(server, accepts=()) as text_only, Runtime() as rt:
+        chain = FallbackModel(text_only, FunctionModel(vision, name="vision"))
+        agent = Agent("reader", chain, retry=RetryPolicy(retries=3, initial_delay=0.001))
+        result = await (await rt.spawn(agent)).ask(["What is this?", SMALL])
+    assert (result.status, result.text) == ("completed", "A small picture.")
+    (request,) = seen
+    assert request.messages[-1].parts == (SMALL,)  # type: ignore[union-attr]
+    assert server.requests == []  # the text-only model sent nothing
