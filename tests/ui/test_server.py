@@ -121,6 +121,7 @@ async def test_the_json_tree_matches_rt_tree_with_its_budget_bars() -> None:
             mailer = next(n for n in view.nodes if n.agent == "mailer")
             assert mailer.status == "running"
             assert mailer.bars == ()  # its budget is the root's, drawn from there
+            assert mailer.line == f"waiting for approval: send_email [{request.id}]"
             (approval,) = view.approvals
             assert (approval.id, approval.tool, approval.path) == (
                 request.id,
@@ -229,3 +230,15 @@ async def test_leaving_stops_the_server_and_an_error_comes_out_as_itself() -> No
         async with httpx2.AsyncClient() as client:
             with pytest.raises(httpx2.ConnectError):
                 await client.get(ui.url)
+
+
+async def test_views_are_published_on_their_own_a_few_a_second() -> None:
+    async with (
+        Runtime() as rt,
+        serve_ui(rt, interval=0.05, announce=quiet) as ui,
+        httpx2.AsyncClient() as client,
+    ):
+        first = (await get_view(client, ui)).version
+        with anyio.fail_after(10):
+            while (await get_view(client, ui)).version < first + 3:  # noqa: ASYNC110
+                await anyio.sleep(0.02)  # another thread serves what the runtime publishes

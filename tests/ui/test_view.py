@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
+from fractor.actors import ModelText, StepStart
 from fractor.actors.ui import Held, bars, tree_view
+from fractor.actors.ui._lines import StreamedLines
 from fractor.actors.ui._view import SPENT
-from fractor.runtime import Budget, NodeSnapshot, TreeSnapshot, Usage
+from fractor.runtime import Budget, Event, EventDetail, NodeSnapshot, TreeSnapshot, Usage
 
 
 def node(**changes: object) -> NodeSnapshot:
@@ -60,3 +62,19 @@ def test_the_view_keeps_the_tree_order_lines_and_waits() -> None:
         ("root", "", ""),
         ("n1", "thinking...", "tokens: 400 of 10 used"),
     ]
+
+
+def test_the_latest_streamed_line_of_each_execution() -> None:
+    lines = StreamedLines(width=10)
+
+    def feed(execution_id: str, detail: EventDetail) -> None:
+        lines.feed(Event(at=0.0, execution_id=execution_id, detail=detail))
+
+    feed("e1", ModelText(text="first line\nsec"))
+    feed("e1", ModelText(text="ond one is long"))
+    feed("e2", ModelText(text="other"))
+    assert lines.line("e1") == "…e is long"
+    assert lines.line("e2") == "other"
+    feed("e1", StepStart(step=2))
+    assert lines.line("e1") == ""
+    assert lines.line("e3") == ""
