@@ -34,8 +34,10 @@ __all__ = [
     "export_traces",
     "load_traces",
     "render_trace_tree",
+    "seconds_text",
     "trace_from_record",
     "trace_record",
+    "usage_text",
 ]
 
 #: The ``kind`` of the store records that hold execution traces.
@@ -205,8 +207,8 @@ def _draw_execution(
         f"resumes [{trace.resumed}]" if trace.resumed else "",
         "read a digest of the attempts before" if trace.digest else "",
         f"{len(trace.steps)} step{'' if len(trace.steps) == 1 else 's'}",
-        _seconds(trace.seconds),
-        _usage(trace.usage),
+        seconds_text(trace.seconds),
+        usage_text(trace.usage),
     ]
     lines.append(first + " · ".join(part for part in header if part))
     if not attempt:
@@ -246,7 +248,7 @@ def _summarized(record: SummaryRecord) -> str:
         f"summarized {record.turns} turn{'' if record.turns == 1 else 's'}"
         + (f" (the summary covers {record.covered})" if record.ok else ""),
         record.model,
-        _seconds(record.seconds),
+        seconds_text(record.seconds),
         f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens",
     ]
     if not record.ok:
@@ -267,8 +269,8 @@ def _draw_step(step: StepRecord, first: str, rest: str, pending: _Matches, tree:
     parts = [
         f"step {step.index + 1}",
         "interrupted" if step.interrupted else step.finish_reason,
-        f"model {_seconds(step.model_seconds)}",
-        f"tools {_seconds(step.tools_seconds)}" if step.outcomes else "",
+        f"model {seconds_text(step.model_seconds)}",
+        f"tools {seconds_text(step.tools_seconds)}" if step.outcomes else "",
         f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens",
     ]
     lines.append(first + " · ".join(part for part in parts if part))
@@ -364,7 +366,7 @@ def _outcome(outcome: ToolOutcome) -> str:
     elif outcome.attempts == 0 and not outcome.content:
         parts.append("no result")
     else:
-        parts.append(_seconds(outcome.seconds))
+        parts.append(seconds_text(outcome.seconds))
         if outcome.attempts > 1:
             parts.append(f"{outcome.attempts} attempts")
         verdict = "error" if outcome.is_error else "ok"
@@ -389,7 +391,8 @@ def _call(call: ToolCall) -> str:
     return f"{call.name}({_cut(shown)})"
 
 
-def _usage(usage: Usage) -> str:
+def usage_text(usage: Usage) -> str:
+    """A usage in one line of words (tokens, requests, tool calls, cost)."""
     parts = [
         f"{usage.total_tokens:,} tokens ({usage.input_tokens:,} in / {usage.output_tokens:,} out)",
         f"{usage.requests} request{'' if usage.requests == 1 else 's'}",
@@ -400,7 +403,8 @@ def _usage(usage: Usage) -> str:
     return " · ".join(parts)
 
 
-def _seconds(seconds: float) -> str:
+def seconds_text(seconds: float) -> str:
+    """A duration in words: milliseconds under a second, else seconds."""
     if seconds < 1:
         return f"{seconds * 1000:.1f} ms"
     return f"{seconds:.2f} s"

@@ -42,10 +42,8 @@ from xml.sax.saxutils import escape, quoteattr
 
 import msgspec
 
-from fractor.runtime import Usage
-
 from .._messages import ExecutionTrace, StepRecord, SummaryRecord, ToolOutcome
-from .._observation._traces import _match_children
+from .._observation._traces import _match_children, seconds_text, usage_text
 from .._parts import describe_part
 
 __all__ = [
@@ -235,8 +233,8 @@ def _row(
         f"task: {_cut(trace.task)}" if not attempt else "",
         *(f"part: {describe_part(part)}" for part in trace.task_parts),
         f"{len(trace.steps)} step{'' if len(trace.steps) == 1 else 's'}"
-        f" · {_seconds(trace.seconds)}",
-        f"usage: {_usage(trace.usage)}",
+        f" · {seconds_text(trace.seconds)}",
+        f"usage: {usage_text(trace.usage)}",
         f"answer: {_cut(trace.final_text)}" if trace.final_text else "",
         "read a digest of the attempts before" if trace.digest else "",
     ]
@@ -261,8 +259,8 @@ def _summary_bar(record: SummaryRecord, start: float) -> Bar:
     lines = [
         f"summarized {turns}" if record.ok else f"summarization of {turns} failed, nothing folded",
         f"model: {record.model}" if record.model else "",
-        f"request: {record.input_messages} messages · {_seconds(record.seconds)}",
-        f"usage: {_usage(record.usage)}",
+        f"request: {record.input_messages} messages · {seconds_text(record.seconds)}",
+        f"usage: {usage_text(record.usage)}",
         f"summary: {_cut(record.summary)}" if record.summary else "",
         f"error: {_cut(record.error)}" if record.error else "",
     ]
@@ -285,9 +283,9 @@ def _step_bars(step: StepRecord, start: float) -> tuple[list[Bar], int]:
     lines = [
         f"step {number} · {'interrupted' if step.interrupted else step.finish_reason}",
         f"model: {step.model}" if step.model else "",
-        f"request: {step.input_messages} messages · model {_seconds(step.model_seconds)}"
-        + (f" · tools {_seconds(step.tools_seconds)}" if step.outcomes else ""),
-        f"usage: {_usage(step.usage)}",
+        f"request: {step.input_messages} messages · model {seconds_text(step.model_seconds)}"
+        + (f" · tools {seconds_text(step.tools_seconds)}" if step.outcomes else ""),
+        f"usage: {usage_text(step.usage)}",
         f"said: {_cut(step.response_text)}" if step.response_text else "",
         f"error: {_cut(step.error)}" if step.error else "",
     ]
@@ -370,31 +368,16 @@ def _tool_title(outcome: ToolOutcome) -> str:
     lines = [
         f"{call.name} [{call.id}]",
         f"request: {_cut(call.arguments)}",
-        f"{_seconds(outcome.seconds)}"
+        f"{seconds_text(outcome.seconds)}"
         + (f" · {outcome.attempts} attempts" if outcome.attempts > 1 else "")
         + (" · interrupted" if outcome.interrupted else ""),
-        f"approval: {outcome.approval} after {_seconds(outcome.waited)}"
+        f"approval: {outcome.approval} after {seconds_text(outcome.waited)}"
         if outcome.approval
         else "",
         verdict,
         *(f"part: {describe_part(part)}" for part in outcome.parts),
     ]
     return "\n".join(line for line in lines if line)
-
-
-def _usage(usage: Usage) -> str:
-    parts = [
-        f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens",
-        f"{usage.requests} request{'' if usage.requests == 1 else 's'}",
-        f"{usage.tool_calls} tool call{'' if usage.tool_calls == 1 else 's'}",
-    ]
-    if usage.cost:
-        parts.append(f"cost {usage.cost:.4g}")
-    return " · ".join(parts)
-
-
-def _seconds(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def _cut(text: str, limit: int = _TOOLTIP) -> str:
@@ -482,7 +465,7 @@ def render_timeline_svg(timeline: Timeline | Sequence[ExecutionTrace]) -> str:
     axis.extend(
         f'<line x1="{x(tick)}" y1="{_TOP - 12}" x2="{x(tick)}" y2="{height}" '
         'stroke-dasharray="2,4"/>'
-        f'<text x="{x(tick)}" y="{_TOP - 16}" text-anchor="middle">{_seconds(tick)}</text>'
+        f'<text x="{x(tick)}" y="{_TOP - 16}" text-anchor="middle">{seconds_text(tick)}</text>'
         for tick in _ticks(span)
     )
     axis.append(f'<text x="4" y="{_TOP - 16}">execution</text></g>')
