@@ -30,6 +30,7 @@ from fractor.runtime import StoreError
 from ._draw import PipeConsole
 from ._scenario import DEFAULT_BUDGET_TOKENS, QUESTION, DemoOptions, DemoRun, describe, run_demo
 from ._trace import DEFAULT_DB, default_db
+from ._ui import check_ui
 from ._usage import print_usage
 
 __all__ = ["add_demo_parser", "demo_command", "print_report"]
@@ -84,6 +85,12 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--plain", action="store_true", help="progress lines instead of the live tree"
     )
     demo.add_argument(
+        "--ui",
+        action="store_true",
+        help="serve the web view of the tree on 127.0.0.1 while it runs "
+        "(its URL, with its token, on stderr; --speed 0.1 to watch it longer)",
+    )
+    demo.add_argument(
         "--backend", choices=("asyncio", "trio"), default="asyncio", help="event loop to run on"
     )
     return demo
@@ -114,6 +121,11 @@ def options_from(args: argparse.Namespace) -> tuple[DemoOptions, list[str]]:
 async def demo_command(args: argparse.Namespace, *, console: Console | None = None) -> int:
     """Run ``fractor demo``; the exit status."""
     options, problems = options_from(args)
+    if args.ui:
+        try:
+            check_ui()
+        except ValueError as exc:
+            problems.append(str(exc))
     if problems:
         for problem in problems:
             print(f"fractor demo: {problem}", file=sys.stderr)
@@ -128,7 +140,7 @@ async def demo_command(args: argparse.Namespace, *, console: Console | None = No
         console.print(intro[0], style="bold", markup=False, highlight=False)
         console.print(*intro[1:], sep="\n", style="dim", markup=False, highlight=False)
     try:
-        run = await run_demo(options, console=console, plain=plain)
+        run = await run_demo(options, console=console, plain=plain, ui=args.ui)
     except StoreError as exc:
         print(f"fractor demo: cannot use the database: {exc}", file=sys.stderr)
         return 2

@@ -81,6 +81,7 @@ from ..providers import ProviderError, model_from_string, redact
 from ._imports import import_spec, is_function_of
 from ._live import watch
 from ._trace import default_db
+from ._ui import check_ui, web_view
 
 __all__ = [
     "STREAM_IGNORED",
@@ -270,6 +271,12 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="print the answer as it arrives (instead of the live view)",
     )
     run.add_argument(
+        "--ui",
+        action="store_true",
+        help="serve the web view of the run's tree on 127.0.0.1 while it runs "
+        "(its URL, with its token, on stderr; needs fractor[ui])",
+    )
+    run.add_argument(
         "--session",
         metavar="NAME",
         help="keep the conversation in the database under this name; the next run with "
@@ -413,6 +420,8 @@ async def run_command(args: argparse.Namespace) -> int:
     """Run ``fractor run``; returns the exit status."""
     try:
         parts = load_parts(args.image or [], args.file or [])
+        if args.ui:
+            check_ui()
     except ValueError as exc:
         print(f"fractor run: {exc}", file=sys.stderr)
         return 2
@@ -482,7 +491,10 @@ async def run_command(args: argparse.Namespace) -> int:
         asking = agent.approve is not None
         async with _store(args.session, args.db) as store:
             if args.stream:
-                async with Runtime(budget=budget, store=store) as runtime:
+                async with (
+                    Runtime(budget=budget, store=store) as runtime,
+                    web_view(runtime, args.ui, secrets=[api_key or ""]),
+                ):
                     ref = await runtime.spawn(agent, id=args.session)
                     async with _approvals_asked(runtime, ref, asking):
                         result, printed = await _streamed(ref, task, sys.stdout, resume=args.resume)
@@ -493,6 +505,7 @@ async def run_command(args: argparse.Namespace) -> int:
                 async with (
                     Runtime(budget=budget, store=store) as runtime,
                     watch(runtime, steps=True, title="fractor run", plain=plain),
+                    web_view(runtime, args.ui, secrets=[api_key or ""]),
                 ):
                     ref = await runtime.spawn(agent, id=args.session)
                     async with _approvals_asked(runtime, ref, asking):

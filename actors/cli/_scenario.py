@@ -54,6 +54,7 @@ from .._models._protocol import (
 from .._observation._traces import collect_trace_tree
 from .._tools._tool import Tool
 from ._live import watch
+from ._ui import web_view
 from ._world import Clock, Topic, make_tools, pick_topics, url
 
 __all__ = [
@@ -360,7 +361,11 @@ def build_team(options: DemoOptions) -> tuple[Agent, tuple[str, ...]]:
 
 
 async def run_demo(
-    options: DemoOptions, *, console: Console | None = None, plain: bool | None = None
+    options: DemoOptions,
+    *,
+    console: Console | None = None,
+    plain: bool | None = None,
+    ui: bool = False,
 ) -> DemoRun:
     """Run the scenario once, watched on ``console``; the store is opened and closed here.
 
@@ -383,6 +388,7 @@ async def run_demo(
         async with (
             Runtime(budget=budget, prices=PRICES, store=store) as rt,
             watch(rt, console=console, plain=plain, title="fractor demo"),
+            web_view(rt, ui),
         ):
             ref = await rt.spawn(lead)
             result = await ref.ask(QUESTION)

@@ -8,10 +8,13 @@ import io
 import itertools
 import re
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import anyio
+import httpx2
 import pytest
 from rich.console import Console
 
@@ -293,3 +296,40 @@ def test_demo_options_namespace_defaults() -> None:
     args: argparse.Namespace = _parser().parse_args(["demo"])
     assert (args.fanout, args.depth, args.budget_tokens) == (3, 1, DEFAULT_BUDGET_TOKENS)
     assert (args.speed, args.db, args.no_store, args.plain) == (1.0, None, False, False)
+
+
+async def test_the_demo_with_ui_serves_its_tree_while_it_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # ``fractor demo --ui``: the URL, with its token, once on stderr; the page's JSON
+    # has the demo's tree while it runs; once it ended, nothing listens there.
+    found: list[str] = []
+    seen: list[set[str]] = []
+
+    async def look() -> None:
+        while not found:
+            await anyio.sleep(0.02)
+            found.extend(
+                re.findall(r"http://127\.0\.0\.1:\d+/\?token=\S+", capsys.readouterr().err)
+            )
+        url = found[0]
+        async with httpx2.AsyncClient() as client:
+            for _ in range(100):
+                response = await client.get(url.replace("/?token=", "/api/tree?token="))
+                names = {node["agent"] for node in response.json()["nodes"]}
+                if "lead" in names:
+                    seen.append(names)
+                    return
+                await anyio.sleep(0.05)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(look)
+        run = await run_demo(DemoOptions(speed=5, db=None), console=console(), ui=True)
+        group.cancel_scope.cancel()  # (found and seen, or not: the asserts say)
+    assert run.result.status == "completed"
+    assert len(found) == 1
+    assert seen
+    assert "lead" in seen[0]
+    port = int(found[0].split(":")[2].split("/")[0])
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()

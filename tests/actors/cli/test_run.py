@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -388,3 +389,21 @@ def test_session_options_are_checked(
         code = main(["run", "--model", "openai:test", "--base-url", url, *options, "go on"])
         assert code == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["live", "stream"])
+def test_fractor_run_with_ui_announces_its_web_view_once(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str], stream: bool
+) -> None:
+    # The web view serves while the run runs (tests/actors/cli/test_demo.py reads it);
+    # its URL, with its token, is said once, on stderr, and the run is as without it.
+    server.queue(json_reply(completion("The answer is 42.", prompt=21, output=6)))
+    extra = ["--stream"] if stream else []
+    code = main(
+        ["run", "--model", "openai:test", "--base-url", f"{server.url}/v1", "--ui", *extra, "Q?"]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.out
+    urls = re.findall(r"http://127\.0\.0\.1:\d+/\?token=[\w-]{40,}", captured.err)
+    assert len(urls) == 1, captured.err
+    assert "The answer is 42." in captured.out
