@@ -56,6 +56,12 @@ SKEW = 0.02
 #: loaded machine): this many seconds or ``MARGIN_SHARE`` of the period, the longer.
 MARGIN = 0.5
 MARGIN_SHARE = 0.05
+#: A request answered within this many seconds of its admission, or within the
+#: period, the longer, is counted from its answer: the server saw it then or sooner,
+#: however late a loaded client sent it (with a 0.5 s window and 500 agents on two
+#: busy cores, sends went out more than ``MARGIN`` late and the server refused 6).
+#: Only a longer reply is counted from ``margin`` after its admission.
+LONG = 2.0
 
 
 class RateLimit(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -105,17 +111,18 @@ class _Window:
     window, as servers count). A charge is made when its request is admitted; the
     server saw the request a little later (a new connection is opened first), and
     before it answered: once it answers (``settle``), the charge is counted from
-    then, or from ``MARGIN`` after it was admitted if that is sooner (a long reply
-    is not counted from its end). And a charge leaves the window ``SKEW`` of the
-    period late, for the clocks."""
+    then, or, for a reply longer than ``LONG`` seconds and the period, from
+    ``MARGIN`` after it was admitted (a long reply is not counted from its end). And
+    a charge leaves the window ``SKEW`` of the period late, for the clocks."""
 
-    __slots__ = ("capacity", "charges", "kind", "margin", "period", "used")
+    __slots__ = ("capacity", "charges", "kind", "long", "margin", "period", "used")
 
     def __init__(self, kind: int, capacity: int, period: float) -> None:
         self.kind = kind  # _REQUESTS, _TOKENS, _INPUT or _OUTPUT
         self.capacity = capacity
         self.period = period * (1 + SKEW)
         self.margin = max(MARGIN, MARGIN_SHARE * period)
+        self.long = max(LONG, period)
         #: The charges in the window, oldest first: [when, amount] (settled in place).
         self.charges: deque[list[float]] = deque()
         self.used = 0.0
@@ -149,8 +156,8 @@ class _Window:
 
     def amend(self, entry: list[float], amount: float, now: float | None) -> None:
         """Make a charge still in the window ``amount`` (its real usage), counted from
-        ``now`` (its request answered) or ``margin`` after it was made, whichever is
-        sooner (None: from when it was made)."""
+        ``now`` (its request answered), or ``margin`` after it was made for a reply
+        longer than ``long`` (None: from when it was made)."""
         charges = self.charges
         if not charges or entry[0] < charges[0][0]:
             return  # it left the window already
@@ -158,7 +165,7 @@ class _Window:
         entry[1] = amount
         if now is None:
             return
-        later = min(now, entry[0] + self.margin)
+        later = now if now - entry[0] <= self.long else entry[0] + self.margin
         if later > entry[0]:
             if charges[-1] is not entry:
                 charges.remove(entry)  # (kept in order: the oldest leaves first)

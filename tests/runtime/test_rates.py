@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from fractor.runtime import RateLimit, Runtime
-from fractor.runtime._rates import SKEW, Lane, Pass, Rates
+from fractor.runtime._rates import LONG, MARGIN, SKEW, Lane, Pass, Rates, _Window
 
 #: A scaled-down minute.
 PERIOD = 0.3
@@ -233,3 +233,20 @@ async def test_the_runtime_shows_its_lanes_in_its_statistics() -> None:
             assert one is not None
             lanes.settle(one, 1, 1)
         assert rt.statistics().rate_waits == 0
+
+
+def test_a_request_sent_late_by_a_busy_client_is_counted_from_its_answer() -> None:
+    # Admitted at 0, its request went out late (a loaded process: more than MARGIN)
+    # and answered at 0.9 s: the server saw it between 0.5 and 0.9, so the window
+    # counts it from 0.9, not from MARGIN after its admission (then the lane let a
+    # request through at 1.02 that the server, still counting this one, refused).
+    window = _Window(0, capacity=1, period=0.5)
+    entry = window.charge(1, now=0.0)
+    window.amend(entry, 1, now=0.9)
+    assert window.wait(1, now=1.2) > 0  # the server still counts it
+    assert window.wait(1, now=0.9 + 0.5 * (1 + SKEW) + 0.001) == 0
+    # A reply longer than the period and LONG is counted from MARGIN after admission.
+    long = _Window(0, capacity=1, period=0.5)
+    entry = long.charge(1, now=0.0)
+    long.amend(entry, 1, now=LONG + 1)
+    assert long.wait(1, now=MARGIN + 0.5 * (1 + SKEW) + 0.001) == 0
