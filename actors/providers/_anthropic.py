@@ -67,14 +67,13 @@ from .._messages import (
     ToolResultMessage,
     ToolSpec,
     UserMessage,
-    parts_in,
 )
 from .._models._protocol import Sink
 from .._parts import PDF, Image, Media, anthropic_image_tokens
 from ._anthropic_response import CHARS_PER_TOKEN, read_message
 from ._anthropic_stream import AnthropicStreamReader
 from ._base import ProviderModel, output_cap, read_raw
-from ._content import KINDS, Parts, kind_of, label, part_estimate
+from ._content import KINDS, Parts, kind_of, label
 from ._errors import ProviderError
 from ._estimates import estimate_request_tokens
 
@@ -172,9 +171,8 @@ class AnthropicModel(ProviderModel):
             per_message=_PER_MESSAGE,
             per_tool=_PER_TOOL,
             tools_preamble=_TOOLS_PREAMBLE,
+            image_tokens=anthropic_image_tokens,
         )
-        for part in parts_in(request.messages):
-            tokens += part_estimate(part, anthropic_image_tokens)
         return tokens
 
     def create_client(self, sdk: ModuleType) -> Any:

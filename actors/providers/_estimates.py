@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import msgspec
 
-from .._messages import AssistantMessage, ModelRequest
+from .._messages import AssistantMessage, ModelRequest, ToolResultMessage, UserMessage
+from .._parts import ImageTokens
+from ._content import part_estimate
 
 __all__ = ["estimate_output_tokens", "estimate_request_tokens"]
 
@@ -25,6 +27,7 @@ def estimate_request_tokens(
     per_tool: int,
     base: int = 0,
     tools_preamble: int = 0,
+    image_tokens: ImageTokens | None = None,
 ) -> int:
     """A provider's estimate of the input tokens of ``request``, linear in its size.
 
@@ -32,14 +35,21 @@ def estimate_request_tokens(
     arguments, tool results included), every tool spec (name, description, JSON
     schema) and a native structured output's schema, plus ``per_message`` tokens per
     message, ``per_tool`` per tool, ``tools_preamble`` once when tools are offered and
-    ``base`` once.
+    ``base`` once; and with ``image_tokens`` (the provider's rule for an image of known
+    size), each image and document of a user turn or tool result (``part_estimate``),
+    in the same pass.
     """
     chars = 0
+    parts = 0
     for message in request.messages:
         chars += len(message.content)
-        if type(message) is AssistantMessage:
-            for tool_call in message.tool_calls:
+        kind = type(message)
+        if kind is AssistantMessage:
+            for tool_call in message.tool_calls:  # type: ignore[union-attr]
                 chars += len(tool_call.name) + len(tool_call.arguments) + len(tool_call.id)
+        elif image_tokens is not None and (kind is UserMessage or kind is ToolResultMessage):
+            for part in message.parts:  # type: ignore[union-attr]
+                parts += part_estimate(part, image_tokens)
     for spec in request.tools:
         chars += len(spec.name) + len(spec.description)
         chars += len(_json_encoder.encode(spec.parameters))
@@ -47,7 +57,7 @@ def estimate_request_tokens(
     if output is not None and output.native:
         chars += len(_json_encoder.encode(output.schema))
     tokens = -int(-chars // chars_per_token) if chars else 0
-    tokens += base + per_message * len(request.messages)
+    tokens += base + per_message * len(request.messages) + parts
     if request.tools:
         tokens += tools_preamble + per_tool * len(request.tools)
     return tokens

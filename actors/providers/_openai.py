@@ -74,12 +74,11 @@ from .._messages import (
     ToolResultMessage,
     ToolSpec,
     UserMessage,
-    parts_in,
 )
 from .._models._protocol import Sink
 from .._parts import Document, Image, Media, openai_image_tokens
 from ._base import ProviderModel, output_cap, read_raw
-from ._content import KINDS, Parts, label, part_estimate
+from ._content import KINDS, Parts, label
 from ._estimates import estimate_request_tokens
 from ._openai_response import CHARS_PER_TOKEN, read_completion
 from ._openai_stream import OpenAIStreamReader
@@ -196,9 +195,8 @@ class OpenAIModel(ProviderModel):
             per_message=_PER_MESSAGE,
             per_tool=_PER_TOOL,
             base=_REPLY_PRIMING,
+            image_tokens=openai_image_tokens,
         )
-        for part in parts_in(request.messages):
-            tokens += part_estimate(part, openai_image_tokens)
         return tokens
 
     def create_client(self, sdk: ModuleType) -> Any:
