@@ -132,6 +132,7 @@ from .providers import AnthropicModel as AnthropicModel
 from .providers import OpenAIModel as OpenAIModel
 from .providers import ProviderError as ProviderError
 from .providers import model_from_string as model_from_string
+from .ui import serve_ui as serve_ui
 
 #: The installed distribution's version.
 __version__ = _VERSION
@@ -259,6 +260,7 @@ __all__ = [
     "part_tokens",
     "render_trace_tree",
     "reply",
+    "serve_ui",
     "streamed",
     "tool",
     "watch",

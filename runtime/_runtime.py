@@ -84,6 +84,10 @@ class Closeable(Protocol):
     async def aclose(self) -> None: ...
 
 
+#: The key ``enter`` holds ``Runtime(ui=...)``'s context under.
+_UI_KEY = ("fractor.runtime", "ui")
+
+
 class _NotRunning(BaseException):
     """Never raised: ``Runtime.cancelled`` until the runtime runs."""
 
@@ -141,6 +145,7 @@ class Runtime:
         rate_limits: dict[str, RateLimit] | None = None,
         count_refused: bool = False,
         tool_limits: dict[str, int] | None = None,
+        ui: Callable[[Runtime], AbstractAsyncContextManager[Any]] | None = None,
     ) -> None:
         if (
             isinstance(grace, bool)
@@ -187,6 +192,15 @@ class Runtime:
         self.grace = grace
         #: Where subtrees may run besides this process (None: only here).
         self.hosts = hosts
+        if ui is not None and not callable(ui):
+            raise TypeError(
+                "ui must be a callable taking the runtime and returning an async context "
+                f"manager (fractor.serve_ui), got {type(ui).__qualname__}"
+            )
+        self._ui_factory = ui
+        #: What ``ui`` gave once entered (``serve_ui``'s ``UI``: its ``url``); None
+        #: without one, or until the runtime runs.
+        self.ui: Any = None
         self.mailbox_size = mailbox_size
         #: Where actors persist their state; None keeps everything in memory.
         self.store = store
@@ -230,6 +244,14 @@ class Runtime:
         self.supervisor.start()
         self.event_bus.start()
         self._state = "running"
+        factory = self._ui_factory
+        if factory is not None:
+            try:
+                self.ui = await self.enter(_UI_KEY, lambda: factory(self))
+            except BaseException as exc:
+                # Not entered: leave as a failed body would, then say why.
+                await self.__aexit__(type(exc), exc, exc.__traceback__)
+                raise
         return self
 
     async def __aexit__(

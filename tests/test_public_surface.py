@@ -112,6 +112,8 @@ def test_actors_surface_names() -> None:
         # content parts: images and documents beside text, their limits and trace line
         "ContentError", "ContentLimits", "Document", "Image", "Part", "Text",
         "describe_part", "part_tokens",
+        # the web view of a live tree (needs the ui extra only once served)
+        "serve_ui",
     }  # fmt: skip
     assert set(actors.__all__) == expected
 
