@@ -15,14 +15,16 @@ and the line, on:
 2. **An upward import.** The layers, lowest first::
 
        runtime  <  actors (the core)  <  actors.providers  <  actors.integrations
-                <  actors.cli  <  benchmarks
+                <  actors.ui  <  actors.cli  <  benchmarks
 
    A module imports its own layer and the layers below it, never one above: the
    kernel knows nothing of agents, the core nothing of providers, nothing of the
    product imports the benchmarks. The command line may use an integration, an
-   integration never the command line. A package's ``__init__`` (its public
-   surface) may re-export from anywhere inside its own package: ``actors``
-   re-exports ``watch`` from ``actors.cli._live``.
+   integration never the command line. The web view (``actors.ui``) is the edge,
+   with the command line: it may use the integrations, the providers and the core,
+   the command line may serve it (``--ui``), nothing below imports it. A package's
+   ``__init__`` (its public surface) may re-export from anywhere inside its own
+   package: ``actors`` re-exports ``watch`` from ``actors.cli._live``.
 3. **A private cross-package import.** A private module (one whose name, below the
    top package, starts with ``_``) is imported only from inside the package that
    holds it (its ``__init__``, its siblings and their subpackages) or by the
@@ -36,7 +38,8 @@ and the line, on:
    edge's and the integrations' (``fractor.actors.cli``, ``fractor.actors.integrations``);
    no other module of the kernel or the agent layer imports them, at any level, for
    types only included: a user who never draws a live view or joins a cluster never
-   loads them.
+   loads them. The web view's server (Starlette, uvicorn) is the web view's
+   (``fractor.actors.ui``) and the integrations' (the MCP server runs on uvicorn).
 
 The tests themselves are not walked: they may reach into private modules. The
 checker is first run on small synthetic module graphs, each breaking one rule, so
@@ -63,6 +66,7 @@ LAYERS = (
     "fractor.actors",
     "fractor.actors.providers",
     "fractor.actors.integrations",
+    "fractor.actors.ui",
     "fractor.actors.cli",
     "fractor.benchmarks",
     "fractor",
@@ -267,9 +271,14 @@ def private(imports: list[Import], modules: Mapping[str, Module]) -> Iterator[st
 
 
 #: Third-party packages only the edge and the integrations may import.
-HEAVY = ("rich", "ray", "mcp", "opentelemetry")
+HEAVY = ("rich", "ray", "mcp", "opentelemetry", "starlette", "uvicorn")
 #: Where they may be imported (and everything below).
-HEAVY_HOMES = ("fractor.actors.cli", "fractor.actors.integrations", "fractor.benchmarks")
+HEAVY_HOMES = (
+    "fractor.actors.cli",
+    "fractor.actors.ui",
+    "fractor.actors.integrations",
+    "fractor.benchmarks",
+)
 
 
 def heavy(modules: Mapping[str, Module]) -> Iterator[str]:
@@ -391,6 +400,25 @@ BROKEN = {
         {"fractor.actors.cli": "", "fractor.actors.integrations.mcp": "from ..cli import main"},
         "upward import: fractor.actors.integrations.mcp imports fractor.actors.cli",
     ),
+    "the core importing the web view": (
+        {"fractor.actors.ui": "", "fractor.actors._agent": "from .ui import serve_ui"},
+        "upward import: fractor.actors._agent imports fractor.actors.ui",
+    ),
+    "a provider importing the web view, for types only": (
+        {
+            "fractor.actors.ui": "",
+            "fractor.actors.providers._openai": TYPE_ONLY + "from ..ui import UI",
+        },
+        "upward import: fractor.actors.providers._openai imports fractor.actors.ui (line 3)",
+    ),
+    "the web view importing the command line": (
+        {"fractor.actors.cli": "", "fractor.actors.ui._server": "from ..cli import main"},
+        "upward import: fractor.actors.ui._server imports fractor.actors.cli",
+    ),
+    "the core importing uvicorn": (
+        {"fractor.actors._agent": "def serve():\n    import uvicorn"},
+        "heavy import: fractor.actors._agent imports uvicorn (line 2)",
+    ),
     "the product importing the benchmarks": (
         {"fractor.actors.cli._bench": "def suite():\n    import fractor.benchmarks"},
         "upward import: fractor.actors.cli._bench imports fractor.benchmarks",
@@ -459,6 +487,13 @@ SOUND = {
         "fractor.actors.cli._run": (
             "from .._agent import Agent\nfrom ..providers import model_from_string"
         ),
+    },
+    "the command line serving the web view, which uses the core and an integration": {
+        "fractor.actors.integrations.otel": "",
+        "fractor.actors.ui._server": (
+            "from .._agent import Agent\nfrom ..integrations import otel\nimport uvicorn"
+        ),
+        "fractor.actors.cli._ui": "from ..ui import serve_ui",
     },
     "the edge and the integrations importing what they draw and join with": {
         "fractor.actors.cli._live": "import rich.tree",

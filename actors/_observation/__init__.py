@@ -6,6 +6,9 @@ the command line's, ``fractor.actors.cli``).
 - ``_stream.py``: Streaming an ask.
 - ``_traces.py``: Execution traces outside the actor: export, load, collect from a
   store, render.
+- ``_lines.py``: What the live views write in words (the latest streamed line of each
+  execution, progress lines): the terminal's (``fractor.actors.cli``) and the web
+  view's (``fractor.actors.ui``) alike.
 
 A private package, one of the folders by kind of ``fractor.actors``: nothing is imported
 here, so importing one of its modules runs no other. The public names are re-exported by

@@ -28,12 +28,15 @@ runtime's objects there:
 for every request (in the query, ``?token=``, or the ``X-Fractor-Token`` header);
 without it the answer is 403. The page and its script ship in this package (no CDN).
 What the page shows comes from snapshots and events, which carry no secrets (the
-providers redact their errors before anything records them); any ``secrets=`` given
-are masked in every view on top of that.
+providers redact their errors before anything records them); on top of that every
+view goes through the same ``redact`` as the providers' errors
+(``fractor.actors.providers.redact``): any ``secrets=`` given, and credentials in a
+URL, are ``[redacted]``.
 """
 
 from __future__ import annotations
 
+import re
 import secrets as _secrets
 import socket
 import sys
@@ -56,8 +59,9 @@ from fractor.runtime import Runtime, Subscription, TreeSnapshot
 
 from .._agent._ref import Decide, GetApprovals
 from .._messages import safe_text
+from .._observation._lines import LatestLines
 from .._tools._approval import ApprovalError, ApprovalRequest
-from ._lines import StreamedLines
+from ..providers import redact
 from ._view import Held, tree_view
 
 if TYPE_CHECKING:
@@ -113,13 +117,14 @@ class UI:
         self.token = _secrets.token_urlsafe(32)
         #: The port it listens on (the one given, or the one the system chose for 0).
         self.port = port
-        self._masks = tuple(
-            (msgspec.json.encode(secret)[1:-1], b"[redacted]")
+        #: As they stand in JSON (``redact`` takes out those of 4 characters or more).
+        self._secrets = tuple(
+            msgspec.json.encode(secret)[1:-1].decode()
             for secret in secrets
-            if isinstance(secret, str) and len(secret) >= 4
+            if isinstance(secret, str)
         )
         self._announce = announce
-        self._lines = StreamedLines()
+        self._lines = LatestLines()
         self._events: Subscription | None = None
         self._version = 0
         #: The latest view, encoded: replaced whole, read by the server's thread.
@@ -168,10 +173,7 @@ class UI:
             lines=self._lines.line,
             approvals=self._approvals(snapshot),
         )
-        data = _encode(view)
-        for secret, mask in self._masks:
-            data = data.replace(secret, mask)
-        self._payload = data
+        self._payload = _redacted(_encode(view), self._secrets)
 
     def _tops(self, snapshot: TreeSnapshot) -> list[str]:
         """The actor ids of the running top-level agents (the ones approvals go through)."""
@@ -344,6 +346,20 @@ class UI:
         finally:
             self._events = None
         return await stack.__aexit__(exc_type, exc, tb)
+
+
+#: A string of a JSON document (its quotes included).
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def _redacted(data: bytes, secrets: tuple[str, ...]) -> bytes:
+    """JSON ``data`` with each of its strings through ``redact`` (one string at a
+    time, so that URL credentials are looked for within a string, never across two),
+    when there may be something to take out: a secret, or a URL and an ``@``."""
+    found = any(len(secret) >= 4 and secret.encode() in data for secret in secrets)
+    if not found and not (b"://" in data and b"@" in data):
+        return data
+    return _JSON_STRING.sub(lambda match: redact(match[0].decode(), secrets).encode(), data)
 
 
 _NO_STORE = {"cache-control": "no-store"}

@@ -16,6 +16,7 @@ import pytest
 from fractor import Agent, AgentRef, Budget, Runtime, ScriptedModel, call, reply, tool
 from fractor.actors import ApprovalRequest, ToolResultMessage
 from fractor.actors.ui import UI, TreeView, serve_ui
+from fractor.actors.ui._server import _redacted
 
 RAN: list[str] = []
 
@@ -121,7 +122,7 @@ async def test_the_json_tree_matches_rt_tree_with_its_budget_bars() -> None:
             mailer = next(n for n in view.nodes if n.agent == "mailer")
             assert mailer.status == "running"
             assert mailer.bars == ()  # its budget is the root's, drawn from there
-            assert mailer.line == f"waiting for approval: send_email [{request.id}]"
+            assert mailer.line == f"⧗ waiting for approval: send_email [{request.id}]"
             (approval,) = view.approvals
             assert (approval.id, approval.tool, approval.path) == (
                 request.id,
@@ -211,6 +212,20 @@ async def test_secrets_given_are_masked_in_every_view() -> None:
             assert key.encode() not in response.content
             assert b"[redacted]" in response.content
             ref.deny(request)
+
+
+def test_redaction_takes_url_credentials_out_of_each_json_string_alone() -> None:
+    data = msgspec.json.encode(
+        {"a": "http://example.org", "b": "ana@example.org", "c": "https://u:pw@h.io key-1234"}
+    )
+    shown = msgspec.json.decode(_redacted(data, ("key-1234",)))
+    assert shown == {
+        "a": "http://example.org",
+        "b": "ana@example.org",
+        "c": "https://[redacted]@h.io [redacted]",
+    }
+    plain = msgspec.json.encode({"a": "nothing to hide"})
+    assert _redacted(plain, ("key-1234",)) is plain
 
 
 async def test_a_port_out_of_range_is_refused() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 
 from fractor.actors import ModelText, StepStart
+from fractor.actors._observation._lines import LatestLines
 from fractor.actors.ui import Held, bars, tree_view
-from fractor.actors.ui._lines import StreamedLines
 from fractor.actors.ui._view import SPENT
 from fractor.runtime import Budget, Event, EventDetail, NodeSnapshot, TreeSnapshot, Usage
 
@@ -65,7 +65,7 @@ def test_the_view_keeps_the_tree_order_lines_and_waits() -> None:
 
 
 def test_the_latest_streamed_line_of_each_execution() -> None:
-    lines = StreamedLines(width=10)
+    lines = LatestLines(width=10)
 
     def feed(execution_id: str, detail: EventDetail) -> None:
         lines.feed(Event(at=0.0, execution_id=execution_id, detail=detail))
