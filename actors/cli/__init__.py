@@ -7,6 +7,8 @@ prints the installed distribution's version. Each command is a module of its own
 - ``_demo.py``: ``fractor demo``, the scripted research team of ``_scenario.py`` in
   the scripted world of ``_world.py``, with the usage table of ``_usage.py``.
 - ``_trace.py``: ``fractor trace``, a stored or exported execution as a tree.
+- ``_ui_db.py``: ``fractor ui --db FILE``, a store's executions as timelines in the
+  browser (``fractor.actors.ui``; the ``ui`` extra).
 - ``_mcp_serve.py``: ``fractor mcp-serve``, an agent served as one MCP tool
   (``fractor.actors.integrations.mcp_serve``; the ``mcp`` extra), on asyncio.
 - ``_bench.py``: ``fractor bench``, the benchmark suite (``python -m benchmarks``, in
@@ -35,7 +37,7 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     # The commands are imported when the command line runs, not with the package:
     # ``import fractor.actors`` (which re-exports ``watch`` from ``_live.py``) loads none of them.
-    from . import _bench, _demo, _mcp_serve, _run, _trace
+    from . import _bench, _demo, _mcp_serve, _run, _trace, _ui_db
 
     parser = argparse.ArgumentParser(
         prog="fractor", description="An actor runtime for nested LLM agents."
@@ -44,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _demo.add_demo_parser(commands)
     _trace.add_trace_parser(commands)
+    _ui_db.add_ui_parser(commands)
     _run.add_run_parser(commands)
     _bench.add_bench_parser(commands)
     _mcp_serve.add_mcp_serve_parser(commands)
@@ -62,12 +65,14 @@ def main(argv: collections.abc.Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from . import _bench, _demo, _mcp_serve, _run, _trace
+    from . import _bench, _demo, _mcp_serve, _run, _trace, _ui_db
 
     if args.command == "demo":
         return anyio.run(_demo.demo_command, args, backend=args.backend)
     if args.command == "trace":
         return anyio.run(_trace.trace_command, args)
+    if args.command == "ui":
+        return anyio.run(_ui_db.ui_command, args)  # the server runs on asyncio anyway
     if args.command == "run":
         return anyio.run(_run.run_command, args, backend=args.backend)
     if args.command == "mcp-serve":

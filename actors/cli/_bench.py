@@ -55,7 +55,7 @@ DEFAULT_JSON = "fractor-bench.json"
 DEFAULT_FANOUT = 10
 DEFAULT_CALLS = 200
 _SUITE_ONLY = ("quick", "only")
-_TOOL_ONLY = ("args", "fanout", "concurrency", "calls", "sweep", "svg")
+_TOOL_ONLY = ("args", "fanout", "concurrency", "calls", "sweep", "svg", "ui")
 #: The suite's package, run as ``python -m benchmarks``: never imported from here.
 _SUITE = "fractor.benchmarks"
 #: Worker threads anyio's default limiter lets sync tools use at once.
@@ -115,6 +115,14 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     mine.add_argument(
         "--svg", metavar="FILE", help="with --sweep: also write the chart as an SVG file"
     )
+    mine.add_argument(
+        "--ui",
+        action="store_const",
+        const=True,
+        default=None,
+        help="with --sweep: serve the chart on 127.0.0.1 as it grows, level by level, "
+        "until Ctrl-C (the ui extra)",
+    )
     bench.add_argument(
         "--backend", choices=("asyncio", "trio"), default="asyncio", help="event loop to run on"
     )
@@ -132,7 +140,7 @@ def bench_command(args: argparse.Namespace) -> int:
         return _fail("--backend trio needs the trio package: pip install trio")
     if args.tool is None:
         return _suite(args)
-    if args.sweep is not None or args.svg is not None:
+    if args.sweep is not None or args.svg is not None or args.ui is not None:
         from ._bench_sweep import sweep_command
 
         return sweep_command(args)

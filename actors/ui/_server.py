@@ -5,6 +5,12 @@
     async with Runtime() as rt, serve_ui(rt) as ui:
         ...  # ui.url, printed once, carries the token every request needs
 
+The same server, with the same thread and token, serves two other kinds of pages:
+``serve_stored(path)`` (``StoredUI``, ``fractor ui --db FILE``) the executions of a
+SQLite store, each as a timeline with its steps' details (``_stored.py``), and
+``serve_sweep(tool, levels, calls=N)`` (``SweepUI``, ``fractor bench --sweep --ui``)
+a tool's concurrency sweep, its chart growing as each level is measured.
+
 **Threads and loops.** The runtime runs on anyio, on asyncio or on trio; uvicorn (the
 ASGI server, a dependency of ``mcp`` already) runs on asyncio only. So the server
 runs in a thread of its own, on its own asyncio event loop, and never touches the
@@ -36,17 +42,19 @@ URL, are ``[redacted]``.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets as _secrets
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from functools import partial
 from importlib import resources
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from xml.sax.saxutils import escape
 
 import anyio
 import anyio.from_thread
@@ -55,13 +63,17 @@ import anyio.to_thread
 import msgspec
 from anyio.abc import TaskGroup
 
-from fractor.runtime import Runtime, Subscription, TreeSnapshot
+from fractor.runtime import Runtime, SQLiteStore, Subscription, TreeSnapshot
 
 from .._agent._ref import Decide, GetApprovals
-from .._messages import safe_text
+from .._messages import ExecutionTrace, safe_text
 from .._observation._lines import LatestLines
+from .._observation._traces import TRACE_KIND, collect_trace_tree, render_trace_tree
 from .._tools._approval import ApprovalError, ApprovalRequest
 from ..providers import redact
+from ._stored import ExecutionSummary, execution_details, list_executions
+from ._sweep import SweepLevel, SweepReport, find_knee, render_sweep_svg
+from ._timeline import render_timeline_svg
 from ._view import Held, tree_view
 
 if TYPE_CHECKING:
@@ -70,7 +82,7 @@ if TYPE_CHECKING:
     from starlette.responses import Response
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["UI", "serve_ui"]
+__all__ = ["UI", "StoredUI", "SweepUI", "SweepView", "serve_stored", "serve_sweep", "serve_ui"]
 
 #: The default seconds between two views published (a few a second at most).
 INTERVAL = 0.25
@@ -130,9 +142,7 @@ class UI:
         #: The latest view, encoded: replaced whole, read by the server's thread.
         self._payload = b""
         self._stack = AsyncExitStack()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
+        self._serving = _ServerThread()
         self._token: anyio.lowlevel.EventLoopToken | None = None
         self._group: TaskGroup | None = None
 
@@ -252,81 +262,27 @@ class UI:
                 return JSONResponse({"error": f"no approval {request_id!r} is waiting"}, 404)
             return JSONResponse({"id": request_id, "approved": decision.approved})
 
-        @asynccontextmanager
-        async def lifespan(app: Any) -> AsyncIterator[None]:
-            started.set()
-            yield
-
-        app = Starlette(
-            routes=[
-                Route("/", index),
-                Route("/api/tree", tree),
-                Route("/api/approvals/{request_id}", approval, methods=["POST"]),
-            ],
-            lifespan=lifespan,
-        )
-        return _TokenGate(app, self.token)
-
-    def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
-        try:
-            server.run(sockets=[sock])
-        except BaseException as error:  # reported by __aexit__, never lost in the thread
-            self._failure = error
-        finally:
-            sock.close()
+        routes = [
+            Route("/", index),
+            Route("/api/tree", tree),
+            Route("/api/approvals/{request_id}", approval, methods=["POST"]),
+        ]
+        return _gated(Starlette(routes=routes, lifespan=_lifespan(started)), self.token)
 
     async def __aenter__(self) -> UI:
-        import uvicorn
-
         async with AsyncExitStack() as stack:
             self._token = anyio.lowlevel.current_token()
             self._events = await stack.enter_async_context(self.rt.events())
             self.publish()
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.bind(("127.0.0.1", self.port))
-                sock.listen(128)
-            except OSError:
-                sock.close()
-                raise
-            self.port = sock.getsockname()[1]
-            started = threading.Event()
-            config = uvicorn.Config(
-                self._app(started),
-                loop="asyncio",
-                lifespan="on",
-                log_level="warning",
-                access_log=False,
-                timeout_graceful_shutdown=1,
-            )
-            server = self._server = uvicorn.Server(config)
-            thread = self._thread = threading.Thread(
-                target=self._serve, args=(server, sock), name="fractor-ui", daemon=True
-            )
-            thread.start()
-            stack.push_async_callback(self._stop)
-            if not await anyio.to_thread.run_sync(started.wait, THREAD_TIMEOUT):
-                raise RuntimeError(f"the web view's server did not start: {self._failure!r}")
+            stack.push_async_callback(self._serving.stop)
+            self.port = await self._serving.start(self._app, self.port)
             self._stack = stack.pop_all()
         # Apart from the stack: the body's exception goes through it as it was raised.
         group = self._group = anyio.create_task_group()
         await group.__aenter__()
         group.start_soon(self._publish_every)
-        show = self._announce
-        if show is None:
-            print(f"fractor web view: {self.url}", file=sys.stderr, flush=True)
-        else:
-            show(self.url)
+        _say(self.url, self._announce)
         return self
-
-    async def _stop(self) -> None:
-        server, thread = self._server, self._thread
-        if server is None or thread is None:
-            return
-        server.should_exit = True
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(thread.join, THREAD_TIMEOUT)
-        self._server = self._thread = None
 
     async def __aexit__(
         self,
@@ -387,6 +343,405 @@ class _TokenGate:
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+# -- serving one app in a thread of its own --------------------------------------------
+
+
+class _ServerThread:
+    """uvicorn serving one ASGI app on 127.0.0.1, in a thread of its own on its own
+    asyncio loop (the thread is named ``fractor-ui``): ``await start(make_app, port)``
+    gives the port it listens on, ``await stop()`` (idempotent) ends it."""
+
+    def __init__(self) -> None:
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    async def start(self, make_app: Callable[[threading.Event], ASGIApp], port: int) -> int:
+        """Bind ``port`` (0: a free one), serve ``make_app(started)`` (its lifespan sets
+        ``started``) and return once it serves; ``RuntimeError`` if it cannot."""
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        port = sock.getsockname()[1]
+        started = threading.Event()
+        config = uvicorn.Config(
+            make_app(started),
+            loop="asyncio",
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+        )
+        server = self._server = uvicorn.Server(config)
+        thread = self._thread = threading.Thread(
+            target=self._serve, args=(server, sock), name="fractor-ui", daemon=True
+        )
+        thread.start()
+
+        def wait() -> bool:  # until it serves, or its thread ended (it never will)
+            deadline = THREAD_TIMEOUT
+            while deadline > 0 and thread.is_alive():
+                if started.wait(0.05):
+                    return True
+                deadline -= 0.05
+            return started.is_set()
+
+        if not await anyio.to_thread.run_sync(wait):
+            await self.stop()
+            raise RuntimeError(f"the web view's server did not start: {self._failure!r}")
+        return port
+
+    def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as error:  # reported by start, never lost in the thread
+            self._failure = error
+        finally:
+            sock.close()
+
+    async def stop(self) -> None:
+        server, thread = self._server, self._thread
+        if server is None or thread is None:
+            return
+        server.should_exit = True
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(thread.join, THREAD_TIMEOUT)
+        self._server = self._thread = None
+
+
+def _lifespan(
+    started: threading.Event, resource: Callable[[], AbstractAsyncContextManager[Any]] | None = None
+) -> Callable[[Any], AbstractAsyncContextManager[None]]:
+    """A Starlette lifespan that sets ``started`` once it serves, inside ``resource()``
+    (opened and closed on the server's loop) if one is given."""
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            if resource is not None:
+                await stack.enter_async_context(resource())
+            started.set()
+            yield
+
+    return lifespan
+
+
+def _gated(app: ASGIApp, token: str) -> ASGIApp:
+    return _TokenGate(app, token)
+
+
+def _say(url: str, announce: Callable[[str], None] | None) -> None:
+    """The URL with its token, said once: to ``announce``, else on stderr."""
+    if announce is None:
+        print(f"fractor web view: {url}", file=sys.stderr, flush=True)
+    else:
+        announce(url)
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _html(text: str) -> Response:
+    from starlette.responses import Response
+
+    return Response(text, media_type="text/html; charset=utf-8", headers=_NO_STORE)
+
+
+def _json(data: bytes, status: int = 200) -> Response:
+    from starlette.responses import Response
+
+    return Response(data, status, media_type="application/json", headers=_NO_STORE)
+
+
+def _check_port(port: int) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be a whole number from 0 to 65535, got {port!r}")
+
+
+class _Served:
+    """What the stored traces' and the sweep's servers share: a token, a port, a
+    thread serving ``_app``, the URL said once on entering."""
+
+    def __init__(self, *, port: int, announce: Callable[[str], None] | None) -> None:
+        _check_port(port)
+        #: The token every request needs.
+        self.token = _secrets.token_urlsafe(32)
+        #: The port it listens on (the one given, or the one the system chose for 0).
+        self.port = port
+        self._announce = announce
+        self._serving = _ServerThread()
+
+    @property
+    def url(self) -> str:
+        """The page's address, with the token."""
+        return f"http://127.0.0.1:{self.port}/?token={self.token}"
+
+    def _app(self, started: threading.Event) -> ASGIApp:
+        raise NotImplementedError  # pragma: no cover - each kind serves its own
+
+    async def _check(self) -> None:
+        """Raise, before anything is served, when it cannot serve what it should."""
+
+    async def _enter(self) -> None:
+        await self._check()
+        self.port = await self._serving.start(self._app, self.port)
+        _say(self.url, self._announce)
+
+    async def aclose(self) -> None:
+        await self._serving.stop()
+
+
+# -- stored traces ---------------------------------------------------------------------
+
+
+class StoredUI(_Served):
+    """The executions a SQLite store keeps, served on 127.0.0.1 (``serve_stored``):
+    an async context manager.
+
+    ``GET /`` lists the top-level executions (from ``GET /api/executions``);
+    ``GET /executions/{id}`` is one execution's timeline with the text ``fractor
+    trace`` prints, and ``GET /api/executions/{id}`` the details of each of its
+    steps (the page shows them when a bar is clicked). The store is opened on the
+    server's loop and read at each request, so executions saved meanwhile appear.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        port: int = 0,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(port=port, announce=announce)
+        self.path = os.fspath(path)
+
+    async def _check(self) -> None:
+        if not await anyio.Path(self.path).is_file():
+            raise FileNotFoundError(
+                f"no store at {self.path!r}: give the SQLite file a Runtime(store="
+                "SQLiteStore(...)) or fractor run --db wrote"
+            )
+        async with SQLiteStore(self.path) as store:  # a StoreError if it is not one
+            await store.records(kind=TRACE_KIND, limit=1)
+
+    def _app(self, started: threading.Event) -> ASGIApp:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        # Made on the server's loop (its lifespan), where every request reads it.
+        opened: list[SQLiteStore] = []
+
+        def open_store() -> SQLiteStore:
+            opened.append(SQLiteStore(self.path))
+            return opened[0]
+
+        listing, timeline = _asset("executions.html"), _asset("traces.html")
+
+        async def index(request: Request) -> Response:
+            return _html(listing)
+
+        async def executions(request: Request) -> Response:
+            found = await list_executions(opened[0])
+            view = StoredList(store=self.path, executions=found)
+            return _json(_redacted(_encode(view), ()))
+
+        async def read(request: Request) -> tuple[str, tuple[ExecutionTrace, ...]]:
+            execution_id = request.path_params["execution_id"]
+            return execution_id, await collect_trace_tree(opened[0], execution_id)
+
+        async def page(request: Request) -> Response:
+            execution_id, traces = await read(request)
+            if not traces:
+                return _html(_missing(execution_id))
+            svg = render_timeline_svg(traces)
+            if svg.startswith("<?xml"):
+                svg = svg.split("\n", 1)[1]
+            values = {
+                "title": escape(f"{traces[0].agent_name or traces[0].agent_id} [{execution_id}]"),
+                "id": escape(execution_id, {'"': "&quot;"}),
+                "svg": svg,
+                "trace": escape(render_trace_tree(traces)),
+            }
+            return _html(_FIELD.sub(lambda match: values[match[1]], timeline))
+
+        async def details(request: Request) -> Response:
+            execution_id, traces = await read(request)
+            if not traces:
+                return _json(_encode({"error": f"no execution {execution_id!r} is stored"}), 404)
+            return _json(_redacted(_encode(execution_details(traces)), ()))
+
+        routes = [
+            Route("/", index),
+            Route("/api/executions", executions),
+            Route("/executions/{execution_id}", page),
+            Route("/api/executions/{execution_id}", details),
+        ]
+        app = Starlette(routes=routes, lifespan=_lifespan(started, open_store))
+        return _gated(app, self.token)
+
+    async def __aenter__(self) -> StoredUI:
+        await self._enter()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class StoredList(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of ``GET /api/executions``: the store's path and its executions."""
+
+    store: str
+    executions: tuple[ExecutionSummary, ...]
+
+
+#: A field of a page's template, ``{{name}}``: filled in one pass, so that nothing
+#: filled in is read again as a field.
+_FIELD = re.compile(r"\{\{(title|id|svg|trace)\}\}")
+
+
+def _missing(execution_id: str) -> str:
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>not stored'
+        f"</title></head><body><p>No execution {escape(repr(execution_id))} is stored."
+        "</p></body></html>"
+    )
+
+
+def serve_stored(
+    path: str | os.PathLike[str],
+    *,
+    port: int = 0,
+    announce: Callable[[str], None] | None = None,
+) -> StoredUI:
+    """The executions of the SQLite store at ``path`` as pages on
+    ``http://127.0.0.1:<port>``, as ``async with serve_stored(path) as ui:``; its URL
+    with the token is said once on stderr (or to ``announce``). ``FileNotFoundError``
+    on entering for a missing file, ``StoreError`` for one that is no store."""
+    return StoredUI(path, port=port, announce=announce)
+
+
+# -- a tool's concurrency sweep ----------------------------------------------------------
+
+
+class SweepView(msgspec.Struct, frozen=True, kw_only=True):
+    """What the sweep's page shows: the levels measured so far, their chart, the knee."""
+
+    tool: str
+    calls: int
+    levels: tuple[int, ...]
+    measured: tuple[SweepLevel, ...]
+    knee: int | None
+    finished: bool
+    svg: str
+
+
+class SweepUI(_Served):
+    """A tool's sweep served as it runs (``serve_sweep``): an async context manager.
+
+    The sweep (on the caller's loop) reports each call (``called``) and each level
+    measured (``measured``); ``GET /api/sweep`` gives the chart of the levels so far
+    (``render_sweep_svg``), the knee among them and the progress of the level being
+    measured, which ``GET /`` draws and redraws as it grows.
+    """
+
+    def __init__(
+        self,
+        tool: str,
+        levels: Sequence[int],
+        *,
+        calls: int,
+        port: int = 0,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(port=port, announce=announce)
+        self.tool = tool
+        self.levels = tuple(levels)
+        self.calls = calls
+        self._measured: tuple[SweepLevel, ...] = ()
+        #: The level being measured and its calls done: one tuple, replaced whole.
+        self._progress: tuple[int, int] = (self.levels[0] if self.levels else 0, 0)
+        self._payload = b""
+        self._publish(finished=False)
+
+    def called(self, concurrency: int, done: int) -> None:
+        """A call of the level ``concurrency`` ended, ``done`` of them so far."""
+        self._progress = (concurrency, done)
+
+    def measured(self, level: SweepLevel) -> None:
+        """A level was measured: the chart grows by one point."""
+        self._measured = (*self._measured, level)
+        self._publish(finished=False)
+
+    def finish(self, report: SweepReport) -> None:
+        """The sweep ended: its report, as the command prints it."""
+        self.tool = report.tool
+        self._measured = report.levels
+        self._publish(finished=True)
+
+    def view(self) -> SweepView:
+        return msgspec.json.decode(self._payload, type=SweepView)
+
+    def _publish(self, *, finished: bool) -> None:
+        measured = self._measured
+        report = SweepReport(tool=self.tool, levels=measured, knee=find_knee(measured))
+        svg = render_sweep_svg(report).split("\n", 1)[1] if measured else ""
+        view = SweepView(
+            tool=self.tool,
+            calls=self.calls,
+            levels=self.levels,
+            measured=measured,
+            knee=report.knee,
+            finished=finished,
+            svg=svg,
+        )
+        self._payload = _encode(view)
+
+    def _app(self, started: threading.Event) -> ASGIApp:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        page = _asset("sweep.html")
+
+        async def index(request: Request) -> Response:
+            return _html(page)
+
+        async def state(request: Request) -> Response:
+            concurrency, done = self._progress
+            progress = _encode({"concurrency": concurrency, "done": done})
+            return _json(b'{"progress":' + progress + b',"view":' + self._payload + b"}")
+
+        routes = [Route("/", index), Route("/api/sweep", state)]
+        return _gated(Starlette(routes=routes, lifespan=_lifespan(started)), self.token)
+
+    async def __aenter__(self) -> SweepUI:
+        await self._enter()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def serve_sweep(
+    tool: str,
+    levels: Sequence[int],
+    *,
+    calls: int,
+    port: int = 0,
+    announce: Callable[[str], None] | None = None,
+) -> SweepUI:
+    """A page on ``http://127.0.0.1:<port>`` whose chart grows as ``sweep(...,
+    on_call=ui.called, on_level=ui.measured)`` measures each level; ``ui.finish(report)``
+    at the end. Its URL with the token is said once (stderr, or ``announce``)."""
+    return SweepUI(tool, levels, calls=calls, port=port, announce=announce)
 
 
 def serve_ui(

@@ -124,17 +124,38 @@ def as_tool(target: object) -> Tool[..., Any]:
 
 
 async def sweep(
-    target: object, levels: Sequence[int], *, calls: int, arguments: str = "{}"
+    target: object,
+    levels: Sequence[int],
+    *,
+    calls: int,
+    arguments: str = "{}",
+    on_call: Callable[[int, int], None] | None = None,
+    on_level: Callable[[SweepLevel], None] | None = None,
 ) -> SweepReport:
-    """Measure ``target`` at each of ``levels`` (see the module's docstring)."""
+    """Measure ``target`` at each of ``levels`` (see the module's docstring).
+
+    ``on_call(concurrency, done)`` is called as each call ends (how many of the
+    level's calls ended so far) and ``on_level(level)`` as each level is measured:
+    what a page showing the sweep as it runs reads (``fractor bench --sweep --ui``).
+    """
     if calls < 1:
         raise SweepInputError(f"--calls must be >= 1, got {calls}")
     subject = as_tool(target)
-    measured = [await _level(subject, level, calls, arguments) for level in levels]
+    measured: list[SweepLevel] = []
+    for level in levels:
+        measured.append(await _level(subject, level, calls, arguments, on_call))
+        if on_level is not None:
+            on_level(measured[-1])
     return SweepReport(tool=subject.name, levels=tuple(measured), knee=find_knee(measured))
 
 
-async def _level(subject: Tool[..., Any], level: int, calls: int, arguments: str) -> SweepLevel:
+async def _level(
+    subject: Tool[..., Any],
+    level: int,
+    calls: int,
+    arguments: str,
+    on_call: Callable[[int, int], None] | None,
+) -> SweepLevel:
     latencies: list[float] = []
     errors = 0
     taken = 0
@@ -148,6 +169,8 @@ async def _level(subject: Tool[..., Any], level: int, calls: int, arguments: str
             outcome = await subject.invoke(call)
             latencies.append(time.perf_counter() - start)
             errors += outcome.is_error
+            if on_call is not None:
+                on_call(level, len(latencies))
 
     began = time.perf_counter()
     async with anyio.create_task_group() as tg:
