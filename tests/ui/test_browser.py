@@ -2,9 +2,10 @@
 
 Without a Chromium on the machine these tests fail saying so under ``CI=true`` and
 are skipped with that reason elsewhere (``browser.find_chromium``). Screenshots are
-written to ``tests/ui/screenshots/`` (ignored by git), one per backend:
-``live-tree-<backend>-waiting.png`` (an approval pending, the budget bars) and
-``live-tree-<backend>-done.png`` (after it was approved in the page).
+written to ``tests/ui/screenshots/`` (ignored by git): ``live-tree-<backend>-waiting.png``
+(an approval pending, the budget bars) and ``live-tree-<backend>-done.png`` (after it
+was approved in the page), ``timeline.png`` (a stored execution's timeline, a step
+clicked) and ``sweep.png`` (a sweep's chart with its knee).
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ import anyio.to_thread
 import pytest
 
 from fractor import Agent, Budget, Runtime, ScriptedModel, call, reply, tool
-from fractor.actors.ui import serve_ui
+from fractor.actors import calls, collect_trace_tree
+from fractor.actors._observation._traces import usage_text
+from fractor.actors.ui import serve_stored, serve_sweep, serve_ui
+from fractor.actors.ui.charts import SweepLevel, SweepReport, find_knee
+from fractor.runtime import SQLiteStore
 
 from .browser import Browser, find_chromium, screenshot_path
 
@@ -137,5 +142,172 @@ async def test_the_page_without_the_token_is_refused_in_the_browser(
             assert "/api/tree" not in await anyio.to_thread.run_sync(
                 browser.evaluate, "document.documentElement.outerHTML"
             )
+        finally:
+            await anyio.to_thread.run_sync(browser.close)
+
+
+@tool
+async def slow(x: int) -> str:
+    """Answer ``x`` after 50 ms."""
+    await anyio.sleep(0.05)
+    return f"slow {x}"
+
+
+#: The box of each tool call's bar in the page: left, right, top (CSS pixels).
+BOXES = (
+    "[...document.querySelectorAll('g.bar.tool > rect')].map(r => {"
+    " const b = r.getBoundingClientRect(); return [b.left, b.right, b.top]; })"
+)
+
+
+def click(selector: str) -> str:
+    """JavaScript clicking the first element of ``selector`` (an SVG one too: it has
+    no ``click()``), as a user's click does: an event that bubbles."""
+    return (
+        f"document.querySelector({json.dumps(selector)})"
+        ".dispatchEvent(new MouseEvent('click', {bubbles: true}))"
+    )
+
+
+async def test_a_stored_timeline_shows_parallel_calls_and_a_step_s_usage_on_click(
+    tmp_path: pathlib.Path,
+) -> None:
+    chromium = find_chromium()
+    db = tmp_path / "runs.db"
+    model = ScriptedModel([calls(call("slow", x=1), call("slow", x=2)), reply("done")])
+    async with SQLiteStore(db) as store, Runtime(store=store) as rt:
+        result = await (await rt.spawn(Agent("lead", model, tools=[slow]))).ask("go")
+        (trace,) = await collect_trace_tree(store, result.execution_id)
+    async with serve_stored(db, announce=lambda url: None) as ui:
+        browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+        try:
+            await anyio.to_thread.run_sync(browser.open, ui.url)
+            link = await until(
+                lambda: browser.evaluate("document.querySelector('tr.execution a')?.textContent"),
+                "the stored execution in the list",
+            )
+            assert link == f"lead [{trace.execution_id}]"
+            await anyio.to_thread.run_sync(
+                browser.evaluate, "document.querySelector('tr.execution a').click()"
+            )
+
+            def tool_boxes() -> Any:
+                found = browser.evaluate(BOXES)
+                return found if len(found) == 2 else None
+
+            boxes = await until(tool_boxes, "two tool calls on the timeline")
+            (left_a, right_a, top_a), (left_b, right_b, top_b) = boxes
+            # They ran at once: side by side, their spans overlapping.
+            assert left_a < right_b
+            assert left_b < right_a
+            assert top_a != top_b  # on lanes of their own
+            step = trace.steps[0]
+            await anyio.to_thread.run_sync(browser.evaluate, click("g.bar.step"))
+
+            def usage() -> Any:
+                shown = browser.evaluate("document.querySelector('#details .usage')?.textContent")
+                if not shown:  # the details were still on their way: click again
+                    browser.evaluate(click("g.bar.step"))
+                return shown
+
+            assert await until(usage, "the step's usage") == usage_text(step.usage)
+            asked = await anyio.to_thread.run_sync(
+                browser.evaluate,
+                "[...document.querySelectorAll('#details .call .asked')].map(e => e.textContent)",
+            )
+            assert asked == ['slow({"x":1})', 'slow({"x":2})']
+            path = await anyio.to_thread.run_sync(
+                browser.screenshot, screenshot_path("timeline.png")
+            )
+            assert path.stat().st_size > 1_000
+            quoted = trace.execution_id.replace("#", "%23")
+            for route in ["/", "/api/executions", f"/executions/{quoted}"]:
+                await refused(browser, f"http://127.0.0.1:{ui.port}{route}")
+            await refused(browser, f"http://127.0.0.1:{ui.port}/api/executions/{quoted}")
+        finally:
+            await anyio.to_thread.run_sync(browser.close)
+
+
+async def refused(browser: Browser, url: str) -> None:
+    """``url`` opened without the token shows the 403 and nothing else."""
+    await anyio.to_thread.run_sync(browser.open, url)
+    text = await until(
+        lambda: browser.evaluate("document.body && document.body.innerText"), "the refusal"
+    )
+    assert text.startswith("403"), (url, text)
+
+
+def level(concurrency: int, throughput: float, p95: float) -> SweepLevel:
+    return SweepLevel(
+        concurrency=concurrency,
+        calls=20,
+        errors=0,
+        wall_seconds=20 / throughput,
+        throughput=throughput,
+        p50=p95 / 2,
+        p95=p95,
+        p99=p95 * 1.2,
+    )
+
+
+async def test_the_sweep_chart_grows_in_the_page_and_marks_its_knee(
+    tmp_path: pathlib.Path,
+) -> None:
+    chromium = find_chromium()
+    levels = [level(1, 20, 0.05), level(2, 40, 0.05), level(4, 80, 0.05), level(8, 82, 0.1)]
+    async with serve_sweep("search", (1, 2, 4, 8), calls=20, announce=lambda url: None) as ui:
+        browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+        try:
+            await anyio.to_thread.run_sync(browser.open, ui.url)
+            ui.called(1, 7)
+            status = await until(
+                lambda: browser.evaluate(
+                    "(document.getElementById('status')?.textContent || '').includes('7 of 20') "
+                    "&& document.getElementById('status').textContent"
+                ),
+                "the progress of the first level",
+            )
+            assert status == "measuring concurrency 1: 7 of 20 calls (level 1 of 4)"
+            points = (
+                "[...document.querySelectorAll('#chart svg polyline.throughput')]"
+                ".map(p => p.getAttribute('points').trim().split(/\\s+/).length)"
+            )
+            for count, measured in enumerate(levels, 1):
+                ui.measured(measured)
+                shown = await until(
+                    lambda: browser.evaluate(points) == [count] and count,  # noqa: B023
+                    f"{count} level(s) on the chart",
+                )
+                assert shown == count
+            knee = find_knee(levels)
+            assert knee == 4
+            ui.finish(SweepReport(tool="search", levels=tuple(levels), knee=knee))
+            marker = await until(
+                lambda: browser.evaluate(
+                    "document.querySelector('#chart svg g.knee')?.textContent"
+                ),
+                "the knee marker",
+            )
+            assert marker == "knee at concurrency 4knee: 4"
+            status = await until(
+                lambda: browser.evaluate(
+                    "(document.getElementById('status')?.textContent || '').startsWith('done')"
+                    " && document.getElementById('status').textContent"
+                ),
+                "the sweep done",
+            )
+            assert status == "done: 4 level(s), 20 calls each"
+            dots = await anyio.to_thread.run_sync(
+                browser.evaluate, "document.querySelectorAll('#chart svg circle').length"
+            )
+            assert dots == 2 * len(levels)  # a point per level, for throughput and p95
+            done = await anyio.to_thread.run_sync(
+                browser.evaluate, "document.getElementById('bar').value"
+            )
+            assert done == 4 * 20
+            path = await anyio.to_thread.run_sync(browser.screenshot, screenshot_path("sweep.png"))
+            assert path.stat().st_size > 1_000
+            for route in ["/", "/api/sweep"]:
+                await refused(browser, f"http://127.0.0.1:{ui.port}{route}")
         finally:
             await anyio.to_thread.run_sync(browser.close)
