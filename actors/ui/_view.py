@@ -6,6 +6,17 @@ requests in flight, the latest streamed lines and the pending approvals into a
 one per limit of its budget (``Bar``: spent, reserved, left); the page draws under a
 node the bars of every node above it that has a budget, since a budget is shared by
 its whole subtree.
+
+**Cheap to follow on a big tree.** A view of 1,000 nodes is published a few times a
+second; the page updates in place rather than redrawing it. So each node carries
+``rev``, a number that changes when anything the page shows of it changes (its
+status, usage, bars, wait, line; its ``seconds`` once it ended, not while it runs:
+that clock ticks at every view), and the view carries ``digest``, one number for all
+of them and the approvals: the page does nothing when the digest is the one it
+drew, and redraws only the nodes whose ``rev`` changed. Both are hashes, valid within
+one process (the page reads them from one server). Fields at their default (an empty
+wait, line, host, stop reason, no bars) are left out of the JSON (``omit_defaults``):
+a reader decodes them to their defaults.
 """
 
 from __future__ import annotations
@@ -41,8 +52,9 @@ class Bar(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     left: float
 
 
-class NodeView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One node as the page shows it (``agent`` is the node's name)."""
+class NodeView(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
+    """One node as the page shows it (``agent`` is the node's name); the fields at
+    their default are left out of the JSON."""
 
     id: str
     parent_id: str | None
@@ -50,18 +62,20 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     agent: str
     actor_id: str
     status: str
-    stop_reason: str
+    stop_reason: str = ""
     #: What its model request waits for ("" when it does not wait).
-    waiting: str
-    host: str
-    steps: int
-    agents: int
-    seconds: float
-    usage: Usage
+    waiting: str = ""
+    host: str = ""
+    steps: int = 0
+    agents: int = 0
+    seconds: float = 0.0
+    usage: Usage = Usage()
     #: One per limit of its own budget (none when it has no budget of its own).
-    bars: tuple[Bar, ...]
+    bars: tuple[Bar, ...] = ()
     #: The latest line its model streamed ("" if none).
-    line: str
+    line: str = ""
+    #: Changes when what the page shows of the node changes (see the module).
+    rev: int = 0
 
 
 class ApprovalView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -78,13 +92,17 @@ class ApprovalView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     at: float
 
 
-class TreeView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class TreeView(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
     """The whole page's data: the tree, parents before children, and the approvals."""
 
     #: Counts the views published so far (1 for the first).
     version: int
     nodes: tuple[NodeView, ...]
     approvals: tuple[ApprovalView, ...]
+    #: The same for two views that show the same (every ``rev``, the approvals).
+    digest: int = 0
+    #: Whether the server has stored traces to show (the page links to them).
+    traces: bool = False
 
 
 def _tokens(node: NodeSnapshot) -> float:
@@ -108,6 +126,8 @@ SPENT: Mapping[str, tuple[Callable[[NodeSnapshot], float], Callable[[Held], floa
 }
 
 _NOTHING_HELD = Held()
+#: Hashes are cut to 53 bits: JavaScript reads them as exact numbers.
+_MASK = (1 << 53) - 1
 
 
 def bars(node: NodeSnapshot, held: Held | None = None) -> tuple[Bar, ...]:
@@ -149,32 +169,61 @@ def tree_view(
     held: Mapping[str, Held] | None = None,
     lines: Callable[[str], str] | None = None,
     approvals: Sequence[ApprovalRequest] = (),
+    traces: bool = False,
 ) -> TreeView:
     """The page's data for ``snapshot``: ``held`` by node id (what each live node
-    holds reserved), ``lines(node_id)`` the latest streamed line of a node."""
+    holds reserved), ``lines(node_id)`` the latest streamed line of a node;
+    ``traces`` says the server has stored traces to show."""
     held = {} if held is None else held
-    nodes = tuple(
-        NodeView(
-            id=node.id,
-            parent_id=node.parent_id,
-            depth=node.depth,
-            agent=node.name,
-            actor_id=node.actor_id,
-            status=node.status,
-            stop_reason=node.stop_reason,
-            waiting=node.waiting,
-            host=node.host,
-            steps=node.steps,
-            agents=node.agents,
-            seconds=node.seconds,
-            usage=node.usage,
-            bars=bars(node, held.get(node.id)),
-            line=lines(node.id) if lines is not None else "",
-        )
-        for node in snapshot.nodes
-    )
+    nodes = tuple(node_view(node, held.get(node.id), lines) for node in snapshot.nodes)
+    shown = tuple(approval_view(request) for request in approvals)
+    digest = hash((tuple(node.id for node in nodes), tuple(node.rev for node in nodes), shown))
     return TreeView(
         version=version,
         nodes=nodes,
-        approvals=tuple(approval_view(request) for request in approvals),
+        approvals=shown,
+        digest=digest & _MASK,
+        traces=traces,
+    )
+
+
+def node_view(
+    node: NodeSnapshot, held: Held | None = None, lines: Callable[[str], str] | None = None
+) -> NodeView:
+    """One node as the page shows it, with its ``rev`` (see the module)."""
+    shown = bars(node, held)
+    line = lines(node.id) if lines is not None else ""
+    # A running node's seconds tick at every view: left out of what says it changed.
+    seconds = node.seconds if node.status != "running" else -1.0
+    rev = hash(
+        (
+            node.status,
+            node.stop_reason,
+            node.waiting,
+            node.host,
+            node.steps,
+            node.agents,
+            seconds,
+            node.usage,
+            shown,
+            line,
+        )
+    )
+    return NodeView(
+        id=node.id,
+        parent_id=node.parent_id,
+        depth=node.depth,
+        agent=node.name,
+        actor_id=node.actor_id,
+        status=node.status,
+        stop_reason=node.stop_reason,
+        waiting=node.waiting,
+        host=node.host,
+        steps=node.steps,
+        agents=node.agents,
+        seconds=node.seconds,
+        usage=node.usage,
+        bars=shown,
+        line=line,
+        rev=rev & _MASK,
     )

@@ -142,6 +142,21 @@ class Browser:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
+    def wait(self, expression: str, what: str, seconds: float = 20.0, every: float = 0.02) -> Any:
+        """The value of ``expression`` once it is truthy, read every ``every`` seconds
+        (in this thread: call it from a worker thread); AssertionError after
+        ``seconds``, with the last value read."""
+        deadline = time.monotonic() + seconds
+        while True:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the page never showed {what} in {seconds} s (last: {value!r})"
+                )
+            time.sleep(every)
+
     def screenshot(self, path: pathlib.Path) -> pathlib.Path:
         data = self.call("Page.captureScreenshot", {"format": "png"})["data"]
         path.write_bytes(base64.b64decode(data))

@@ -6,7 +6,7 @@ import msgspec
 
 from fractor.actors import ModelText, StepStart
 from fractor.actors._observation._lines import LatestLines
-from fractor.actors.ui import Held, bars, tree_view
+from fractor.actors.ui import Held, TreeView, bars, tree_view
 from fractor.actors.ui._view import SPENT
 from fractor.runtime import Budget, Event, EventDetail, NodeSnapshot, TreeSnapshot, Usage
 
@@ -78,3 +78,44 @@ def test_the_latest_streamed_line_of_each_execution() -> None:
     feed("e1", StepStart(step=2))
     assert lines.line("e1") == ""
     assert lines.line("e3") == ""
+
+
+def test_a_node_changes_its_rev_when_what_the_page_shows_changes() -> None:
+    def view(*nodes: NodeSnapshot, version: int = 1) -> TreeView:
+        return tree_view(TreeSnapshot(nodes=nodes), version=version)
+
+    running = view(node(seconds=1.0))
+    later = view(node(seconds=1.25), version=2)  # a running node's clock ticks
+    assert running.nodes[0].rev == later.nodes[0].rev
+    assert running.digest == later.digest  # the page does nothing
+    assert running.nodes[0].seconds != later.nodes[0].seconds  # still in the JSON
+    for changed in [
+        node(status="completed", seconds=1.0),
+        node(usage=Usage(input_tokens=301, output_tokens=100, requests=2, tool_calls=3, cost=0.5)),
+        node(waiting="tokens"),
+        node(steps=5),
+        node(limits=Budget(tokens=1_000)),
+    ]:
+        other = view(changed)
+        assert other.nodes[0].rev != running.nodes[0].rev, changed
+        assert other.digest != running.digest
+    ended = view(node(status="completed", seconds=1.0))
+    assert view(node(status="completed", seconds=2.0)).nodes[0].rev != ended.nodes[0].rev
+    assert view(node(), node(id="n2")).digest != running.digest  # a node more
+    assert 0 <= running.digest < 2**53  # exact numbers in JavaScript
+    assert 0 <= running.nodes[0].rev < 2**53
+
+
+def test_the_json_leaves_empty_fields_out_and_reads_back_the_same() -> None:
+    snapshot = TreeSnapshot(nodes=(node(), node(id="n2", waiting="tokens", host="h1")))
+    view = tree_view(snapshot, version=3, lines=lambda i: "hi" if i == "n2" else "")
+    data = msgspec.json.encode(view)
+    plain = msgspec.json.decode(data)
+    assert set(plain["nodes"][0]) == {
+        "id", "parent_id", "depth", "agent", "actor_id", "status", "steps", "agents",
+        "seconds", "usage", "rev",
+    }  # fmt: skip
+    assert (plain["nodes"][1]["waiting"], plain["nodes"][1]["line"]) == ("tokens", "hi")
+    assert "traces" not in plain
+    assert msgspec.json.decode(data, type=TreeView) == view
+    assert msgspec.json.decode(msgspec.json.encode(tree_view(snapshot, traces=True)))["traces"]
