@@ -243,6 +243,15 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reused: bool = False
     #: Images and documents of the result (the tool result message carries them).
     parts: tuple[Media, ...] = ()
+    #: When the call began running, in seconds after its execution's start (see
+    #: ``ExecutionTrace.started``): after its approval (``waited`` ends here), its
+    #: slot among the step's ``tool_concurrency`` workers and any runtime-wide cap
+    #: of its tool, so that ``started + seconds`` is when it ended. A subagent call:
+    #: when its child was started. A denied call: when its wait for the decision
+    #: began. A ``reused`` call keeps the one of the attempt where it ran. None for
+    #: a call that never ran (refused, unknown, answered by a typed answer) and in
+    #: traces written before start times were kept.
+    started: float | None = None
 
 
 class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -265,6 +274,10 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: The model that answered, as it named itself (a ``FallbackModel``'s answers
     #: name the model of its chain that gave them).
     model: str = ""
+    #: When its model request began, in seconds after its execution's start (see
+    #: ``ExecutionTrace.started``); its tool calls' phase began ``model_seconds`` later.
+    #: None in traces written before start times were kept.
+    started: float | None = None
 
 
 class SummaryRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -321,6 +334,11 @@ class ExecutionTrace(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Images and documents of the task, and of the final answer.
     task_parts: tuple[Media, ...] = ()
     parts: tuple[Media, ...] = ()
+    #: When the execution began: wall-clock seconds since the epoch (``time.time()``),
+    #: the origin of its steps' and tool calls' ``started`` offsets, and what places
+    #: executions (a subagent's among them, on any host) on one time axis. None in
+    #: traces written before start times were kept.
+    started: float | None = None
 
 
 class Conversation(msgspec.Struct, frozen=True, kw_only=True, gc=False):

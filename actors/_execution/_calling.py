@@ -319,6 +319,8 @@ class ToolRunner:
                 attempts=0,
                 approval=f"denied{said}",
                 waited=waited,
+                # It never ran: its bar is its wait for the decision.
+                started=time.perf_counter() - waited - recorder.origin,
             )
         outcome = await self._run_call_now(call)
         return msgspec.structs.replace(outcome, approval="approved", waited=waited)

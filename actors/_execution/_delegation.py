@@ -267,6 +267,7 @@ class Delegation:
                 is_error=True,
                 seconds=time.perf_counter() - began,
                 interrupted=True,
+                started=began - self.recorder.origin,
             )
         elif error is not None:
             # The child stopped before answering (it failed to start, say).
@@ -284,6 +285,7 @@ class Delegation:
                 is_error=result.status != "completed",
                 seconds=time.perf_counter() - began,
                 parts=result.parts,
+                started=began - self.recorder.origin,
             )
         self.outcomes[index] = outcome
         if self.waiter is not None and (not self.running or self.pending):

@@ -79,6 +79,7 @@ from .._observation._events import (
     StepStart,
 )
 from .._parts import Media, describe_part, size_text
+from .._tools._tool import EXECUTION_ORIGIN
 from ._answering import Answers
 from ._calling import Interrupted, ToolRunner
 from ._recording import NOT_RUN, Recorder, bind_log_context, synthesize
@@ -142,6 +143,7 @@ class Execution:
         "reuse",
         "specs",
         "started",
+        "started_at",
         "status",
         "summarizer",
         "supervisor",
@@ -214,7 +216,11 @@ class Execution:
         #: The images and documents of the model's final answer (``Result.parts``).
         self.final_parts: tuple[Media, ...] = ()
         self.last_text = ""
+        #: When it began: the clock its durations are measured on (and the origin of
+        #: its steps' and tool calls' ``started``), and the wall clock's reading then
+        #: (its trace's ``started``: executions on any host on one axis).
         self.started = time.perf_counter()
+        self.started_at = time.time()
         self.ended = 0.0
         #: The trace, once built (see ``final_trace``).
         self.built: ExecutionTrace | None = None
@@ -224,7 +230,9 @@ class Execution:
         self.via: Callable[[ModelRequest, Send], Awaitable[ModelResponse]] | None = getattr(
             agent.model, "request_via", None
         )
-        recorder = self.recorder = Recorder(agent.name, agent_id, node, supervisor, bus)
+        recorder = self.recorder = Recorder(
+            agent.name, agent_id, node, supervisor, bus, self.started
+        )
         self.emit: Emit = recorder.emit
         if self.via is None and getattr(agent.model, "streaming", False):
             # A streaming model hands its text to the recorder (an adapter's text is
@@ -307,11 +315,15 @@ class Execution:
         return self._finish(tokens, scope is not None and scope.cancelled_caught)
 
     def _begin(self) -> tuple[contextvars.Token[Any], ...]:
-        """Bind the log context and say the execution starts."""
+        """Bind the log context (and the origin of its tool calls' ``started``: see
+        ``EXECUTION_ORIGIN``) and say the execution starts."""
         node = self.node
         parent = node.parent
-        tokens = bind_log_context(
-            self.agent_id, parent.id if parent is not None else None, node.depth, node.id
+        tokens = (
+            *bind_log_context(
+                self.agent_id, parent.id if parent is not None else None, node.depth, node.id
+            ),
+            EXECUTION_ORIGIN.set(self.started),
         )
         if self.observed:
             parts = tuple(map(describe_part, self.task_parts))
@@ -798,6 +810,7 @@ class Execution:
                 resumed=self.resumed,
                 task_parts=self.task_parts,
                 parts=self.final_parts if self.status == "completed" else (),
+                started=self.started_at,
             )
         elif built.parent_id != parent_id or built.execution_id != self.execution_id:
             built = self.built = msgspec.structs.replace(

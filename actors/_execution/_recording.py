@@ -128,6 +128,7 @@ class Recorder:
         "bus",
         "charged",
         "node",
+        "origin",
         "sink",
         "step_asked",
         "step_began",
@@ -139,11 +140,20 @@ class Recorder:
     )
 
     def __init__(
-        self, agent_name: str, agent_id: str, node: Node, supervisor: Supervisor, bus: EventBus
+        self,
+        agent_name: str,
+        agent_id: str,
+        node: Node,
+        supervisor: Supervisor,
+        bus: EventBus,
+        origin: float,
     ) -> None:
         #: The agent's name and the actor's id, as every event says them.
         self.agent_name = agent_name
         self.agent_id = agent_id
+        #: When the execution began (``perf_counter`` seconds): its steps' and tool
+        #: calls' ``started`` are seconds after it.
+        self.origin = origin
         self.node = node
         self.supervisor = supervisor
         self.bus = bus  # read at every event site
@@ -230,6 +240,7 @@ class Recorder:
             finish_reason=response.finish_reason,
             error=error,
             model=response.model,
+            started=self.step_began - self.origin,
         )
         self.steps.append(record)
         self.step_began = 0.0
@@ -258,6 +269,7 @@ class Recorder:
                 tools_seconds=0.0,
                 finish_reason="error",
                 error=exception_text(exc),
+                started=self.step_began - self.origin,
             )
         )
         self.step_began = 0.0
@@ -285,18 +297,20 @@ class Recorder:
                 finish_reason="error",
                 error=f"interrupted before the model answered: {reason}",
                 interrupted=True,
+                started=self.step_began - self.origin,
             )
         response, usage, model_seconds, tools_began = asked
         seconds = ended - tools_began
+        began = tools_began - self.origin
         done = self.step_outcomes
         calls = response.tool_calls
         outcomes: tuple[ToolOutcome, ...]
         if done is None:  # the step's one tool call
-            outcomes = (interrupted_call(calls[0], seconds),)
+            outcomes = (interrupted_call(calls[0], seconds, began),)
         else:
             outcomes = tuple(
                 [
-                    interrupted_call(call, seconds) if outcome is NOT_RUN else outcome
+                    interrupted_call(call, seconds, began) if outcome is NOT_RUN else outcome
                     for call, outcome in zip(calls, done, strict=True)
                 ]
             )
@@ -312,6 +326,7 @@ class Recorder:
             finish_reason=response.finish_reason,
             error=f"interrupted while its tool calls ran: {reason}",
             interrupted=True,
+            started=self.step_began - self.origin,
         )
 
     def in_flight(self) -> tuple[ToolCall, ...] | None:
@@ -329,13 +344,16 @@ class Recorder:
         )
 
 
-def interrupted_call(call: ToolCall, seconds: float) -> ToolOutcome:
+def interrupted_call(call: ToolCall, seconds: float, started: float | None) -> ToolOutcome:
+    """A call still running when its execution stopped, ``seconds`` after its step's
+    tools began (``started``: when, after the execution's start)."""
     return ToolOutcome(
         call=call,
         content="[interrupted] still running when the execution stopped",
         is_error=True,
         seconds=seconds,
         interrupted=True,
+        started=started,
     )
 
 

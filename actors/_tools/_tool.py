@@ -31,6 +31,7 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from time import perf_counter
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
@@ -49,7 +50,14 @@ from ._schema import (
     parse_docstring,
 )
 
-__all__ = ["DEFAULT_MAX_RESULT_CHARS", "Tool", "ToolDefinitionError", "tool", "truncate"]
+__all__ = [
+    "DEFAULT_MAX_RESULT_CHARS",
+    "EXECUTION_ORIGIN",
+    "Tool",
+    "ToolDefinitionError",
+    "tool",
+    "truncate",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -57,6 +65,13 @@ R = TypeVar("R")
 #: Default cap on the text of one tool result, in characters.
 DEFAULT_MAX_RESULT_CHARS = 20_000
 _result_encoder = msgspec.json.Encoder()
+
+#: When the execution whose tool calls run in this task began (``perf_counter``
+#: seconds), set by the execution as it begins: an outcome's ``started`` is its
+#: call's start after it (the start the outcome's ``seconds`` is measured from, no
+#: clock read more). None outside an execution (a tool invoked on its own): no
+#: ``started`` then.
+EXECUTION_ORIGIN: ContextVar[float | None] = ContextVar("fractor_execution_origin", default=None)
 
 
 class Tool(Generic[P, R]):
@@ -244,6 +259,8 @@ class Tool(Generic[P, R]):
         Arguments are validated first (no attempt is made with invalid ones); then up
         to ``1 + retries`` attempts, each under ``timeout``, with an exponential pause
         of ``retry_delay * 2**(n-1)`` seconds after the n-th failed attempt.
+        The outcome's ``seconds`` run from here, and within an execution its
+        ``started`` says when this was (see ``EXECUTION_ORIGIN``).
         """
         start = perf_counter()
         kwargs = self.arguments(call, start)
@@ -335,12 +352,14 @@ class Tool(Generic[P, R]):
         """``content`` (cut to the result cap) as the outcome of ``call``."""
         if len(content) > self.max_result_chars:
             content = truncate(content, self.max_result_chars)
+        origin = EXECUTION_ORIGIN.get()
         return ToolOutcome(
             call=call,
             content=content,
             is_error=is_error,
             seconds=perf_counter() - start,
             attempts=attempts,
+            started=None if origin is None else start - origin,
         )
 
 

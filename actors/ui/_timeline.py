@@ -6,10 +6,28 @@ draws one as an SVG document (no script, no external asset: a ``<title>`` in eac
 is its tooltip); ``render_timeline_html`` wraps it in a page of its own. The traces are
 those ``collect_trace_tree`` reads from a store (or ``load_traces`` from an export).
 
-**Time.** A trace records durations, not clock times: each step's ``model_seconds``
-and ``tools_seconds``, each tool call's ``seconds`` (and ``waited`` for an approval),
-each execution's ``seconds``. The axis is rebuilt from them, in seconds from the start
-of the first top-level execution:
+**Time.** The axis is in seconds from the start of the earliest execution (the first
+top-level one, unless a host's clock runs behind). A trace says when things began:
+each execution's ``started`` (the wall clock, ``time.time()``, so executions on any
+host share the axis), and each step's and tool call's ``started`` (seconds after its
+execution's start), beside their durations (each step's ``model_seconds`` and
+``tools_seconds``, each tool call's ``seconds`` and ``waited`` for an approval, each
+execution's ``seconds``). Every bar is laid out from them:
+
+- an execution's row starts at its own ``started``, a subagent's and an earlier
+  attempt's too (so a subagent's row starts once its parent's step has delegated
+  it); a step at its ``started``, its tool calls after ``model_seconds``;
+- a tool call at its ``started`` (a call approved by a person: from when it began
+  waiting for the decision, ``waited`` before); calls of one step that overlap in
+  time go on lanes of their own, side by side, each on the first lane free when it
+  began; calls that ran one after another (``tool_concurrency`` made them wait for a
+  slot) share a lane. A call that never ran (refused, answered at once, reused from
+  an earlier attempt) sits at the start of its step's tools, with its duration;
+- a compaction's summarization starts its execution's row.
+
+**Traces written before start times were kept** (``started`` is None) are laid out
+from their durations alone, as follows (and so is any one trace, step or call of a
+mixed set that lacks its ``started``):
 
 - an execution's steps follow one another: a step is its model request, then its
   tool calls; a compaction's summarization comes before the first step;
@@ -124,7 +142,8 @@ def build_timeline(traces: Sequence[ExecutionTrace]) -> Timeline:
             children.setdefault(trace.parent_id, []).append(trace)
         else:
             roots.append(trace)
-    layout = _Layout(children, attempts)
+    starts = [trace.started for trace in traces if trace.started is not None]
+    layout = _Layout(children, attempts, min(starts) if starts else None)
     origin = 0.0
     for root in roots:
         origin = max(origin, layout.execution(root, origin, "", 0, attempt=False))
@@ -133,28 +152,50 @@ def build_timeline(traces: Sequence[ExecutionTrace]) -> Timeline:
 
 
 class _Layout:
-    __slots__ = ("attempts", "children", "drawn", "rows")
+    __slots__ = ("attempts", "base", "children", "drawn", "rows")
 
     def __init__(
-        self, children: dict[str, list[ExecutionTrace]], attempts: dict[str, list[ExecutionTrace]]
+        self,
+        children: dict[str, list[ExecutionTrace]],
+        attempts: dict[str, list[ExecutionTrace]],
+        base: float | None,
     ) -> None:
         self.children = children
         self.attempts = attempts
+        #: The wall-clock start of the earliest execution (the axis' 0), or None
+        #: when no trace says when it started.
+        self.base = base
         self.rows: list[Row] = []
         self.drawn: set[str] = set()
+
+    def place(self, trace: ExecutionTrace) -> float | None:
+        """Where ``trace`` starts on the axis, from its ``started``; None without it."""
+        base = self.base
+        if base is None or trace.started is None:
+            return None
+        return trace.started - base
 
     def execution(
         self, trace: ExecutionTrace, start: float, parent: str, depth: int, *, attempt: bool
     ) -> float:
-        """Add the rows of ``trace`` (starting at ``start``); where it ends."""
+        """Add the rows of ``trace`` (starting at its ``started``, or without one at
+        ``start``, where its durations place it); where it ends."""
         self.drawn.add(trace.execution_id)
         index = len(self.rows)
         self.rows.append(_placeholder(trace))  # its own row comes before those under it
+        placed = self.place(trace)
         cursor = start
         earlier = sorted(self.attempts.get(trace.execution_id, ()), key=lambda t: t.attempt)
         for before in earlier:
-            cursor = self.execution(before, cursor, trace.execution_id, depth + 1, attempt=True)
-        own_start = cursor
+            ended = self.execution(before, cursor, trace.execution_id, depth + 1, attempt=True)
+            cursor = ended if placed is None else max(cursor, ended)
+        if placed is not None:
+            # Timed: it starts at its own start, its earlier attempts at theirs.
+            own_start = placed
+            start = min([placed, *(self.rows[i].start for i in self._rows_of(earlier))])
+            cursor = placed
+        else:
+            own_start = cursor
         bars: list[Bar] = []
         matches = _match_children(trace, list(self.children.get(trace.execution_id, ())))
         delegated: list[tuple[ExecutionTrace, float]] = []
@@ -164,7 +205,9 @@ class _Layout:
             cursor += record.seconds
         lanes = 1
         for step in trace.steps:
-            step_bars, used = _step_bars(step, cursor)
+            if placed is not None and step.started is not None:
+                cursor = placed + step.started
+            step_bars, used = _step_bars(step, cursor, placed)
             for bar in step_bars:
                 if bar.kind == "tool":
                     outcome = _outcome_of(step, bar)
@@ -178,7 +221,7 @@ class _Layout:
             lanes = max(lanes, used)
             cursor += step.model_seconds + step.tools_seconds
         delegated.extend((orphan, own_start) for orphan in matches.orphans)
-        end = max(cursor, own_start + trace.seconds)
+        end = max([cursor, own_start + trace.seconds, *(bar.end for bar in bars)])
         for child, child_start in delegated:
             if child.execution_id not in self.drawn:
                 end = max(
@@ -189,6 +232,11 @@ class _Layout:
                 )
         self.rows[index] = _row(trace, parent, depth, attempt, start, end, lanes, bars, earlier)
         return end
+
+    def _rows_of(self, traces: Sequence[ExecutionTrace]) -> list[int]:
+        """The indexes of the rows drawn for ``traces``."""
+        ids = {trace.execution_id for trace in traces}
+        return [i for i, row in enumerate(self.rows) if row.execution_id in ids]
 
 
 def _placeholder(trace: ExecutionTrace) -> Row:
@@ -275,8 +323,10 @@ def _summary_bar(record: SummaryRecord, start: float) -> Bar:
     )
 
 
-def _step_bars(step: StepRecord, start: float) -> tuple[list[Bar], int]:
-    """The bars of one step from ``start``, and the lanes its row needs (1 + tools')."""
+def _step_bars(step: StepRecord, start: float, origin: float | None) -> tuple[list[Bar], int]:
+    """The bars of one step from ``start``, and the lanes its row needs (1 + tools'):
+    its tool calls placed from their ``started`` after ``origin`` (its execution's
+    start on the axis), or, when ``origin`` is None, inferred from their durations."""
     model_end = start + step.model_seconds
     end = model_end + step.tools_seconds
     number = step.index + 1
@@ -311,24 +361,72 @@ def _step_bars(step: StepRecord, start: float) -> tuple[list[Bar], int]:
         ),
     ]
     outcomes = step.outcomes
-    spans = [outcome.waited + outcome.seconds for outcome in outcomes]
-    placed = _lanes(spans, step.tools_seconds)
-    for position, (outcome, (lane, offset)) in enumerate(zip(outcomes, placed, strict=True)):
-        begin = model_end + offset
+    if origin is None:
+        spans = [_span(outcome) for outcome in outcomes]
+        placed = [
+            (lane, model_end + offset, model_end + offset + span)
+            for (lane, offset), span in zip(_lanes(spans, step.tools_seconds), spans, strict=True)
+        ]
+    else:
+        placed = _timed_lanes([_timed(outcome, origin, model_end) for outcome in outcomes])
+    for position, (outcome, (lane, begin, finish)) in enumerate(zip(outcomes, placed, strict=True)):
         bars.append(
             Bar(
                 kind="tool",
                 label=outcome.call.name,
                 start=begin,
-                end=begin + spans[position],
+                end=finish,
                 lane=1 + lane,
                 title=_tool_title(outcome),
                 error=outcome.is_error,
                 child=f"#{position}",  # which outcome: replaced below by the child's id
             )
         )
-    used = 1 + (max((lane for lane, _ in placed), default=-1) + 1)
+    used = 1 + (max((lane for lane, _, _ in placed), default=-1) + 1)
     return bars, used
+
+
+def _denied(outcome: ToolOutcome) -> bool:
+    return outcome.approval.startswith("denied")
+
+
+def _span(outcome: ToolOutcome) -> float:
+    """How long a call's bar is: its wait for a person's decision, then its run (a
+    denied call's ``seconds`` is its wait: it never ran)."""
+    if _denied(outcome):
+        return outcome.seconds
+    return outcome.waited + outcome.seconds
+
+
+def _timed(outcome: ToolOutcome, origin: float, fallback: float) -> tuple[float, float]:
+    """Where a call's bar begins and ends on the axis, from its ``started`` after
+    ``origin``; a call with none (it never ran, or was reused from an earlier
+    attempt, whose clock was another's) from ``fallback``, its step's tools' start."""
+    started = outcome.started
+    if started is None or outcome.reused:
+        return fallback, fallback + _span(outcome)
+    begin = origin + started
+    if _denied(outcome):  # started when its wait for the decision began
+        return begin, begin + outcome.seconds
+    return begin - outcome.waited, begin + outcome.seconds
+
+
+def _timed_lanes(spans: Sequence[tuple[float, float]]) -> list[tuple[int, float, float]]:
+    """Each call's lane with its span: the calls taken in the order they began, each
+    on the first lane free by then (a lane frees as its call ends), so that calls
+    that overlapped in time sit side by side and calls that ran one after another
+    share a lane."""
+    free: list[float] = []  # when each lane's last call ended
+    placed: list[tuple[int, float, float]] = [(0, 0.0, 0.0)] * len(spans)
+    for index in sorted(range(len(spans)), key=lambda i: (spans[i][0], i)):
+        begin, end = spans[index]
+        lane = next((n for n, ended in enumerate(free) if ended <= begin + 1e-9), len(free))
+        if lane == len(free):
+            free.append(end)
+        else:
+            free[lane] = end
+        placed[index] = (lane, begin, max(begin, end))
+    return placed
 
 
 def _outcome_of(step: StepRecord, bar: Bar) -> ToolOutcome | None:

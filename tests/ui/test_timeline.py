@@ -6,6 +6,8 @@ import itertools
 import xml.etree.ElementTree as ET
 
 import anyio
+import msgspec
+import pytest
 
 from fractor.actors import (
     Agent,
@@ -22,6 +24,7 @@ from fractor.actors import (
 )
 from fractor.actors.ui._timeline import (
     Bar,
+    Row,
     Timeline,
     build_timeline,
     render_timeline_html,
@@ -49,6 +52,23 @@ async def stored(agent: Agent, task: str = "go") -> tuple[ExecutionTrace, ...]:
 
 def overlap(a: Bar, b: Bar) -> bool:
     return a.start < b.end and b.start < a.end
+
+
+def untimed(trace: ExecutionTrace) -> ExecutionTrace:
+    """``trace`` as one written before start times were kept (every ``started`` None)."""
+    steps = tuple(
+        msgspec.structs.replace(
+            step,
+            started=None,
+            outcomes=tuple(msgspec.structs.replace(o, started=None) for o in step.outcomes),
+        )
+        for step in trace.steps
+    )
+    return msgspec.structs.replace(trace, started=None, steps=steps)
+
+
+def bars(row: Row, kind: str) -> list[Bar]:
+    return sorted((bar for bar in row.bars if bar.kind == kind), key=lambda bar: bar.start)
 
 
 def parses(svg: str) -> ET.Element:
@@ -94,6 +114,39 @@ async def test_calls_that_waited_for_a_slot_are_laid_one_after_another() -> None
     assert not any(overlap(a, b) for a, b in itertools.pairwise(tools))
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])
+async def test_two_calls_are_laid_out_from_when_they_ran(concurrency: int) -> None:
+    model = ScriptedModel([calls(call("slow", x=1), call("slow", x=2)), reply("done")])
+    (trace,) = await stored(Agent("lead", model, tools=[slow], tool_concurrency=concurrency))
+    assert trace.started is not None
+    first, _ = trace.steps
+    assert first.started is not None
+    starts = [outcome.started for outcome in first.outcomes]
+    assert all(started is not None and started >= first.started for started in starts)
+    (row,) = build_timeline((trace,)).rows
+    assert row.start == 0.0
+    one, two = bars(row, "tool")
+    # Each bar is where the trace says its call ran, on the row's axis.
+    assert sorted([one.start, two.start]) == sorted(row.start + s for s in starts if s is not None)
+    assert all(bar.end - bar.start >= 0.045 for bar in (one, two))
+    step_one, step_two = bars(row, "step")
+    assert step_one.start == row.start + first.started
+    assert step_one.start <= one.start
+    assert two.end <= step_two.start + 1e-9
+    if concurrency == 2:  # they ran at once: side by side, on lanes of their own
+        assert overlap(one, two)
+        assert one.lane != two.lane
+        assert abs(one.start - two.start) < 0.02
+        assert row.lanes == 3
+    else:  # the second waited for the first's slot: one after the other, on one lane
+        assert not overlap(one, two)
+        assert two.start >= one.end
+        assert one.lane == two.lane == 1
+        assert row.lanes == 2
+    drawn = parses(render_timeline_svg((trace,))).findall(f".//{SVG}g[@class='bar tool']")
+    assert len({g.get("data-lane") for g in drawn}) == concurrency
+
+
 async def test_a_subagent_execution_is_the_row_under_its_parent() -> None:
     helper = Agent("helper", ScriptedModel([call("slow", x=7), reply("helped")]), tools=[slow])
     lead = Agent(
@@ -102,13 +155,23 @@ async def test_a_subagent_execution_is_the_row_under_its_parent() -> None:
         subagents=[helper],
         tools=[slow],
     )
-    timeline = build_timeline(await stored(lead))
+    traces = await stored(lead)
+    timeline = build_timeline(traces)
     top, child = timeline.rows
     assert (top.label, top.depth, top.parent) == ("lead", 0, "")
     assert (child.label, child.depth, child.parent) == ("helper", 1, top.execution_id)
     (delegation,) = [bar for bar in top.bars if bar.kind == "subagent"]
     assert delegation.child == child.execution_id
-    assert abs(child.start - delegation.start) < 1e-9
+    # The child's row starts at its own start: after its parent's step began and the
+    # call that delegated it did, before that call ended.
+    step = bars(top, "step")[0]
+    assert step.start < delegation.start <= child.start < delegation.end
+    lead_trace, helper_trace = sorted(traces, key=lambda t: t.parent_id != "")
+    assert lead_trace.started is not None
+    assert helper_trace.started is not None
+    assert abs(child.start - (helper_trace.started - lead_trace.started)) < 1e-9
+    helper_step = bars(child, "step")[0]
+    assert child.start <= helper_step.start
     (plain,) = [bar for bar in top.bars if bar.kind == "tool"]
     assert overlap(plain, delegation)
     assert plain.lane != delegation.lane
@@ -116,6 +179,39 @@ async def test_a_subagent_execution_is_the_row_under_its_parent() -> None:
     root = parses(render_timeline_svg(timeline))
     rows = root.findall(f".//{SVG}g[@data-execution]")
     assert [g.get("data-execution") for g in rows] == [top.execution_id, child.execution_id]
+
+
+async def test_traces_without_start_times_are_laid_out_from_their_durations() -> None:
+    helper = Agent("helper", ScriptedModel([call("slow", x=7), reply("helped")]), tools=[slow])
+    lead = Agent(
+        "lead",
+        ScriptedModel(
+            [calls(call("helper", task="help"), call("slow", x=1), call("slow", x=2)), reply("ok")]
+        ),
+        subagents=[helper],
+        tools=[slow],
+        tool_concurrency=1,
+    )
+    traces = tuple(map(untimed, await stored(lead)))
+    timeline = build_timeline(traces)
+    top, child = timeline.rows
+    (delegation,) = bars(top, "subagent")
+    assert child.start == delegation.start  # inferred: it starts with its call
+    one, two = bars(top, "tool")
+    step = bars(top, "step")[0]
+    model = bars(top, "model")[0]
+    assert delegation.start == one.start == model.end  # the calls start together
+    assert step.start == 0.0
+    # The tools' ~100 ms phase holds the two calls of ~50 ms and the subagent's on two
+    # lanes: the second call waited for a slot (its start inferred, not read).
+    assert not overlap(one, two)
+    assert two.start > model.end
+    assert row_lanes(top) == 2
+    parses(render_timeline_svg(timeline))
+
+
+def row_lanes(row: Row) -> int:
+    return len({bar.lane for bar in row.bars if bar.lane})
 
 
 async def test_a_failed_attempt_and_its_retry_are_both_shown() -> None:
