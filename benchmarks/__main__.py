@@ -59,11 +59,23 @@ async def _ratelimits(quick: bool) -> list[Row]:
     return await ratelimits.run(quick=quick)
 
 
+async def _web_view(quick: bool) -> list[Row]:
+    """W6 with the web view open: its server is an extra (``fractor[ui]``: starlette,
+    uvicorn), and without it the workload reports nothing rather than failing."""
+    if importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("starlette") is None:
+        print("skipped: the web view is not installed (pip install 'fractor[ui]')", end=" ")
+        return []
+    from . import ui
+
+    return await ui.run(quick=quick)
+
+
 WORKLOADS: list[Workload] = [
     ("W1 fan-out", lambda quick: w1_fanout.run(quick=quick)),
     ("W2 sequential steps", lambda quick: w2_steps.run(quick=quick)),
     ("W3 subagents", lambda quick: w3_subagents.run(quick=quick)),
     ("W4 mailbox round trips", lambda quick: w4_mailbox.run(quick=quick)),
+    ("W6 with the web view open", _web_view),
     ("Scale", lambda quick: scale.run(quick=quick)),
     ("Budget", lambda quick: budget.run(quick=quick)),
     ("Memory", lambda quick: memory.run(quick=quick)),

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from fractor.actors import Compaction
-from fractor.benchmarks import budget, memory, w4_mailbox
+from fractor.benchmarks import budget, memory, ui, w4_mailbox
 from fractor.benchmarks._harness import print_rows, write_results
 
 
@@ -27,6 +27,26 @@ async def test_w4_reports_both_sides_and_their_ratio(tmp_path: pathlib.Path) -> 
     assert document["backend"] == "test"
     assert document["rows"][0]["workload"] == row.workload
     print_rows(rows)
+
+
+async def test_w6_reports_the_web_views_cost_beside_the_same_run_without_it() -> None:
+    children = 200
+    wall, cpu, rate, views = await ui.w6(children, 1, interval=0.01)
+    assert wall.workload == f"W6 K={children} with the page open (wall)"
+    for row in (wall, cpu):
+        assert row.unit == "s"
+        assert row.fractor > 0
+        assert row.baseline > 0
+        assert abs(row.ratio - row.baseline / row.fractor) < 1e-9
+    assert wall.holds == (wall.ratio >= 1 / ui.W6_TARGET)
+    events = await ui.events_of(children)
+    assert events > 10 * children  # spawns, steps, requests, tool calls of each child
+    assert f"({events:,} events a run)" in rate.workload
+    assert abs(rate.fractor - events / wall.fractor) < 1e-6 * rate.fractor
+    assert abs(rate.baseline - events / wall.baseline) < 1e-6 * rate.baseline
+    assert views.unit == "count"
+    assert views.fractor >= 0
+    print_rows([wall, cpu, rate, views])
 
 
 async def test_budget_rows_are_coherent_and_never_overshoot() -> None:
