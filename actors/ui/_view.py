@@ -128,6 +128,7 @@ SPENT: Mapping[str, tuple[Callable[[NodeSnapshot], float], Callable[[Held], floa
 _NOTHING_HELD = Held()
 #: Hashes are cut to 53 bits: JavaScript reads them as exact numbers.
 _MASK = (1 << 53) - 1
+_NO_BARS: tuple[Bar, ...] = ()
 
 
 def bars(node: NodeSnapshot, held: Held | None = None) -> tuple[Bar, ...]:
@@ -173,57 +174,51 @@ def tree_view(
 ) -> TreeView:
     """The page's data for ``snapshot``: ``held`` by node id (what each live node
     holds reserved), ``lines(node_id)`` the latest streamed line of a node;
-    ``traces`` says the server has stored traces to show."""
+    ``traces`` says the server has stored traces to show.
+
+    It runs on the runtime's loop a few times a second over the whole tree: one plain
+    loop (a view of 1,000 nodes in about 1 ms; ``rt.tree()`` takes about as long)."""
     held = {} if held is None else held
-    nodes = tuple(node_view(node, held.get(node.id), lines) for node in snapshot.nodes)
-    shown = tuple(approval_view(request) for request in approvals)
-    digest = hash((tuple(node.id for node in nodes), tuple(node.rev for node in nodes), shown))
+    nodes: list[NodeView] = []
+    ids: list[str] = []
+    revs: list[int] = []
+    for node in snapshot.nodes:
+        shown = _NO_BARS if node.limits is None else bars(node, held.get(node.id))
+        line = lines(node.id) if lines is not None else ""
+        status = node.status
+        # A running node's seconds tick at every view: left out of what says it changed
+        # (the stop reason changes with the status, the host never).
+        ended = node.seconds if status != "running" else -1.0
+        rev = hash((status, node.waiting, node.steps, node.agents, ended, node.usage, shown, line))
+        rev &= _MASK
+        nodes.append(
+            NodeView(
+                id=node.id,
+                parent_id=node.parent_id,
+                depth=node.depth,
+                agent=node.name,
+                actor_id=node.actor_id,
+                status=status,
+                stop_reason=node.stop_reason,
+                waiting=node.waiting,
+                host=node.host,
+                steps=node.steps,
+                agents=node.agents,
+                seconds=node.seconds,
+                usage=node.usage,
+                bars=shown,
+                line=line,
+                rev=rev,
+            )
+        )
+        ids.append(node.id)
+        revs.append(rev)
+    shown_approvals = tuple(approval_view(request) for request in approvals)
+    digest = hash((tuple(ids), tuple(revs), shown_approvals)) & _MASK
     return TreeView(
         version=version,
-        nodes=nodes,
-        approvals=shown,
-        digest=digest & _MASK,
+        nodes=tuple(nodes),
+        approvals=shown_approvals,
+        digest=digest,
         traces=traces,
-    )
-
-
-def node_view(
-    node: NodeSnapshot, held: Held | None = None, lines: Callable[[str], str] | None = None
-) -> NodeView:
-    """One node as the page shows it, with its ``rev`` (see the module)."""
-    shown = bars(node, held)
-    line = lines(node.id) if lines is not None else ""
-    # A running node's seconds tick at every view: left out of what says it changed.
-    seconds = node.seconds if node.status != "running" else -1.0
-    rev = hash(
-        (
-            node.status,
-            node.stop_reason,
-            node.waiting,
-            node.host,
-            node.steps,
-            node.agents,
-            seconds,
-            node.usage,
-            shown,
-            line,
-        )
-    )
-    return NodeView(
-        id=node.id,
-        parent_id=node.parent_id,
-        depth=node.depth,
-        agent=node.name,
-        actor_id=node.actor_id,
-        status=node.status,
-        stop_reason=node.stop_reason,
-        waiting=node.waiting,
-        host=node.host,
-        steps=node.steps,
-        agents=node.agents,
-        seconds=node.seconds,
-        usage=node.usage,
-        bars=shown,
-        line=line,
-        rev=rev & _MASK,
     )

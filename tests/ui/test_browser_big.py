@@ -121,6 +121,8 @@ async def test_a_tree_of_1000_agents_stays_responsive(
                 assert loaded < LOAD_SECONDS, f"the page took {loaded:.1f} s to show the tree"
                 assert count == f"{CHILDREN} below (collapsed)"
 
+                # No stored traces: their link stays hidden.
+                assert await evaluate("document.getElementById('traces-link').hidden")
                 # Collapsed: the children have no elements at all (the root and the lead).
                 assert await evaluate("document.querySelectorAll('li.node').length") == 2
                 await evaluate(f"document.querySelector('{at} > .row .toggle').click()")
@@ -153,8 +155,9 @@ async def test_a_tree_of_1000_agents_stays_responsive(
                 )
                 touched = await evaluate("window.touched")
                 assert touched["added"] == touched["removed"] == 0, touched
-                assert 0 < touched["records"] < 60, touched
-                assert touched["nodes"] < 120, touched
+                # Measured: 6 records (the rows of the child, the lead and the root redrawn).
+                assert 0 < touched["records"] < 40, touched
+                assert touched["nodes"] < 80, touched
 
                 # All complete: the same page, not reloaded, shows them completed.
                 for release in waiting:
