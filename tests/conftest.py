@@ -1,6 +1,11 @@
-"""Every async test runs on both anyio backends."""
+"""Every async test runs on both anyio backends. The README's examples that start Ray
+start with the session's first test, as scripts, and run beside the tests before
+``tests/test_readme.py``, which reads what they printed."""
 
 from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -9,3 +14,23 @@ import pytest
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     backend: str = request.param
     return backend
+
+
+@pytest.fixture(scope="session", autouse=True)
+def early_readme_scripts(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[int, subprocess.Popen[str]]]:
+    """The README's examples that start Ray (``STARTING_RAY`` in test_readme.py), by
+    index, started as scripts if the examples run as scripts in this session: their
+    ~15 s, mostly waits on Ray's processes, pass beside the tests before them instead
+    of at the end. Empty when those tests are not selected."""
+    if not any(
+        item.path.name == "test_readme.py" and item.name.startswith("test_readme_example_runs_as")
+        for item in request.session.items
+    ):
+        yield {}
+        return
+    from .test_readme import STARTING_RAY, started
+
+    with started(STARTING_RAY, tmp_path_factory) as processes:
+        yield processes

@@ -22,6 +22,9 @@ SCRIPT_SECONDS = 120
 #: The examples also run in this process: all but those that start Ray, which run as
 #: scripts only (the way a reader runs them; a second Ray beside it would cost ~20 s).
 IN_PROCESS = [index for index, source in enumerate(BLOCKS) if "RayHosts" not in source]
+#: Those that start Ray take ~15 s, mostly waiting on Ray's processes: they start with
+#: the session's first test (``early_readme_scripts`` in conftest.py), the rest here.
+STARTING_RAY = [index for index in range(len(BLOCKS)) if index not in IN_PROCESS]
 
 
 def check_promises(source: str, printed: list[str]) -> None:
@@ -34,17 +37,19 @@ def check_promises(source: str, printed: list[str]) -> None:
         assert any(promise.strip() in line for line in lines), (promise, printed)
 
 
-@pytest.fixture(scope="module")
-def scripts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[subprocess.Popen[str]]]:
-    """Every example saved as a script and started at once, each in a fresh temporary
-    folder (the package imported as installed, never from this checkout's folder):
-    they run beside one another and beside the tests in this process."""
+@contextlib.contextmanager
+def started(
+    indexes: list[int], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[int, subprocess.Popen[str]]]:
+    """These examples saved as scripts and started at once, each in a fresh temporary
+    folder (the package imported as installed, never from this checkout's folder);
+    killed at the exit if still running."""
     env = {**os.environ, "PYTHONPATH": ""}
     with contextlib.ExitStack() as stack:
-        processes = []
-        for index, source in enumerate(BLOCKS):
+        processes = {}
+        for index in indexes:
             folder = tmp_path_factory.mktemp(f"example{index}")
-            (folder / "app.py").write_text(source)
+            (folder / "app.py").write_text(BLOCKS[index])
             process = stack.enter_context(
                 subprocess.Popen(
                     [sys.executable, "-W", "error", "app.py"],  # warnings are errors
@@ -56,8 +61,22 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[subproces
                 )
             )
             stack.callback(process.kill)  # before its exit closes its pipes and waits
-            processes.append(process)
+            processes[index] = process
         yield processes
+
+
+@pytest.fixture(scope="module")
+def scripts(
+    tmp_path_factory: pytest.TempPathFactory,
+    early_readme_scripts: dict[int, subprocess.Popen[str]],
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """Every example run as a script: those that start Ray were started with the
+    session; the others start here at once, and run beside one another and beside
+    the tests in this process."""
+    rest = [index for index in range(len(BLOCKS)) if index not in early_readme_scripts]
+    with started(rest, tmp_path_factory) as processes:
+        everyone = {**early_readme_scripts, **processes}
+        yield [everyone[index] for index in range(len(BLOCKS))]
 
 
 def test_readme_has_examples() -> None:

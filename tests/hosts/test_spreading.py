@@ -7,7 +7,9 @@ the tests' session Ray instance (``ray_instance``) lives in this process, and a 
 joins one Ray instance only. The script opens a runtime with 3 hosts under each
 scheduling, reports where each host went (``RayHosts.nodes()``, which asks each host's
 actor for ``ray.get_runtime_context().get_node_id()``) and what a ``"strict_spread"``
-pool with more hosts than nodes does."""
+pool with more hosts than nodes does. It mostly waits on Ray's processes, for ~20 s:
+it starts with the first test of this folder (``cluster_script`` in conftest.py) and
+runs beside the tests before these, which read what it reported."""
 
 from __future__ import annotations
 
@@ -26,22 +28,32 @@ NODES = 3
 SCRIPT_SECONDS = 240
 
 
-@pytest.fixture(scope="module")
-def placed() -> dict[str, Any]:
-    """What the script reports: each scheduling's ``{host: node}``, the cluster's node
-    ids, and the refusal of a pool too large for ``"strict_spread"``."""
-    done = subprocess.run(
+def start_script() -> subprocess.Popen[str]:
+    """This file run as a script: it starts the cluster and prints its report."""
+    return subprocess.Popen(
         [sys.executable, __file__],
         # Ray resolves 127.0.0.1 in a cluster's address to this machine's outward IP,
         # which its nodes here do not listen on; this keeps it the loopback address.
         env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=SCRIPT_SECONDS,
-        check=False,
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def placed(cluster_script: subprocess.Popen[str] | None) -> dict[str, Any]:
+    """What the script reports: each scheduling's ``{host: node}``, the cluster's node
+    ids, and the refusal of a pool too large for ``"strict_spread"``."""
+    process = cluster_script or start_script()
+    try:
+        out, err = process.communicate(timeout=SCRIPT_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"the cluster script did not end in {SCRIPT_SECONDS} s:\n{err[-4000:]}")
+    assert process.returncode == 0, err[-4000:]
+    report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return report
 
 
@@ -90,7 +102,6 @@ async def _report() -> dict[str, Any]:
     from fractor.actors.integrations import ray as ray_hosts
     from fractor.runtime import Runtime
 
-    ray_hosts.PLACEMENT_SECONDS = 3.0  # the refusal below, sooner
     node: dict[str, Any] = {"num_cpus": 4, "node_ip_address": "127.0.0.1"}
     cluster = Cluster(
         initialize_head=True,
@@ -112,6 +123,9 @@ async def _report() -> dict[str, Any]:
             hosts = RayHosts(NODES, scheduling=scheduling)
             async with Runtime(hosts=hosts):
                 report[scheduling] = await hosts.nodes()
+        # More hosts than nodes: refused once PLACEMENT_SECONDS passed, 1 s here (the
+        # pools above had the default 30 s, however slow a loaded machine is).
+        ray_hosts.PLACEMENT_SECONDS = 1.0
         try:
             async with Runtime(hosts=RayHosts(NODES + 1, scheduling="strict_spread")):
                 report["too_many"] = "opened"
