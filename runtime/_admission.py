@@ -69,6 +69,7 @@ __all__ = [
     "no_price",
     "over_limit",
     "overshoot",
+    "part_back",
     "refusal",
     "requests_room",
     "settled_output",
@@ -246,6 +247,24 @@ def settled_output(node: Node, budget: Budget, need: Need) -> float:
     if budget.cost is not None and need.price is not None:
         room = min(room, _cost_room(budget.cost - node.cost, budget.cost, need))
     return room
+
+
+def part_back(node: Node) -> None:
+    """The node here of a remote subtree that ended on its host (its lease's member
+    ``ending``: it stood for no part, its leaf counted out in ``Held.parts`` on its
+    parent's chain) closes, or is placed again: its leaf counts as it did before
+    (``Node.leaves``, which its close takes it out of, or its new lease's member)."""
+    lease = node.lease
+    member = lease.members.get(node) if lease is not None else None
+    if member is None or not member.ending:
+        return
+    member.ending = False
+    parent = node.parent
+    assert parent is not None
+    for current in parent.chain():
+        held = current.held
+        assert held is not None  # (the member's lease made it)
+        held.parts += 1
 
 
 def _lease_short(node: Node, lender: Lender[Node], name: str, parts: int) -> bool:
@@ -1015,7 +1034,11 @@ class Admission:
         self.stop(over[0], "budget_exceeded", str(error), error)
 
     def closed(self, node: Node) -> None:
-        """``node`` finished: drop its line if no live request is left in it."""
+        """``node`` finished: drop its line if no live request is left in it (and,
+        the node of a remote subtree that ended, its leaf is counted out of the
+        budgets' parts by its close now, not by its lease: ``part_back``)."""
+        if node.lease is not None:
+            part_back(node)
         queues = self._queues
         if queues:
             queue = queues.get(node)

@@ -227,7 +227,8 @@ class Held:
         self.leases = 0
         self.holding = 0
         #: The parts the leases below stand for beyond the one their node counts in
-        #: ``Node.leaves``: a subtree of ten executions elsewhere is ten parts here.
+        #: ``Node.leaves``: a subtree of ten executions elsewhere is ten parts here;
+        #: one that ended there, its node here still open, none (``Member.ending``).
         self.parts = 0
         #: Of what is held, what leases of lost hosts hold: it never comes back.
         self.lost: Held | None = None
@@ -242,15 +243,18 @@ class Held:
 class Member:
     """One remote subtree of a ``Lease``: what its host last reported of it."""
 
-    __slots__ = ("leaves", "live", "nodes", "tally")
+    __slots__ = ("ending", "leaves", "live", "nodes", "tally")
 
     def __init__(self) -> None:
         self.tally = Tally()
-        #: The parts of the headroom it stands for (its ``Tally.leaves``).
+        #: The parts of the headroom it stands for (its ``Tally.leaves``; none once
+        #: it ended on its host, though its node here closes only once its answer is
+        #: taken: ``ending`` till then, its node's leaf counted out in ``Held.parts``).
         self.leaves = 1
         #: The last snapshot of the subtree's nodes below its top, from its host.
         self.nodes: tuple[NodeSnapshot, ...] = ()
         self.live = True
+        self.ending = False
 
 
 class Lease:

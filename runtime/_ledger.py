@@ -58,10 +58,10 @@ from collections.abc import Callable
 
 import msgspec
 
-from ._admission import overshoot
+from ._admission import overshoot, part_back
 from ._budget import FIELDS, LEASED, Budget, Caps, Usage
 from ._exceptions import BudgetExceeded
-from ._lease import HINT, LOST_WHY, Held, Lease, Member, Tally, Want, reserved, zero
+from ._lease import LOST_WHY, Held, Lease, Member, Tally, Want, reserved, zero
 from ._snapshots import EndStatus
 from ._tree import Node, stopped
 from ._waiter import Waiter, new_waiter, park, wake
@@ -79,6 +79,13 @@ GROWTH = 4
 #: (``reclaim``) and waits for their answers: otherwise its host would cut replies
 #: short that the same tree at home would not.
 RECLAIM = 0.75
+
+#: How much more a part of the budget above must be worth than when a lease's host
+#: was last told it (or granted) before it is told again (``hint``: one message
+#: down, no round trip; a part's worth still grows geometrically from one to the
+#: next). Lower than ``HINT``: a host whose request needs more than a part of its
+#: lease compares it with a fresh worth (``DEEP``), and asks only past ``HINT``.
+TELL = 1.25
 
 #: Relative slack for comparing costs (floating point sums), as in admission.
 _COST_EPSILON = 1e-9
@@ -155,6 +162,7 @@ class Ledger:
         subtrees ask for what they need."""
         parent = node.parent
         assert parent is not None, "the root runs here"
+        part_back(node)  # (placed again after its host was lost)
         lease = self._pools.get((parent, key)) if key is not None else None
         if lease is None:
             lease = self._start(parent, key)
@@ -389,9 +397,13 @@ class Ledger:
                 self._lose(anchor, lease, dead=True)
         elif lost:
             lease.tainted = True
-        self._weigh(anchor, lease, member, 1)
+        # It stands for no part from now on, though its node here closes only once
+        # its answer is taken (``part_back`` then): a budget's parts are its live
+        # executions, as at home (a part's worth, a lease's share and the worth its
+        # hosts are told follow the subtrees that end, not their answers' travel).
+        self._weigh(anchor, lease, member, 0)
         member.live = False
-        lease.weight -= 1
+        member.ending = True
         lease.count -= 1
         if lease.count:
             self.changed_at(anchor)
@@ -446,7 +458,7 @@ class Ledger:
                 setattr(held.lost, name, getattr(held.lost, name) + lease.hold[name])
 
     def hint(self) -> None:
-        """Tell each live lease whose budget's parts grew worth more than ``HINT``
+        """Tell each live lease whose budget's parts grew worth more than ``TELL``
         times what they were when it last grew (or was told) what a part is worth
         now: its host asks for more before cutting a reply short at what its lease
         has left (one message down, no round trip, and few: a part's worth grows
@@ -465,7 +477,7 @@ class Ledger:
                 now = worths.get(key)
                 if now is None:
                     now = worths[key] = self._per_part(anchor, name)
-                if now > HINT * was:
+                if now > TELL * was:
                     worth[name] = now
             if worth:
                 lease.hinted.update(worth)

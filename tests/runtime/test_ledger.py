@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fractor.runtime import Budget, BudgetExceeded, Caps, Node, Reservation, Supervisor, Usage
-from fractor.runtime._ledger import GROWTH
+from fractor.runtime._ledger import GROWTH, TELL
 from fractor.runtime.lowlevel import LEASED, HeldUp, Lease, Tally, Want
 
 #: What a refusal says when only a lost host's lease stands in the way.
@@ -230,7 +230,8 @@ async def test_a_request_ask_grows_a_lease_by_whole_requests_not_minima() -> Non
     assert limits.cost == pytest.approx(GROWTH * 0.001 * 4_096 / 16)
 
 
-async def test_a_lease_host_is_told_when_a_part_of_the_budget_grows_half_again() -> None:
+async def test_a_lease_host_is_told_when_a_part_of_the_budget_grows_a_quarter_again() -> None:
+    assert TELL == 1.25
     sup = started()
     parent = sup.open(sup.root, name="parent", limits=Budget(output_tokens=900))
     first, second, third = (leased(sup, parent, name) for name in ("first", "second", "third"))
@@ -240,14 +241,14 @@ async def test_a_lease_host_is_told_when_a_part_of_the_budget_grows_half_again()
         node.lease.tell = lambda worth, name=node.name: told.append((name, worth))
         await sup.ledger.ask(node, Tally(), Want(output_tokens=16))
     # Three parts of 900: each was granted when a part was worth 300 (or less).
-    sup.ledger.end(first, Tally(usage=Usage(output_tokens=100)))
+    sup.ledger.end(first, Tally(usage=Usage(output_tokens=250)))
     sup.close(first, "completed")
-    # 800 left in 2 parts: 400, not half again over 300: nobody is told.
+    # 650 left in 2 parts: 325, not a quarter again over 300: nobody is told.
     assert told == []
     sup.ledger.end(second, Tally(usage=Usage(output_tokens=100)))
     sup.close(second, "completed")
-    # 700 left for the one part left: third's host hears of it, once.
-    assert told == [("third", {"output_tokens": 700.0})]
+    # 550 left for the one part left: third's host hears of it, once.
+    assert told == [("third", {"output_tokens": 550.0})]
     sup.ledger.report(third, Tally(usage=Usage(output_tokens=10)))
     sup.ledger.hint()
     assert len(told) == 1
@@ -263,9 +264,38 @@ async def test_a_subtree_of_several_executions_gets_a_share_for_each() -> None:
     assert limits.tokens == 12_000 * 3 // 5
     assert parent.held is not None
     assert parent.held.parts == 2
-    # When it ends, it stands for nothing any more.
+    # When it ends, it stands for nothing any more (its node here, open till its
+    # answer is taken, counts out its own leaf), nor once its node closes.
     sup.ledger.end(remote, Tally(leaves=3))
-    assert (parent.held.parts, held(parent, "tokens")) == (0, 0)
+    assert (parent.leaves + parent.held.parts, held(parent, "tokens")) == (2, 0)
+    sup.close(remote, "completed")
+    assert (parent.leaves, parent.held.parts) == (2, 0)
+
+
+async def test_a_part_of_the_budget_follows_the_subtrees_that_end_not_their_answers() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(tokens=8_000))
+    remotes = [leased(sup, parent, f"r{i}") for i in range(4)]
+    for node in remotes:  # four parts of 8,000: 2,000 each
+        limits = await sup.ledger.ask(node, Tally(), Want(tokens=500))
+        assert limits.tokens == 2_000
+    told: list[dict[str, float]] = []
+    last = remotes[-1]
+    assert last.lease is not None
+    last.lease.tell = told.append
+    # Three end on their hosts; their nodes here close only once their answers
+    # are taken, later: the budget is one part now, not four, for asks and hints.
+    for node in remotes[:3]:
+        sup.ledger.end(node, used(500))
+    limits = await sup.ledger.ask(last, Tally(), Want(tokens=1_000))
+    # (Asking, it gave back what it held.) Its share of the 6,500 settled usage
+    # leaves, at most GROWTH whole requests: not a quarter of it (1,625).
+    assert limits.tokens == GROWTH * 1_000
+    for node in remotes[:3]:
+        sup.close(node, "completed")
+    assert (parent.leaves, parent.held is not None and parent.held.parts) == (1, 0)
+    # A part is worth 6,500 still: what it was last granted at, nothing to tell.
+    assert told == []
 
 
 async def test_an_ask_tops_up_the_fields_it_does_not_ask_for_and_never_takes_from_them() -> None:
