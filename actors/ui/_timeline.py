@@ -187,8 +187,7 @@ class _Layout:
         cursor = start
         earlier = sorted(self.attempts.get(trace.execution_id, ()), key=lambda t: t.attempt)
         for before in earlier:
-            ended = self.execution(before, cursor, trace.execution_id, depth + 1, attempt=True)
-            cursor = ended if placed is None else max(cursor, ended)
+            cursor = self.execution(before, cursor, trace.execution_id, depth + 1, attempt=True)
         if placed is not None:
             # Timed: it starts at its own start, its earlier attempts at theirs.
             own_start = placed
