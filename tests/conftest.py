@@ -4,6 +4,7 @@ start with the session's first test, as scripts, and run beside the tests before
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 
@@ -23,8 +24,9 @@ def early_readme_scripts(
     """The README's examples that start Ray (``STARTING_RAY`` in test_readme.py), by
     index, started as scripts if the examples run as scripts in this session: their
     ~15 s, mostly waits on Ray's processes, pass beside the tests before them instead
-    of at the end. Empty when those tests are not selected."""
-    if not any(
+    of at the end. Empty when those tests are not selected, or when pytest-xdist
+    shares the tests among workers (each would start them)."""
+    if "PYTEST_XDIST_WORKER" in os.environ or not any(
         item.path.name == "test_readme.py" and item.name.startswith("test_readme_example_runs_as")
         for item in request.session.items
     ):

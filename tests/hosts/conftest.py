@@ -1,9 +1,10 @@
 """Hosts for the tests: in this process (``LocalHosts``) and on a real local Ray
 instance, started once for the session on 127.0.0.1 and shut down at its end; and
-the multi-node cluster of ``test_spreading.py``, started early in a child process."""
+the multi-node cluster of ``test_spreading.py`` in a child process, started early."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -13,8 +14,45 @@ import pytest
 from fractor.actors import LocalHosts, RemoteHosts
 
 
+class ClusterScript:
+    """``test_spreading.py``'s cluster script, run once: ~20 s, mostly waits on Ray's
+    processes. When that module's tests are selected, the session's Ray instance
+    starts it as soon as it is up itself (not at once with it), and it runs beside
+    the tests before that module's; otherwise the module's first test starts it."""
+
+    def __init__(self, *, early: bool) -> None:
+        self.early = early
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> subprocess.Popen[str]:
+        if self.process is None:
+            from .test_spreading import start_script
+
+            self.process = start_script()
+        return self.process
+
+
 @pytest.fixture(scope="session")
-def ray_instance() -> Iterator[None]:
+def cluster_script(request: pytest.FixtureRequest) -> Iterator[ClusterScript]:
+    """Early unless the module is not selected, or pytest-xdist shares the tests among
+    workers (each would start it)."""
+    selected = any(item.path.name == "test_spreading.py" for item in request.session.items)
+    script = ClusterScript(early=selected and "PYTEST_XDIST_WORKER" not in os.environ)
+    try:
+        yield script
+    finally:
+        process = script.process
+        if process is not None and process.poll() is None:  # never read: stop it
+            process.send_signal(signal.SIGINT)  # its finally shuts the cluster down
+            try:
+                process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+
+
+@pytest.fixture(scope="session")
+def ray_instance(cluster_script: ClusterScript) -> Iterator[None]:
     import ray  # the dev extra installs it (pyproject.toml): never skipped
 
     ray.init(
@@ -25,34 +63,12 @@ def ray_instance() -> Iterator[None]:
         log_to_driver=False,
         configure_logging=False,
     )
+    if cluster_script.early:
+        cluster_script.start()
     try:
         yield
     finally:
         ray.shutdown()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def cluster_script(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str] | None]:
-    """``test_spreading.py``'s cluster script, started with the first test of this
-    folder when that module's tests are selected: its ~20 s, mostly waits on Ray's
-    processes, pass beside the tests before it instead of after them. None when the
-    module is not selected (its ``placed`` then starts the script itself)."""
-    if not any(item.path.name == "test_spreading.py" for item in request.session.items):
-        yield None
-        return
-    from .test_spreading import start_script
-
-    process = start_script()
-    try:
-        yield process
-    finally:
-        if process.poll() is None:  # never read (a session ended early): stop it
-            process.send_signal(signal.SIGINT)  # its finally shuts the cluster down
-            try:
-                process.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
 
 
 MakeHosts = Callable[..., RemoteHosts]

@@ -8,8 +8,8 @@ joins one Ray instance only. The script opens a runtime with 3 hosts under each
 scheduling, reports where each host went (``RayHosts.nodes()``, which asks each host's
 actor for ``ray.get_runtime_context().get_node_id()``) and what a ``"strict_spread"``
 pool with more hosts than nodes does. It mostly waits on Ray's processes, for ~20 s:
-it starts with the first test of this folder (``cluster_script`` in conftest.py) and
-runs beside the tests before these, which read what it reported."""
+the session's Ray instance starts it once that is up (``ClusterScript`` in
+conftest.py), and it runs beside the tests before these, which read its report."""
 
 from __future__ import annotations
 
@@ -17,11 +17,14 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from fractor.actors.integrations.ray import RayHosts, Scheduling
+
+if TYPE_CHECKING:  # run as a script, this file is no module of the package
+    from .conftest import ClusterScript
 
 NODES = 3
 #: How long the script may take: three raylets, three runtimes of three hosts each.
@@ -42,10 +45,10 @@ def start_script() -> subprocess.Popen[str]:
 
 
 @pytest.fixture(scope="module")
-def placed(cluster_script: subprocess.Popen[str] | None) -> dict[str, Any]:
+def placed(cluster_script: ClusterScript) -> dict[str, Any]:
     """What the script reports: each scheduling's ``{host: node}``, the cluster's node
     ids, and the refusal of a pool too large for ``"strict_spread"``."""
-    process = cluster_script or start_script()
+    process = cluster_script.start()  # or started already, beside the tests before
     try:
         out, err = process.communicate(timeout=SCRIPT_SECONDS)
     except subprocess.TimeoutExpired:
