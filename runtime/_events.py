@@ -95,6 +95,7 @@ class EventDetail(
     tag_field="kind",
     omit_defaults=True,
     repr_omit_defaults=True,
+    gc=False,
 ):
     """The base of every event's detail: one subclass per kind of event, tagged with
     the kind's name (``class ToolStart(EventDetail, tag="tool_start")``), its fields
@@ -103,7 +104,15 @@ class EventDetail(
 
     Fields are also read by name, as a mapping's (``detail["tool"]``,
     ``detail.get("tool")``, ``"tool" in detail``, ``dict(detail)``), for code written
-    when details were dicts."""
+    when details were dicts.
+
+    Details and events are never tracked by the garbage collector (``gc=False``,
+    inherited by every kind): they are frozen values (strings, numbers, tuples of
+    frozen Structs) that take part in no reference cycle, and an observed tree makes
+    one per step, call and request: tracked, their allocations alone would trigger
+    collections of everything the tree holds (the web view's W6 run spent a quarter
+    of its time there). A kind of your own whose fields hold a mutable container
+    that may refer back to it sets ``gc=True``."""
 
     if TYPE_CHECKING:
         #: The kind's name, ``"tool_start"``: the class's tag.
@@ -255,7 +264,7 @@ else:
     D = TypeVar("D", bound=EventDetail, covariant=True)  # a bare Event: its bound
 
 
-class Event(msgspec.Struct, Generic[D], frozen=True, kw_only=True):
+class Event(msgspec.Struct, Generic[D], frozen=True, kw_only=True, gc=False):
     """One thing that happened in the tree: where and when (the envelope), and what
     (``detail``, one class per kind).
 

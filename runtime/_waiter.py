@@ -15,6 +15,7 @@ kernel does not use anyio's memory object streams for mailboxes.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeAlias
 
@@ -59,8 +60,11 @@ def park(waiter: Waiter) -> Awaitable[None]:
 def clock() -> Callable[[], float]:
     """The running backend's clock (what ``anyio.current_time`` reads) as a plain
     function, looked up once: the loop's own ``time`` on asyncio (each
-    ``anyio.current_time()`` first finds out which backend runs)."""
+    ``anyio.current_time()`` first finds out which backend runs), trio's own
+    ``current_time`` on trio (half the cost of anyio's, which asks the same)."""
     try:
         return asyncio.get_running_loop().time
-    except RuntimeError:  # no asyncio loop in this thread: trio
-        return anyio.current_time
+    except RuntimeError:  # no asyncio loop in this thread: trio, imported as it runs
+        trio = sys.modules.get("trio")
+        now: Callable[[], float] = anyio.current_time if trio is None else trio.current_time
+        return now
