@@ -134,34 +134,57 @@ class LatestLines:
         self._parts: dict[str, tuple[list[str], int]] = {}
 
     def feed(self, event: Event) -> None:
+        """Take one event (a listener of the bus: called with every event, where it
+        happens, so each kind costs what it must and no more: one dict lookup for
+        most)."""
+        detail = event.detail
+        kind = type(detail)
+        if kind in self.IGNORED:
+            return
         key = event.execution_id
-        said = part_lines(event.detail)
+        if kind is ModelText:
+            text = self._text.get(key, "") + detail.text  # type: ignore[attr-defined]
+            if len(text) > 4 * self.width:
+                text = text[-2 * self.width :]
+            self._text[key] = text
+        elif kind is StepStart or kind is Retry or kind is ApprovalDecision:
+            self._new_line(key)
+        elif kind is ExecutionStart:
+            self._keep_parts(key, detail)
+        elif kind is ToolEnd:
+            self._keep_parts(key, detail)
+            call_id = detail.call_id  # type: ignore[attr-defined]
+            if self._progress.get(key) == call_id:  # its progress line is done
+                del self._progress[key]
+                self._text.pop(key, None)
+        elif kind is ExecutionEnd:
+            self._keep_parts(key, detail)
+            self._new_line(key)
+        else:
+            match detail:
+                case ApprovalAsked(tool=tool, id=request_id):
+                    self._text[key] = f"\n⧗ waiting for approval: {tool} [{request_id}]"
+                case ToolProgress(tool=tool, call_id=call_id) as progress:
+                    self._text[key] = f"\n⧗ {tool}: {_progress(progress)}"
+                    self._progress[key] = call_id
+                case _ if kind not in self._KNOWN:  # as it is
+                    self._text[key] = "\n" + generic_line(detail)
+                    self._progress.pop(key, None)
+
+    def _new_line(self, key: str) -> None:
+        """A new line for ``key``, or none."""
+        if self._text:
+            self._text.pop(key, None)
+        if self._progress:
+            self._progress.pop(key, None)
+
+    def _keep_parts(self, key: str, detail: EventDetail) -> None:
+        said = part_lines(detail)
         if said:
             kept, seen = self._parts.get(key, ([], 0))
             kept.extend(said)
             del kept[:-_PARTS_SHOWN]
             self._parts[key] = (kept, seen + len(said))
-        match event.detail:
-            case ModelText(text=piece):
-                text = self._text.get(key, "") + piece
-                if len(text) > 4 * self.width:
-                    text = text[-2 * self.width :]
-                self._text[key] = text
-            case ApprovalAsked(tool=tool, id=request_id):
-                self._text[key] = f"\n⧗ waiting for approval: {tool} [{request_id}]"
-            case ToolProgress(tool=tool, call_id=call_id) as progress:
-                self._text[key] = f"\n⧗ {tool}: {_progress(progress)}"
-                self._progress[key] = call_id
-            case ToolEnd(call_id=call_id):
-                if self._progress.get(key) == call_id:  # its progress line is done
-                    del self._progress[key]
-                    self._text.pop(key, None)
-            case StepStart() | Retry() | ExecutionEnd() | ApprovalDecision():
-                self._text.pop(key, None)  # a new line, or none
-                self._progress.pop(key, None)
-            case detail if type(detail) not in self._KNOWN:  # as it is
-                self._text[key] = "\n" + generic_line(detail)
-                self._progress.pop(key, None)
 
     def line(self, execution_id: str) -> str:
         """The latest non-empty line ``execution_id`` streamed ("" if none), its tail

@@ -18,8 +18,10 @@ runtime's objects there:
 
 - The runtime's side (a task in the ``UI``'s task group, on the runtime's loop)
   **publishes**: every ``interval`` seconds it reads ``rt.tree()``, what the
-  supervisor holds reserved, the events since the last time (the latest streamed
-  lines) and the pending approvals, and encodes them once as JSON (a ``TreeView``).
+  supervisor holds reserved, the latest line each execution streamed (a listener
+  of the event bus keeps it where each event happens: ``LatestLines``, which skips
+  at once the kinds that set no line; nothing queued, nothing dropped) and the
+  pending approvals, and encodes them once as JSON (a ``TreeView``).
   The bytes are handed over by one assignment of an immutable value, which the
   server's thread reads as it is: however many events happen, the page gets at
   most ``1 / interval`` new views a second, coalesced here, never a message per event.
@@ -63,7 +65,7 @@ import anyio.to_thread
 import msgspec
 from anyio.abc import TaskGroup
 
-from fractor.runtime import Runtime, SQLiteStore, Subscription, TreeSnapshot
+from fractor.runtime import Runtime, SQLiteStore, TreeSnapshot
 
 from .._agent._ref import Decide, GetApprovals
 from .._messages import ExecutionTrace, safe_text
@@ -137,10 +139,13 @@ class UI:
         )
         self._announce = announce
         self._lines = LatestLines()
-        self._events: Subscription | None = None
         self._version = 0
         #: The latest view, encoded: replaced whole, read by the server's thread.
         self._payload = b""
+        #: The ``ETag`` of ``_payload`` (its view's digest, quoted): a read naming it in
+        #: ``If-None-Match`` is answered 304, nothing sent. Set with the payload, as
+        #: one value (the server's thread reads both at once).
+        self._published: tuple[bytes, str] = (b"", "")
         self._stack = AsyncExitStack()
         self._serving = _ServerThread()
         self._token: anyio.lowlevel.EventLoopToken | None = None
@@ -158,12 +163,8 @@ class UI:
         return self._payload
 
     def publish(self) -> None:
-        """Read the tree, the events since the last view and the approvals, and
+        """Read the tree, the latest lines and the approvals, and
         publish a new view (on the runtime's loop; ``interval`` does it on its own)."""
-        events = self._events
-        if events is not None:
-            while (event := events.receive_nowait()) is not None:
-                self._lines.feed(event)
         snapshot = self.rt.tree()
         held = {
             node.id: Held(
@@ -183,7 +184,8 @@ class UI:
             lines=self._lines.line,
             approvals=self._approvals(snapshot),
         )
-        self._payload = _redacted(_encode(view), self._secrets)
+        self._payload = payload = _redacted(_encode(view), self._secrets)
+        self._published = (payload, f'"{view.digest}"')
 
     def _tops(self, snapshot: TreeSnapshot) -> list[str]:
         """The actor ids of the running top-level agents (the ones approvals go through)."""
@@ -239,7 +241,11 @@ class UI:
             return Response(page, media_type="text/html; charset=utf-8", headers=_NO_STORE)
 
         async def tree(request: Request) -> Response:
-            return Response(self._payload, media_type="application/json", headers=_NO_STORE)
+            payload, etag = self._published
+            headers = {**_NO_STORE, "etag": etag}
+            if etag and request.headers.get("if-none-match") == etag:
+                return Response(status_code=304, headers=headers)  # nothing new to draw
+            return Response(payload, media_type="application/json", headers=headers)
 
         async def approval(request: Request) -> Response:
             request_id = request.path_params["request_id"]
@@ -272,7 +278,9 @@ class UI:
     async def __aenter__(self) -> UI:
         async with AsyncExitStack() as stack:
             self._token = anyio.lowlevel.current_token()
-            self._events = await stack.enter_async_context(self.rt.events())
+            # Fed where each event happens (a listener: no queue to drop from, no
+            # task to wake), skipping at once the kinds that set no line.
+            stack.callback(self.rt.event_bus.listen(self._lines.feed))
             self.publish()
             stack.push_async_callback(self._serving.stop)
             self.port = await self._serving.start(self._app, self.port)
@@ -299,8 +307,6 @@ class UI:
         except BaseException as error:
             await stack.__aexit__(type(error), error, error.__traceback__)
             raise
-        finally:
-            self._events = None
         return await stack.__aexit__(exc_type, exc, tb)
 
 

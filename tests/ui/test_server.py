@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from fractor import Agent, AgentRef, Budget, Runtime, ScriptedModel, call, reply, tool
-from fractor.actors import ApprovalRequest, ToolResultMessage
+from fractor.actors import ApprovalRequest, ModelText, StepEnd, ToolResultMessage
 from fractor.actors.ui import UI, TreeView, serve_ui
 from fractor.actors.ui._server import _redacted
 
@@ -257,3 +257,60 @@ async def test_views_are_published_on_their_own_a_few_a_second() -> None:
         with anyio.fail_after(10):
             while (await get_view(client, ui)).version < first + 3:  # noqa: ASYNC110
                 await anyio.sleep(0.02)  # another thread serves what the runtime publishes
+
+
+async def test_a_read_naming_the_view_it_drew_gets_304_until_the_tree_changes() -> None:
+    async with Runtime() as rt, serve_ui(rt, announce=quiet) as ui, httpx2.AsyncClient() as client:
+        address = f"http://127.0.0.1:{ui.port}/api/tree"
+        first = await client.get(address, params={"token": ui.token})
+        etag = first.headers["etag"]
+        assert etag == f'"{msgspec.json.decode(first.content, type=TreeView).digest}"'
+        ui.publish()  # a new view of the same tree: the same digest
+        same = await client.get(
+            address, params={"token": ui.token}, headers={"If-None-Match": etag}
+        )
+        assert same.status_code == 304
+        assert same.content == b""
+        other = await client.get(
+            address, params={"token": ui.token}, headers={"If-None-Match": '"1"'}
+        )
+        assert other.status_code == 200
+        assert other.headers["etag"] == etag  # sent again to a reader that drew another
+        late = await rt.spawn(Agent(name="late", model=ScriptedModel([reply("x")])))
+        assert (await late.ask("go")).ok
+        ui.publish()
+        changed = await client.get(
+            address, params={"token": ui.token}, headers={"If-None-Match": etag}
+        )
+        assert changed.status_code == 200
+        assert changed.headers["etag"] != etag
+        assert "late" in changed.text
+
+
+async def test_no_line_is_lost_however_many_events_come_between_two_views() -> None:
+    release = anyio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Wait for the test."""
+        await release.wait()
+        return "done"
+
+    agent = Agent(name="lead", model=ScriptedModel([call("wait"), reply("ok")]), tools=[wait])
+    async with (
+        Runtime() as rt,
+        serve_ui(rt, announce=quiet, interval=3000) as ui,
+        anyio.create_task_group() as group,
+    ):
+        ref = await rt.spawn(agent)
+        group.start_soon(ref.ask, "go")
+        await anyio.wait_all_tasks_blocked()
+        (node,) = [node for node in rt.tree().nodes if node.name == "lead"]
+        for step in range(5_000):  # far more than any buffer of events would hold
+            rt.event_bus.emit(StepEnd(step=step), execution_id=node.id)
+        rt.event_bus.emit(ModelText(text="the line after them", step=1), execution_id=node.id)
+        ui.publish()
+        view = msgspec.json.decode(ui.view(), type=TreeView)
+        (shown,) = [shown for shown in view.nodes if shown.id == node.id]
+        assert shown.line == "the line after them"
+        release.set()
