@@ -702,7 +702,10 @@ class Ledger:
                         # take here (a part of what is free among the parts that hold
                         # none of it: late in a run, the last ones take all).
                         part = max(want.fair(name), free / self._idle_parts(current, lease))
-                        share = max(share, min(part, max(free, 0)))
+                        part = min(part, max(free, 0))
+                        # (in whole tokens: a fraction held would be a hold that no
+                        # lease gives back, and asks would wait for it for ever)
+                        share = max(share, part if name in _FRACTIONAL else math.floor(part))
                     grant = min(grant, max(need, share))
                 grants[name] = grant
         except BudgetExceeded as error:

@@ -254,6 +254,24 @@ async def test_a_lease_host_is_told_when_a_part_of_the_budget_grows_a_quarter_ag
     assert len(told) == 1
 
 
+async def test_a_request_cut_deep_is_granted_whole_tokens_so_no_fraction_stays_held() -> None:
+    sup = started()
+    parent = sup.open(sup.root, name="parent", limits=Budget(output_tokens=1_000))
+    remote = leased(sup, parent)
+    children(sup, parent, "a", "b")
+    # Cut deep on its host, it asks for its fair part, or what a request here would
+    # take: a third of what is free (333.33...), in whole tokens.
+    want = Want(output_tokens=16, wanted_output=4_096, fair_output=100)
+    limits = await sup.ledger.ask(remote, Tally(), want)
+    assert remote.lease is not None
+    assert limits.output_tokens == remote.lease.granted["output_tokens"] == 333
+    assert held(parent, "output_tokens") == 333
+    # Its subtree ends having used all but 1: nothing at all stays held (a fraction
+    # would have an ask for the last token wait for ever on a lease holding none).
+    sup.ledger.end(remote, Tally(usage=Usage(output_tokens=332)))
+    assert held(parent, "output_tokens") == 0
+
+
 async def test_a_subtree_of_several_executions_gets_a_share_for_each() -> None:
     sup = started()
     parent = sup.open(sup.root, name="parent", limits=Budget(tokens=12_000))
