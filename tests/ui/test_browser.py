@@ -5,23 +5,28 @@ are skipped with that reason elsewhere (``browser.find_chromium``). Screenshots 
 written to ``tests/ui/screenshots/`` (ignored by git): ``live-tree-<backend>-waiting.png``
 (an approval pending, the budget bars) and ``live-tree-<backend>-done.png`` (after it
 was approved in the page), ``timeline.png`` (a stored execution's timeline, a step
-clicked) and ``sweep.png`` (a sweep's chart with its knee).
+clicked) and ``sweep.png`` (a sweep's chart with its knee). The demo's own page
+(``fractor demo --ui``) is opened from the URL it says.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import pathlib
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 import pytest
+from rich.console import Console
 
 from fractor import Agent, Budget, Runtime, ScriptedModel, call, reply, tool
 from fractor.actors import calls, collect_trace_tree
 from fractor.actors._observation._traces import usage_text
+from fractor.actors.cli._scenario import DemoOptions, run_demo
 from fractor.actors.ui import serve_stored, serve_sweep, serve_ui
 from fractor.actors.ui.charts import SweepLevel, SweepReport, find_knee
 from fractor.runtime import SQLiteStore
@@ -124,6 +129,51 @@ async def test_the_page_shows_the_tree_live_and_decides_an_approval(
             assert path.stat().st_size > 1_000
         finally:
             await anyio.to_thread.run_sync(browser.close)
+
+
+async def test_the_page_loads_the_demo_s_tree_as_it_runs(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ``fractor demo --ui``, run as the command runs it: its page, opened from the URL
+    # it says on stderr, shows the demo's lead and researchers while they work.
+    chromium = find_chromium()
+    agents = "[...document.querySelectorAll('li.node .agent')].map(e => e.textContent)"
+    said: list[str] = []
+    found: list[list[str]] = []
+    browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+    try:
+
+        async def look() -> None:
+            while not said:
+                await anyio.sleep(0.02)
+                said.extend(
+                    re.findall(r"http://127\.0\.0\.1:\d+/\?token=\S+", capsys.readouterr().err)
+                )
+            await anyio.to_thread.run_sync(browser.open, said[0])
+            shown = await until(
+                lambda: (
+                    (names := browser.evaluate(agents))
+                    and sum(name.startswith("researcher-") for name in names) >= 3
+                    and names
+                ),
+                "the demo's researchers",
+            )
+            found.append(shown)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(look)
+            run = await run_demo(
+                DemoOptions(speed=1.5, db=None), console=Console(file=io.StringIO()), ui=True
+            )
+            group.cancel_scope.cancel()  # (found, or not: the asserts say)
+    finally:
+        await anyio.to_thread.run_sync(browser.close)
+    assert run.result.status == "completed"
+    assert len(said) == 1
+    (shown,) = found
+    assert "lead" in shown
+    assert len(run.researchers) == 3
+    assert set(run.researchers) <= set(shown)
 
 
 async def test_the_page_without_the_token_is_refused_in_the_browser(
