@@ -110,8 +110,8 @@ class EventDetail(
     inherited by every kind): they are frozen values (strings, numbers, tuples of
     frozen Structs) that take part in no reference cycle, and an observed tree makes
     one per step, call and request: tracked, their allocations alone would trigger
-    collections of everything the tree holds (the web view's W6 run spent a quarter
-    of its time there). A kind of your own whose fields hold a mutable container
+    collections of everything the tree holds (the web view's W6 run spent about a
+    third of its time there). A kind of your own whose fields hold a mutable container
     that may refer back to it sets ``gc=True``."""
 
     if TYPE_CHECKING:

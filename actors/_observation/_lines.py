@@ -135,15 +135,15 @@ class LatestLines:
 
     def feed(self, event: Event) -> None:
         """Take one event (a listener of the bus: called with every event, where it
-        happens, so each kind costs what it must and no more: one dict lookup for
+        happens, so each kind costs what it must and no more: one set lookup for
         most)."""
         detail = event.detail
         kind = type(detail)
         if kind in self.IGNORED:
             return
         key = event.execution_id
-        if kind is ModelText:
-            text = self._text.get(key, "") + detail.text  # type: ignore[attr-defined]
+        if type(detail) is ModelText:
+            text = self._text.get(key, "") + detail.text
             if len(text) > 4 * self.width:
                 text = text[-2 * self.width :]
             self._text[key] = text
@@ -151,10 +151,9 @@ class LatestLines:
             self._new_line(key)
         elif kind is ExecutionStart:
             self._keep_parts(key, detail)
-        elif kind is ToolEnd:
+        elif type(detail) is ToolEnd:
             self._keep_parts(key, detail)
-            call_id = detail.call_id  # type: ignore[attr-defined]
-            if self._progress.get(key) == call_id:  # its progress line is done
+            if self._progress.get(key) == detail.call_id:  # its progress line is done
                 del self._progress[key]
                 self._text.pop(key, None)
         elif kind is ExecutionEnd:
@@ -173,10 +172,8 @@ class LatestLines:
 
     def _new_line(self, key: str) -> None:
         """A new line for ``key``, or none."""
-        if self._text:
-            self._text.pop(key, None)
-        if self._progress:
-            self._progress.pop(key, None)
+        self._text.pop(key, None)
+        self._progress.pop(key, None)
 
     def _keep_parts(self, key: str, detail: EventDetail) -> None:
         said = part_lines(detail)

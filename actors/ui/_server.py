@@ -105,11 +105,45 @@ _encode = msgspec.json.Encoder().encode
 _decode_decision = msgspec.json.Decoder(Decision).decode
 
 
-def _page() -> bytes:
-    return resources.files(__package__).joinpath("page.html").read_bytes()
+def _check_port(port: int) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be a whole number from 0 to 65535, got {port!r}")
 
 
-class UI:
+class _Served:
+    """What the live view's, the stored traces' and the sweep's servers share: a
+    token, a port, a thread serving ``_app``, the URL said once on entering."""
+
+    def __init__(self, *, port: int, announce: Callable[[str], None] | None) -> None:
+        _check_port(port)
+        #: The token every request needs.
+        self.token = _secrets.token_urlsafe(32)
+        #: The port it listens on (the one given, or the one the system chose for 0).
+        self.port = port
+        self._announce = announce
+        self._serving = _ServerThread()
+
+    @property
+    def url(self) -> str:
+        """The page's address, with the token."""
+        return f"http://127.0.0.1:{self.port}/?token={self.token}"
+
+    def _app(self, started: threading.Event) -> ASGIApp:
+        raise NotImplementedError  # pragma: no cover - each kind serves its own
+
+    async def _check(self) -> None:
+        """Raise, before anything is served, when it cannot serve what it should."""
+
+    async def _enter(self) -> None:
+        await self._check()
+        self.port = await self._serving.start(self._app, self.port)
+        _say(self.url, self._announce)
+
+    async def aclose(self) -> None:
+        await self._serving.stop()
+
+
+class UI(_Served):
     """A running web view of ``rt`` (see the module): an async context manager."""
 
     def __init__(
@@ -121,46 +155,32 @@ class UI:
         secrets: Iterable[str] = (),
         announce: Callable[[str], None] | None = None,
     ) -> None:
-        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-            raise ValueError(f"port must be a whole number from 0 to 65535, got {port!r}")
+        super().__init__(port=port, announce=announce)
         if not isinstance(interval, int | float) or not 0 < interval < 3600:
             raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}")
         self.rt = rt
         self.interval = float(interval)
-        #: The token every request needs.
-        self.token = _secrets.token_urlsafe(32)
-        #: The port it listens on (the one given, or the one the system chose for 0).
-        self.port = port
         #: As they stand in JSON (``redact`` takes out those of 4 characters or more).
         self._secrets = tuple(
             msgspec.json.encode(secret)[1:-1].decode()
             for secret in secrets
             if isinstance(secret, str)
         )
-        self._announce = announce
         self._lines = LatestLines()
         self._version = 0
-        #: The latest view, encoded: replaced whole, read by the server's thread.
-        self._payload = b""
-        #: The ``ETag`` of ``_payload`` (its view's digest, quoted): a read naming it in
-        #: ``If-None-Match`` is answered 304, nothing sent. Set with the payload, as
-        #: one value (the server's thread reads both at once).
+        #: The latest view, encoded, and its ``ETag`` (its digest, quoted: a read
+        #: naming it in ``If-None-Match`` is answered 304, nothing sent): one value,
+        #: replaced whole, which the server's thread reads as it is.
         self._published: tuple[bytes, str] = (b"", "")
         self._stack = AsyncExitStack()
-        self._serving = _ServerThread()
         self._token: anyio.lowlevel.EventLoopToken | None = None
         self._group: TaskGroup | None = None
-
-    @property
-    def url(self) -> str:
-        """The page's address, with the token."""
-        return f"http://127.0.0.1:{self.port}/?token={self.token}"
 
     # -- the runtime's side --------------------------------------------------------
 
     def view(self) -> bytes:
         """The latest view published, as the page reads it (JSON)."""
-        return self._payload
+        return self._published[0]
 
     def publish(self) -> None:
         """Read the tree, the latest lines and the approvals, and
@@ -184,8 +204,7 @@ class UI:
             lines=self._lines.line,
             approvals=self._approvals(snapshot),
         )
-        self._payload = payload = _redacted(_encode(view), self._secrets)
-        self._published = (payload, f'"{view.digest}"')
+        self._published = (_redacted(_encode(view), self._secrets), f'"{view.digest}"')
 
     def _tops(self, snapshot: TreeSnapshot) -> list[str]:
         """The actor ids of the running top-level agents (the ones approvals go through)."""
@@ -235,10 +254,10 @@ class UI:
         from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
 
-        page = _page()
+        page = _asset("page.html")
 
         async def index(request: Request) -> Response:
-            return Response(page, media_type="text/html; charset=utf-8", headers=_NO_STORE)
+            return _html(page)
 
         async def tree(request: Request) -> Response:
             payload, etag = self._published
@@ -282,14 +301,13 @@ class UI:
             # task to wake), skipping at once the kinds that set no line.
             stack.callback(self.rt.event_bus.listen(self._lines.feed))
             self.publish()
-            stack.push_async_callback(self._serving.stop)
-            self.port = await self._serving.start(self._app, self.port)
+            stack.push_async_callback(self.aclose)
+            await self._enter()
             self._stack = stack.pop_all()
         # Apart from the stack: the body's exception goes through it as it was raised.
         group = self._group = anyio.create_task_group()
         await group.__aenter__()
         group.start_soon(self._publish_every)
-        _say(self.url, self._announce)
         return self
 
     async def __aexit__(
@@ -466,44 +484,6 @@ def _json(data: bytes, status: int = 200) -> Response:
     from starlette.responses import Response
 
     return Response(data, status, media_type="application/json", headers=_NO_STORE)
-
-
-def _check_port(port: int) -> None:
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-        raise ValueError(f"port must be a whole number from 0 to 65535, got {port!r}")
-
-
-class _Served:
-    """What the stored traces' and the sweep's servers share: a token, a port, a
-    thread serving ``_app``, the URL said once on entering."""
-
-    def __init__(self, *, port: int, announce: Callable[[str], None] | None) -> None:
-        _check_port(port)
-        #: The token every request needs.
-        self.token = _secrets.token_urlsafe(32)
-        #: The port it listens on (the one given, or the one the system chose for 0).
-        self.port = port
-        self._announce = announce
-        self._serving = _ServerThread()
-
-    @property
-    def url(self) -> str:
-        """The page's address, with the token."""
-        return f"http://127.0.0.1:{self.port}/?token={self.token}"
-
-    def _app(self, started: threading.Event) -> ASGIApp:
-        raise NotImplementedError  # pragma: no cover - each kind serves its own
-
-    async def _check(self) -> None:
-        """Raise, before anything is served, when it cannot serve what it should."""
-
-    async def _enter(self) -> None:
-        await self._check()
-        self.port = await self._serving.start(self._app, self.port)
-        _say(self.url, self._announce)
-
-    async def aclose(self) -> None:
-        await self._serving.stop()
 
 
 # -- stored traces ---------------------------------------------------------------------
