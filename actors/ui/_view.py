@@ -101,8 +101,6 @@ class TreeView(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_default
     approvals: tuple[ApprovalView, ...]
     #: The same for two views that show the same (every ``rev``, the approvals).
     digest: int = 0
-    #: Whether the server has stored traces to show (the page links to them).
-    traces: bool = False
 
 
 def _tokens(node: NodeSnapshot) -> float:
@@ -170,11 +168,9 @@ def tree_view(
     held: Mapping[str, Held] | None = None,
     lines: Callable[[str], str] | None = None,
     approvals: Sequence[ApprovalRequest] = (),
-    traces: bool = False,
 ) -> TreeView:
     """The page's data for ``snapshot``: ``held`` by node id (what each live node
-    holds reserved), ``lines(node_id)`` the latest streamed line of a node;
-    ``traces`` says the server has stored traces to show.
+    holds reserved), ``lines(node_id)`` the latest streamed line of a node.
 
     It runs on the runtime's loop a few times a second over the whole tree: one plain
     loop (a view of 1,000 nodes in about 1 ms; ``rt.tree()`` takes about as long)."""
@@ -220,5 +216,4 @@ def tree_view(
         nodes=tuple(nodes),
         approvals=shown_approvals,
         digest=digest,
-        traces=traces,
     )

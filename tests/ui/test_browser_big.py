@@ -121,8 +121,6 @@ async def test_a_tree_of_1000_agents_stays_responsive(
                 assert loaded < LOAD_SECONDS, f"the page took {loaded:.1f} s to show the tree"
                 assert count == f"{CHILDREN} below (collapsed)"
 
-                # No stored traces: their link stays hidden.
-                assert await evaluate("document.getElementById('traces-link').hidden")
                 # Collapsed: the children have no elements at all (the root and the lead).
                 assert await evaluate("document.querySelectorAll('li.node').length") == 2
                 await evaluate(f"document.querySelector('{at} > .row .toggle').click()")
