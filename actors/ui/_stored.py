@@ -72,15 +72,16 @@ class CallDetail(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     name: str
     arguments: str
-    content: str
-    is_error: bool
-    seconds: float
-    attempts: int
-    interrupted: bool
-    approval: str
-    waited: float
-    reused: bool
-    parts: tuple[str, ...]
+    content: str = ""
+    is_error: bool = False
+    seconds: float = 0.0
+    #: 0: asked for, never run (the execution stopped first).
+    attempts: int = 1
+    interrupted: bool = False
+    approval: str = ""
+    waited: float = 0.0
+    reused: bool = False
+    parts: tuple[str, ...] = ()
 
 
 class StepDetail(msgspec.Struct, frozen=True, kw_only=True):
@@ -207,20 +208,7 @@ def _step(step: StepRecord) -> StepDetail:
     ran = {outcome.call.id for outcome in step.outcomes}
     calls = [_call(outcome) for outcome in step.outcomes]
     calls += [  # asked for, never run (the execution stopped first)
-        CallDetail(
-            id=call.id,
-            name=call.name,
-            arguments=call.arguments,
-            content="",
-            is_error=False,
-            seconds=0.0,
-            attempts=0,
-            interrupted=False,
-            approval="",
-            waited=0.0,
-            reused=False,
-            parts=(),
-        )
+        CallDetail(id=call.id, name=call.name, arguments=call.arguments, attempts=0)
         for call in step.tool_calls
         if call.id not in ran
     ]
