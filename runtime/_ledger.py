@@ -741,12 +741,14 @@ class Ledger:
         ``GROWTH`` times what a whole operation (``need``) takes for each of its
         parts, or what it used so far (a lease grows geometrically from what it
         needs, so the first to ask never takes what siblings about to start need).
-        With whole sharing, an output-capping field's share is all that is free."""
+        With whole sharing, an output-capping field's share is at least the whole
+        operation (the ask waited till that much is free), and beyond it the same
+        parts as with fair sharing: not all that is free, which would leave the
+        whole requests of every other host waiting for the first lease to ask."""
+        share = settled * min(lease.weight / _parts(node), 1) - lease.hold[name]
         if self._whole and name in _SHARED:
-            share = max(free, 0)
-        else:
-            share = settled * min(lease.weight / _parts(node), 1) - lease.hold[name]
-            share = min(max(share, 0), max(free, 0))
+            share = max(share, need)
+        share = min(max(share, 0), max(free, 0))
         share = min(share, GROWTH * max(lease.weight * need, lease.used[name]))
         return share if name in _FRACTIONAL else math.floor(share)
 

@@ -10,9 +10,21 @@ cut by what is left of a lease and asked again).
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
-from fractor.actors import Agent, LocalHosts, Result, ScriptedModel, call, calls, reply
+from fractor.actors import (
+    Agent,
+    FunctionModel,
+    LocalHosts,
+    ModelRequest,
+    Result,
+    ScriptedModel,
+    call,
+    calls,
+    reply,
+)
+from fractor.actors._models._protocol import Turn
 from fractor.runtime import Budget, Runtime, Usage
 
 from .conftest import MakeHosts
@@ -119,3 +131,40 @@ async def test_a_lease_idle_between_turns_is_revived_without_a_round_trip() -> N
     # The lead closed: its idle lease ended, and the host closed the lease's node.
     assert idle == {}
     assert leases == []
+
+
+#: Model calls of ``_slow`` running now, and the most that ever ran at once.
+_running = {"now": 0, "most": 0}
+
+
+async def _slow(request: ModelRequest) -> Turn:
+    """A worker's model: answers after 50 ms, counting the calls that overlap."""
+    _running["now"] += 1
+    _running["most"] = max(_running["most"], _running["now"])
+    try:
+        await anyio.sleep(0.05)
+    finally:
+        _running["now"] -= 1
+    return reply("done")
+
+
+async def test_with_whole_sharing_hosts_run_whole_requests_at_once_when_the_budget_holds_them() -> (
+    None
+):
+    # Two workers on two hosts, each request wanting all of the default max_tokens,
+    # under a budget that holds three such requests: the first host's lease takes
+    # one whole request and its part of the budget, not the whole budget (it held
+    # it all before, and the other host's request waited for it to end: measured on
+    # 9 workers on 4 hosts, 3.1 x the unbudgeted wall at 2 x the demand, now 1.6 x).
+    _running.update(now=0, most=0)
+    worker = Agent("worker", FunctionModel(_slow))
+    script = [calls(call("worker", task="a"), call("worker", task="b")), reply("All done.")]
+    lead = Agent("lead", ScriptedModel(script), subagents=[worker])
+    async with Runtime(
+        hosts=LocalHosts(2), budget=Budget(tokens=3 * 4_400), output_sharing="whole"
+    ) as rt:
+        result = await (await rt.spawn(lead)).ask("go")
+        placed = {node.host for node in rt.tree().nodes if node.name == "worker"}
+    assert result.status == "completed", result.stop_reason
+    assert len(placed) == 2
+    assert _running["most"] == 2
