@@ -10,7 +10,10 @@ again is the same reply).
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+
+import anyio
 
 from fractor.actors import (
     Agent,
@@ -46,27 +49,40 @@ async def look(topic: str) -> str:
 class Plan:
     """What one worker does: ``steps`` lookups (one a step), then a reply of
     ``reply`` output tokens; first, with ``helper`` set, it asks its helper, which
-    looks once and replies with ``helper`` output tokens."""
+    looks once and replies with ``helper`` output tokens. With ``delay`` (ms), each
+    of its model calls and its helper's takes up to that long (``latency``), as real
+    models do: requests of siblings then overlap as timing decides."""
 
     name: str
     steps: int
     reply: int
     helper: int | None
+    delay: int = 0
 
     def task(self) -> str:
         helper = "-" if self.helper is None else str(self.helper)
-        return f"{self.name} s{self.steps} r{self.reply} h{helper}"
+        delay = f" d{self.delay}" if self.delay else ""
+        return f"{self.name} s{self.steps} r{self.reply} h{helper}{delay}"
 
 
 def plan(task: str) -> Plan:
     """The plan a worker's task (``Plan.task``) writes."""
-    name, steps, answer, helper = task.split()
+    name, steps, answer, helper, *delay = task.split()
     return Plan(
         name=name,
         steps=int(steps[1:]),
         reply=int(answer[1:]),
         helper=None if helper == "h-" else int(helper[1:]),
+        delay=int(delay[0][1:]) if delay else 0,
     )
+
+
+async def latency(delay: int, *key: object) -> None:
+    """Wait as a model of up to ``delay`` ms would: a time drawn from ``key`` (the
+    same request waits as long on every run; siblings differ)."""
+    if delay:
+        drawn = zlib.crc32(repr(key).encode()) % (delay * 1000)
+        await anyio.sleep(drawn / 1_000_000)
 
 
 def text_of(name: str, tokens: int) -> str:
@@ -81,9 +97,11 @@ async def working(request: ModelRequest) -> Turn:
     """A worker: its helper first (if its plan has one), its lookups, its reply."""
     me = plan(_task(request))
     step = _asked(request)
+    await latency(me.delay, me.name, step)
     if me.helper is not None:
         if step == 0:
-            return call("helper", task=f"help {me.name} r{me.helper}")
+            delay = f" d{me.delay}" if me.delay else ""
+            return call("helper", task=f"help {me.name} r{me.helper}{delay}")
         step -= 1
     if step < me.steps:
         return call("look", topic=f"{me.name} {step}")
@@ -92,7 +110,8 @@ async def working(request: ModelRequest) -> Turn:
 
 async def helping(request: ModelRequest) -> Turn:
     """A helper: one lookup, then its reply of the length its task names."""
-    _, name, tokens = _task(request).split()
+    _, name, tokens, *delay = _task(request).split()
+    await latency(int(delay[0][1:]) if delay else 0, name, "helper", _asked(request))
     if _asked(request) == 0:
         return call("look", topic=f"{name} for help")
     return reply(text_of(f"{name}'s helper", int(tokens[1:])))

@@ -31,6 +31,18 @@ field (tokens, output tokens, cost, requests, tool calls) placed on the lead
    wants or waits for requests in flight, here and through its lease on hosts), no
    reply is cut by sharing, and 1.1 x the demand of these two fields completes
    exactly too, at home and on hosts (``test_whole_output_sharing_...``).
+   A token limit is shared the same way; it is held to exactness here because with
+   these models (which answer at once) the requests a tree sends overlap little, and
+   at home not at all where it matters. Models that take time overlap them as timing
+   decides, and then fair sharing cuts long replies at home as on hosts: random trees
+   whose model calls take up to 3 ms, tokens at 1.1 x the demand, 200 trees (400
+   runs, lead and runtime) spent more than the demand on 71 trees at home and 37 on
+   ``LocalHosts``; at 1.5 x, 15 and 10 of 300. With models that answer at once,
+   none at home and about 1 in 200 on hosts, whose messages let requests overlap
+   that at home run one after the other: the examples drawn here are not such trees
+   (issue 28's notes, session 14). Whole sharing spends the demand exactly whatever
+   the timing, at home and on both kinds of hosts
+   (``test_with_models_that_take_time_...``).
    The runtimes run with ``min_output_tokens=16``, and a generous token (cost) limit
    is at least the demand plus 16 output tokens (their cost): a request is admitted
    only if its minimum output fits, so the lead's last request (a 3-token reply)
@@ -72,7 +84,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -121,22 +133,25 @@ class Tree:
 
 
 @st.composite
-def plans(draw: st.DrawFn, name: str) -> Plan:
+def plans(draw: st.DrawFn, name: str, delay: int = 0) -> Plan:
     return Plan(
         name=name,
         steps=draw(st.integers(0, 3)),
         # Long replies first: the simplest example hypothesis draws has them.
         reply=draw(st.sampled_from([600, 900, 300, 60, 15, 2])),
         helper=draw(st.one_of(st.none(), st.sampled_from([400, 150, 10]))),
+        delay=delay,
     )
 
 
 @st.composite
-def trees(draw: st.DrawFn) -> Tree:
+def trees(draw: st.DrawFn, delay: int = 0) -> Tree:
+    """A tree of 2 to 12 workers on 2 to 4 hosts; with ``delay``, its model calls
+    take up to that many ms each."""
     count = draw(st.integers(2, 12))
     return Tree(
         hosts=draw(st.integers(2, 4)),
-        plans=tuple(draw(plans(f"w{index}")) for index in range(count)),
+        plans=tuple(draw(plans(f"w{index}", delay)) for index in range(count)),
     )
 
 
@@ -404,18 +419,47 @@ async def test_a_generous_budget_without_hosts_spends_the_demand(tree: Tree) -> 
     await check(tree, None, EVERY_CASE, [])
 
 
+#: The fields whose headroom caps a request's output.
+CAPPING = ("tokens", *SHARED)
+
+
 @example(tree=WIDE, field="output_tokens", place="runtime")
 @settings(QUICK, max_examples=1)
-@given(tree=trees(), field=st.sampled_from(SHARED), place=st.sampled_from(PLACES))
+@given(tree=trees(), field=st.sampled_from(CAPPING), place=st.sampled_from(PLACES))
 async def test_whole_output_sharing_spends_the_demand_of_output_and_cost_limits(
     make_hosts: MakeHosts, tree: Tree, field: str, place: str
 ) -> None:
     # With Runtime(output_sharing="whole") a request reserves all it wants or waits
     # for requests in flight (here and, through its lease, on hosts): no reply is cut
-    # by sharing, so 1.1 x the demand of output tokens or cost completes exactly, at
-    # home and on hosts.
+    # by sharing, so 1.1 x the demand of tokens, output tokens or cost completes
+    # exactly, at home and on hosts.
     need = await demand(tree, make_hosts)
     case = Case(field, place)
     problems = await generous(tree, None, need, case, "whole")
     problems += await generous(tree, make_hosts, need, case, "whole")
+    assert not problems, "\n".join([f"{tree!r}: demand {shown(need.usage)}", *problems])
+
+
+#: ``WIDE`` with models that take up to 3 ms a call.
+WIDE_TIMED = Tree(hosts=4, plans=tuple(replace(p, delay=3) for p in WIDE.plans))
+
+
+@example(tree=WIDE_TIMED, field="tokens", place="runtime")
+@settings(QUICK, max_examples=1)
+@given(tree=trees(delay=3), field=st.sampled_from(CAPPING), place=st.sampled_from(PLACES))
+async def test_with_models_that_take_time_whole_sharing_spends_the_demand_exactly(
+    make_hosts: MakeHosts, tree: Tree, field: str, place: str
+) -> None:
+    # Models that take time (up to 3 ms a call here) make siblings' requests overlap
+    # as timing decides: under fair sharing a long reply is then cut at its share and
+    # asked again at home as on hosts (the module's docstring). With whole sharing no
+    # reply is cut by sharing however they overlap: every field that caps a request's
+    # output at 1.1 x the demand completes exactly, without hosts and on them (every
+    # field on LocalHosts, the drawn one on Ray, whose hosts take a second to start).
+    need = await demand(tree, make_hosts)
+    fields = CAPPING if make_hosts is LocalHosts else (field,)
+    problems = []
+    for name in fields:
+        for hosts in (None, make_hosts):
+            problems += await generous(tree, hosts, need, Case(name, place), "whole")
     assert not problems, "\n".join([f"{tree!r}: demand {shown(need.usage)}", *problems])
