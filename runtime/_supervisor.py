@@ -373,6 +373,34 @@ class Supervisor:
             return False
         return True
 
+    def try_step(self, node: Node) -> bool:
+        """``try_charge(node, steps=1)``: an execution's step, charged before its model
+        request. On a chain with no budget (under the default cap, if one is set)
+        the counters are added here, with no counts to build and read back."""
+        if node.limited or node.stop_status is not None:
+            return self.try_charge(node, steps=1)
+        caps = self.caps
+        if caps is not None and caps.steps is not None and node.own_steps >= caps.steps:
+            return self.try_charge(node, steps=1)  # (refused there, saying why)
+        current: Node | None = node
+        while current is not None:
+            current.steps += 1
+            current = current.parent
+        node.own_steps += 1
+        return True
+
+    def try_tool_call(self, node: Node) -> bool:
+        """``try_charge(node, tool_calls=1)``: one tool call, charged before it runs
+        (on a chain with no budget, added here, as ``try_step`` does)."""
+        if node.limited or node.stop_status is not None:
+            return self.try_charge(node, tool_calls=1)
+        current: Node | None = node
+        while current is not None:
+            current.tool_calls += 1
+            current = current.parent
+        node.own_tool_calls += 1
+        return True
+
     def try_open(self, parent: Node, *, name: str, limits: Budget | None) -> Node | None:
         """``open``, or None (nothing opened) when only headroom leased to subtrees
         elsewhere stands in the way: ``open_waiting`` waits for it. Raises

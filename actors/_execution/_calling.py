@@ -236,7 +236,7 @@ class ToolRunner:
         if tool is None or self.recorder.observed or self.approve is not None:
             return None
         try:
-            if not self.supervisor.try_charge(self.node, tool_calls=1):
+            if not self.supervisor.try_tool_call(self.node):
                 return None  # leased elsewhere: ``run_call`` waits for the headroom
         except BudgetExceeded as exc:
             return refused(call, f"tool call refused: {exc}")
@@ -348,7 +348,7 @@ class ToolRunner:
 
     def _run_call_charged(self, call: ToolCall) -> Awaitable[ToolOutcome]:
         try:
-            if not self.supervisor.try_charge(self.node, tool_calls=1):
+            if not self.supervisor.try_tool_call(self.node):
                 return self._run_call_held_up(call)  # leased elsewhere: wait for it
         except BudgetExceeded as exc:
             return _ready(refused(call, f"tool call refused: {exc}"))

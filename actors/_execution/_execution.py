@@ -461,7 +461,7 @@ class Execution:
                     self.history = history
             context = self._context()
             while True:
-                if not supervisor.try_charge(node, steps=1):  # leased elsewhere: wait
+                if not supervisor.try_step(node):  # leased elsewhere: wait
                     await supervisor.charge_waiting(node, steps=1)
                 request = self._request(context)
                 try:

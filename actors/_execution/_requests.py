@@ -10,12 +10,12 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import anyio
 import msgspec
 
-from fractor.runtime import InvalidUsage, Reservation, Usage
+from fractor.runtime import InvalidUsage, Node, Reservation, Supervisor, Usage
 
 from .._agent._policy import is_retryable, retry_after
 from .._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
@@ -45,21 +45,35 @@ _CHARS_PER_TOKEN = 4
 _ATTEMPT = Usage(requests=1)
 
 
-async def send(
+def send(
     recorder: Recorder,
     model: Model,
     request: ModelRequest,
     retry: RetryPolicy,
     *,
     once: bool = False,
-) -> ModelResponse:
+) -> Awaitable[ModelResponse]:
     """One model request of an execution (``_send``), or, for a ``FallbackModel``,
     one to each model of its chain in turn until one answers: each its own request
     (its own lane, reservation, price and events), the chain moving on when the
     one before cannot answer (``falls_back``; a rate limit that would make it wait
-    longer than the chain's ``max_wait`` or the deadline leaves)."""
+    longer than the chain's ``max_wait`` or the deadline leaves).
+
+    Not a coroutine of its own: it hands back ``_send``'s (or the chain's), one
+    frame less between the execution's loop and the model at every step."""
     if not isinstance(model, FallbackModel):
-        return await _send(recorder, model, request, retry, once=once)
+        return _send(recorder, model, request, retry, once)
+    return _fall_back(recorder, model, request, retry, once)
+
+
+async def _fall_back(
+    recorder: Recorder,
+    model: FallbackModel,
+    request: ModelRequest,
+    retry: RetryPolicy,
+    once: bool,
+) -> ModelResponse:
+    """``send`` to a ``FallbackModel``: each model of its chain in turn."""
     chain = model.models
     last = len(chain) - 1
     for index, link in enumerate(chain):
@@ -106,7 +120,6 @@ async def _send(
     model: Model,
     request: ModelRequest,
     retry: RetryPolicy,
-    *,
     once: bool = False,
     wait: float | None = math.inf,
 ) -> ModelResponse:
@@ -149,7 +162,13 @@ async def _send(
             paused = lane.paused_until - supervisor.now()
             if paused > 0 and paused > _patience(wait, node.deadline - supervisor.now()):
                 raise _Paused(name, paused)
-        reservation, taken = await _admit(recorder, lane, estimate, wanted, name, at_least)
+        admitted = _try_admit(supervisor, rates, node, lane, estimate, wanted, name, at_least)
+        if isinstance(admitted, str):  # the lane or the budget has no room now: wait
+            budget_first = admitted == "budget"
+            admitted = await _admit(
+                recorder, lane, estimate, wanted, name, at_least, budget_first=budget_first
+            )
+        reservation, taken = admitted
         sent = request
         if reservation.max_tokens != wanted:
             sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
@@ -387,6 +406,36 @@ def _no_time_to_retry(recorder: Recorder, delay: float, asked: float) -> None:
     recorder.supervisor.stop_subtree(node, "timed_out", reason, cancel=False)
 
 
+def _try_admit(
+    supervisor: Supervisor,
+    rates: Rates,
+    node: Node,
+    lane: Lane,
+    estimate: int,
+    wanted: int | None,
+    model: str,
+    at_least: int | None,
+) -> tuple[Reservation, Pass] | Literal["lane", "budget"]:
+    """``_admit`` when neither the rate limit nor the budget makes the request wait
+    (the usual request), with no coroutine of its own; else which one would first
+    (nothing is held then: ``_admit`` waits, from there)."""
+    output = wanted if wanted is not None else supervisor.default_max_tokens
+    taken = rates.try_acquire(lane, estimate, output)
+    if taken is None:
+        return "lane"
+    try:
+        reservation = supervisor.reserve_nowait(
+            node, input_estimate=estimate, max_tokens=wanted, model=model, at_least=at_least
+        )
+    except anyio.WouldBlock:
+        rates.refund(taken)
+        return "budget"
+    except BaseException:
+        rates.refund(taken)
+        raise
+    return reservation, taken
+
+
 async def _admit(
     recorder: Recorder,
     lane: Lane,
@@ -394,35 +443,44 @@ async def _admit(
     wanted: int | None,
     model: str,
     at_least: int | None,
+    *,
+    budget_first: bool = False,
 ) -> tuple[Reservation, Pass]:
     """Room for one request in its model's rate limits, then in the budget: waiting
     for either, and never holding budget while it waits for the rate limit (a
     request that must wait for budget gives its place in the lane back, and takes
-    one again once it has the budget, or lets the budget go and waits in line)."""
+    one again once it has the budget, or lets the budget go and waits in line).
+
+    ``budget_first``: the lane had room and the budget had none (``_try_admit``
+    found so, and gave the lane's place back): wait for the budget first."""
     supervisor = recorder.supervisor
     rates = supervisor.rates
     node = recorder.node
     output = wanted if wanted is not None else supervisor.default_max_tokens
     while True:
-        taken = rates.try_acquire(lane, estimate, output)
-        if taken is None:
-            taken = await wait_for_rate(recorder, lane, estimate, output)
-        try:
-            reservation = supervisor.reserve_nowait(
-                node, input_estimate=estimate, max_tokens=wanted, model=model, at_least=at_least
-            )
-        except anyio.WouldBlock:
-            rates.refund(taken)
-            reservation = await _wait_for_budget(recorder, estimate, wanted, model, at_least)
-            again = rates.try_acquire(lane, estimate, output)
-            if again is None:
-                supervisor.release(node, reservation)  # (nothing charged: not sent)
-                continue
-            return reservation, again
-        except BaseException:
-            rates.refund(taken)
-            raise
-        return reservation, taken
+        if budget_first:
+            budget_first = False
+        else:
+            taken = rates.try_acquire(lane, estimate, output)
+            if taken is None:
+                taken = await wait_for_rate(recorder, lane, estimate, output)
+            try:
+                reservation = supervisor.reserve_nowait(
+                    node, input_estimate=estimate, max_tokens=wanted, model=model, at_least=at_least
+                )
+            except anyio.WouldBlock:
+                rates.refund(taken)
+            except BaseException:
+                rates.refund(taken)
+                raise
+            else:
+                return reservation, taken
+        reservation = await _wait_for_budget(recorder, estimate, wanted, model, at_least)
+        again = rates.try_acquire(lane, estimate, output)
+        if again is None:
+            supervisor.release(node, reservation)  # (nothing charged: not sent)
+            continue
+        return reservation, again
 
 
 async def wait_for_rate(
