@@ -233,7 +233,10 @@ class ToolRunner:
         the tree: the call charged and its arguments validated, or the outcome that
         answers it at once (refused, invalid arguments); None for any other call."""
         tool = self.toolbox.direct.get(call.name)
-        if tool is None or self.recorder.observed or self.approve is not None:
+        if tool is None or self.approve is not None:
+            return None
+        recorder = self.recorder
+        if recorder.bus.active or self.node.watch is not None:  # (``observed``, inline)
             return None
         try:
             if not self.supervisor.try_tool_call(self.node):

@@ -523,7 +523,7 @@ class Execution:
     def _request(self, context: tuple[Message, ...]) -> ModelRequest:
         """The step's model request, whose step begins now."""
         recorder = self.recorder
-        if self.observed:
+        if self.bus.active or self.node.watch is not None:  # (``observed``, inline)
             self.emit(StepStart(step=len(recorder.steps)))
         recorder.begin(len(context))
         answers = self.answers
@@ -651,18 +651,14 @@ class Execution:
         assert step is not None  # set by ``_asked``
         response, usage, model_seconds, began = step
         tools_seconds = time.perf_counter() - began
-        if any(outcome.parts for outcome in outcomes):
-            self._within_limits(outcomes)
-        results = [
-            ToolResultMessage(
-                call_id=outcome.call.id,
-                name=outcome.call.name,
-                content=outcome.content,
-                is_error=outcome.is_error,
-                parts=outcome.parts,
-            )
-            for outcome in outcomes
-        ]
+        if len(outcomes) == 1:  # the usual step: no generator, no list built
+            if outcomes[0].parts:
+                self._within_limits(outcomes)
+            results: tuple[ToolResultMessage, ...] = (_result_message(outcomes[0]),)
+        else:
+            if any(outcome.parts for outcome in outcomes):
+                self._within_limits(outcomes)
+            results = tuple(map(_result_message, outcomes))
         buffer = self.buffer
         buffer.extend(results)
         record = recorder.record(
@@ -827,3 +823,15 @@ class Execution:
         if self.parent_attempt == parent.attempt:
             return parent.id
         return f"{parent.id}~{self.parent_attempt}"
+
+
+def _result_message(outcome: ToolOutcome) -> ToolResultMessage:
+    """The tool result the model reads for ``outcome``."""
+    call = outcome.call
+    return ToolResultMessage(
+        call_id=call.id,
+        name=call.name,
+        content=outcome.content,
+        is_error=outcome.is_error,
+        parts=outcome.parts,
+    )

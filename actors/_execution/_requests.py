@@ -174,7 +174,7 @@ async def _send(
             sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
         error: Exception
         sink = recorder.sink
-        observed = recorder.observed
+        observed = recorder.bus.active or node.watch is not None  # (``observed``)
         if observed:
             # An observer recording contents gets the messages (a reference: no copy).
             recorder.emit(
@@ -228,7 +228,8 @@ async def _send(
         else:
             usage = response.usage
             rates.settle(taken, usage.input_tokens, usage.output_tokens)
-            _heard(rates, lane, response.limits)
+            if response.limits is not None:
+                _heard(rates, lane, response.limits)
             if observed:
                 _request_end(recorder, name, response.usage, response=response)
             try:

@@ -314,7 +314,12 @@ class Tool(Generic[P, R]):
         content, the images and documents its ``parts``, checked against the
         default ``ContentLimits`` (too large: an error result saying so).
         """
-        if type(value) is not str and _has_parts(value):
+        if type(value) is str:
+            return self._outcome(call, safe_text(value), False, attempts, start)
+        if type(value) is int and _INT_MIN <= value < _UINT_END:
+            # (what the encoder writes for it: its digits, with no look for parts)
+            return self._outcome(call, str(value), False, attempts, start)
+        if _has_parts(value):
             text, parts = split_content(value, f"the result of tool {self.name!r}", joiner="\n")
             try:
                 _LIMITS.check(parts, f"the result of tool {self.name!r}")
@@ -364,6 +369,9 @@ class Tool(Generic[P, R]):
 
 
 _LIMITS = ContentLimits()
+#: The ints a tool's result gives as their digits at once (``succeeded``): those the
+#: JSON encoder writes as 64-bit numbers, the same digits.
+_INT_MIN, _UINT_END = -(1 << 63), 1 << 64
 _PART_TYPES = (Text, Image, Document)
 
 
