@@ -83,7 +83,7 @@ from .._tools._tool import EXECUTION_ORIGIN
 from ._answering import Answers
 from ._calling import Interrupted, ToolRunner
 from ._recording import NOT_RUN, Recorder, bind_log_context, synthesize
-from ._requests import ascii_arguments, safe_response, send
+from ._requests import ascii_arguments, bind_calls, safe_response, send
 
 if TYPE_CHECKING:
     from .._agent._definition import AgentDefinition
@@ -324,6 +324,7 @@ class Execution:
                 self.agent_id, parent.id if parent is not None else None, node.depth, node.id
             ),
             EXECUTION_ORIGIN.set(self.started),
+            bind_calls(self.recorder),
         )
         if self.observed:
             parts = tuple(map(describe_part, self.task_parts))

@@ -9,7 +9,7 @@ import functools
 import math
 import time
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Literal, cast
 
 import anyio
@@ -37,7 +37,15 @@ if TYPE_CHECKING:
     from .._agent._policy import RetryPolicy
     from .._models._protocol import Model, Send, StreamingModel
 
-__all__ = ["EMPTY_USAGE", "admitting", "ascii_arguments", "safe_response", "send", "wait_for_rate"]
+__all__ = [
+    "EMPTY_USAGE",
+    "admitting",
+    "ascii_arguments",
+    "bind_calls",
+    "safe_response",
+    "send",
+    "wait_for_rate",
+]
 
 #: Characters per output token, for the estimate of a stream that was cut.
 _CHARS_PER_TOKEN = 4
@@ -186,10 +194,21 @@ async def _send(
                     messages=request.messages if recorder.bus.contents else None,
                 )
             )
-        # A model built on another, inside this call, has its requests admitted.
+        # A model built on another, inside this call, has its requests admitted: the
+        # call is the one in progress in this task (a field of the execution's slot,
+        # bound as it began; the context variable itself for a request outside one).
         call = _Call(recorder, reservation)
         try:
-            calling = _CALL.set(call)
+            slot = _CALL.get()
+            if slot is not None and slot.recorder is recorder:
+                outer = slot.call
+                slot.call = call
+                calling = None
+            else:
+                outer = None
+                slot = _InCall(recorder)
+                slot.call = call
+                calling = _CALL.set(slot)
             try:
                 if sink is None:
                     response = await model.request(sent)
@@ -197,7 +216,9 @@ async def _send(
                     recorder.streamed.clear()  # each attempt streams from its start
                     response = await cast("StreamingModel", model).stream(sent, sink)
             finally:
-                _CALL.reset(calling)
+                slot.call = outer
+                if calling is not None:
+                    _CALL.reset(calling)
         except Exception as exc:
             error = exc
             if _refused(exc) and call.used is None:
@@ -371,8 +392,28 @@ class _Call:
         return response
 
 
-#: The model call in progress in this context, if any (see ``admitting``).
-_CALL: ContextVar[_Call | None] = ContextVar("fractor_model_call", default=None)
+class _InCall:
+    """Where the model call in progress in a task is kept (see ``admitting``): one
+    for each execution, bound to its task's context as it begins (``bind_calls``),
+    so that a request sets a field, not the context variable, as it is sent."""
+
+    __slots__ = ("call", "recorder")
+
+    def __init__(self, recorder: Recorder) -> None:
+        #: The execution whose requests it keeps: a task that inherited the slot of
+        #: the execution that started it (a child actor's) never uses that one.
+        self.recorder = recorder
+        self.call: _Call | None = None
+
+
+#: The model call in progress in this context, if any, in its slot (see ``admitting``).
+_CALL: ContextVar[_InCall | None] = ContextVar("fractor_model_call", default=None)
+
+
+def bind_calls(recorder: Recorder) -> Token[_InCall | None]:
+    """Bind the slot of an execution's model calls (the ``recorder``'s) to the
+    context of the task it runs in, until it ends: reset with the token."""
+    return _CALL.set(_InCall(recorder))
 
 
 def admitting(model: Model) -> Send:
@@ -385,7 +426,8 @@ def admitting(model: Model) -> Send:
     within the call's reservation), so one that a ``requests`` limit has no room for
     is refused and never sent. Anywhere else, ``model.request``.
     """
-    call = _CALL.get()
+    slot = _CALL.get()
+    call = slot.call if slot is not None else None
     if call is None:
         return model.request
     return functools.partial(call.send, model)
