@@ -108,6 +108,13 @@ async def test_a_tree_of_1000_agents_stays_responsive(
                 tg.start_soon(ref.ask, "fan out")
                 with anyio.fail_after(30):
                     await all_in.wait()
+                # Every child waits in the tool: the tree stands still from here. Its
+                # view is published now, so the page draws no view published while
+                # children were still entering the tool: each child such a view shows
+                # behind would be redrawn by the next one, counted below against the
+                # one child that completes (322 records once under load: 6 + 2 a child).
+                ui.publish()
+                still = json.loads(ui.view())
                 lead_id = next(n.id for n in rt.tree().nodes if n.name == "lead")
                 at = f"li.node[data-id={json.dumps(lead_id)}]"
                 began = time.monotonic()
@@ -134,6 +141,11 @@ async def test_a_tree_of_1000_agents_stays_responsive(
                 ) == (f"{CHILDREN} below")
 
                 # One child completes: a few elements change, no node is drawn again.
+                # What the page shows before is the view of the tree standing still
+                # (that view or a later one, the same but for its number).
+                state = await evaluate("document.getElementById('state').textContent")
+                assert int(state.split()[1]) >= still["version"], (state, still["version"])
+                assert json.loads(ui.view())["digest"] == still["digest"], "the tree moved"
                 assert await evaluate(OBSERVE)
 
                 def ended() -> list[str]:
