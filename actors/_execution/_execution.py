@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
@@ -83,7 +83,7 @@ from .._tools._tool import EXECUTION_ORIGIN
 from ._answering import Answers
 from ._calling import Interrupted, ToolRunner
 from ._recording import NOT_RUN, Recorder, bind_log_context, synthesize
-from ._requests import ascii_arguments, bind_calls, safe_response, send
+from ._requests import ascii_arguments, bind_calls, safe_response, send, sender
 
 if TYPE_CHECKING:
     from .._agent._definition import AgentDefinition
@@ -450,6 +450,7 @@ class Execution:
         node = self.node
         model = self.agent.model
         retry = self.agent.retry
+        sending = sender(model)
         try:
             if node.stop_status is not None:
                 raise Interrupted
@@ -467,7 +468,7 @@ class Execution:
                 request = self._request(context)
                 try:
                     if self.via is None:
-                        response = await send(recorder, model, request, retry)
+                        response = await sending(recorder, model, request, retry)
                     else:
                         response = await self.via(request, self._send_inner)
                 except BudgetExceeded as exc:
@@ -490,18 +491,19 @@ class Execution:
                     continue
                 asked = self._asked(response, usage, model_seconds)
                 direct = self._direct(calls)
+                outcomes: Sequence[ToolOutcome]
                 if direct is None:
                     outcomes = await self._outcomes(calls)
                 elif isinstance(direct, ToolOutcome):
-                    outcomes = [direct]
+                    outcomes = (direct,)
                 else:  # awaited here, not through the tool's invoke: one frame less
                     tool, kwargs, start = direct
                     try:
                         value = await tool.fn(**kwargs)
                     except Exception as exc:
-                        outcomes = [tool.failed(calls[0], exc, start, 1)]
+                        outcomes = (tool.failed(calls[0], exc, start, 1),)
                     else:
-                        outcomes = [tool.succeeded(calls[0], value, start, 1)]
+                        outcomes = (tool.succeeded(calls[0], value, start, 1),)
                 following = self._results(context, asked, outcomes)
                 if following is None:
                     return
@@ -642,7 +644,7 @@ class Execution:
         self,
         context: tuple[Message, ...],
         asked: AssistantMessage,
-        outcomes: list[ToolOutcome],
+        outcomes: Sequence[ToolOutcome],
     ) -> tuple[Message, ...] | None:
         """The step's tool results join the buffer and the step is recorded: what the
         model sees at the next step, or None when the steps end here (a typed answer,
@@ -654,11 +656,11 @@ class Execution:
         tools_seconds = time.perf_counter() - began
         if len(outcomes) == 1:  # the usual step: no generator, no list built
             if outcomes[0].parts:
-                self._within_limits(outcomes)
+                outcomes = self._within_limits(outcomes)
             results: tuple[ToolResultMessage, ...] = (_result_message(outcomes[0]),)
         else:
             if any(outcome.parts for outcome in outcomes):
-                self._within_limits(outcomes)
+                outcomes = self._within_limits(outcomes)
             results = tuple(map(_result_message, outcomes))
         buffer = self.buffer
         buffer.extend(results)
@@ -683,14 +685,18 @@ class Execution:
             context, self.cleared = context[: len(context) - len(buffer)] + tuple(buffer), done
         return context
 
-    def _within_limits(self, outcomes: list[ToolOutcome]) -> None:
+    def _within_limits(self, outcomes: Sequence[ToolOutcome]) -> list[ToolOutcome]:
         """Leave out the parts of tool results that would take the requests of this
         execution past the agent's ``content_limits.request`` (the bytes of every
         image and document in its context), each result saying what was left out:
-        nothing over the limit is ever sent."""
+        nothing over the limit is ever sent. Returns the outcomes in a list: the
+        list given, changed in place (the step's outcomes in flight), or one made
+        of the outcome the usual step gives."""
+        if not isinstance(outcomes, list):
+            outcomes = list(outcomes)
         limit = self.agent.content_limits.request
         if limit is None:
-            return
+            return outcomes
         total = sum(part.size for part in parts_in(self.history, self.buffer))
         for index, outcome in enumerate(outcomes):
             size = sum(part.size for part in outcome.parts)
@@ -707,6 +713,7 @@ class Execution:
             )
             content = f"{outcome.content}\n{note}" if outcome.content else note
             outcomes[index] = msgspec.structs.replace(outcome, content=content, parts=())
+        return outcomes
 
     # -- what it says of itself ----------------------------------------------------------
 

@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar, Token
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import anyio
 import msgspec
@@ -44,6 +44,7 @@ __all__ = [
     "bind_calls",
     "safe_response",
     "send",
+    "sender",
     "wait_for_rate",
 ]
 
@@ -51,6 +52,22 @@ __all__ = [
 _CHARS_PER_TOKEN = 4
 #: What a request the server refused is charged when refusals count: one request.
 _ATTEMPT = Usage(requests=1)
+
+
+class Sender(Protocol):
+    """``send`` for one model (``sender``)."""
+
+    def __call__(
+        self, recorder: Recorder, model: Model, request: ModelRequest, retry: RetryPolicy, /
+    ) -> Awaitable[ModelResponse]: ...
+
+
+def sender(model: Model) -> Sender:
+    """``send`` for the requests of ``model``, chosen once (an execution's loop sends
+    each step's through it): ``_send`` itself but for a ``FallbackModel``."""
+    if isinstance(model, FallbackModel):
+        return send
+    return _send
 
 
 def send(
@@ -150,7 +167,9 @@ async def _send(
     wanted = request.max_tokens
     name = model.name
     rates = supervisor.rates
-    lane = rates.lane(name)
+    lane = rates.lanes.get(name)  # (made at the model's first request)
+    if lane is None:
+        lane = rates.lane(name)
     # The input estimate is the budget's pre-check (and a token rate limit's): with
     # neither it is made only if the request fails (what it is charged then), never
     # per request (it reads the whole context: a long conversation would pay for it
@@ -195,20 +214,20 @@ async def _send(
                 )
             )
         # A model built on another, inside this call, has its requests admitted: the
-        # call is the one in progress in this task (a field of the execution's slot,
-        # bound as it began; the context variable itself for a request outside one).
-        call = _Call(recorder, reservation)
+        # call in progress in this task is kept in the execution's slot (bound as it
+        # began; the context variable is set for a request outside one), its
+        # ``_Call`` made only if such a model asks for it (``admitting``).
+        slot = _CALL.get()
+        if slot is not None and slot.recorder is recorder:
+            calling = None
+            outer, outer_call = slot.reservation, slot.call
+        else:
+            slot = _InCall(recorder)
+            calling = _CALL.set(slot)
+            outer = outer_call = None
+        slot.reservation = reservation
+        slot.call = None
         try:
-            slot = _CALL.get()
-            if slot is not None and slot.recorder is recorder:
-                outer = slot.call
-                slot.call = call
-                calling = None
-            else:
-                outer = None
-                slot = _InCall(recorder)
-                slot.call = call
-                calling = _CALL.set(slot)
             try:
                 if sink is None:
                     response = await model.request(sent)
@@ -216,12 +235,14 @@ async def _send(
                     recorder.streamed.clear()  # each attempt streams from its start
                     response = await cast("StreamingModel", model).stream(sent, sink)
             finally:
-                slot.call = outer
+                call = slot.call  # (None: no request of its own went through it)
+                slot.reservation, slot.call = outer, outer_call
                 if calling is not None:
                     _CALL.reset(calling)
         except Exception as exc:
             error = exc
-            if _refused(exc) and call.used is None:
+            used = call.used if call is not None else None
+            if _refused(exc) and used is None:
                 # The server refused it (a rate limit): not billed, not counted; the
                 # lane pauses as the server asked, for every request of the model.
                 rates.refused(taken, retry_after(exc) or None)
@@ -232,7 +253,7 @@ async def _send(
                 if observed:
                     _request_end(recorder, name, None, error=exception_text(exc))
             else:
-                reported = _reported(exc) or call.used
+                reported = _reported(exc) or used
                 rates.settle(taken, *_tokens(reported, reservation))
                 _charge(recorder, reservation, reported, name, lazy)
                 if observed:
@@ -240,7 +261,7 @@ async def _send(
             _heard(rates, lane, getattr(exc, "limits", None))
         except BaseException:
             # Cut off (a deadline, a stop): what it read was spent, and what it streamed.
-            spent = _cut(recorder, reservation, lazy) or call.used
+            spent = _cut(recorder, reservation, lazy) or (call.used if call is not None else None)
             rates.settle(taken, *_tokens(spent, reservation))
             _charge(recorder, reservation, spent, name, lazy)
             if observed:
@@ -395,15 +416,28 @@ class _Call:
 class _InCall:
     """Where the model call in progress in a task is kept (see ``admitting``): one
     for each execution, bound to its task's context as it begins (``bind_calls``),
-    so that a request sets a field, not the context variable, as it is sent."""
+    so that a request sets its fields, not the context variable, as it is sent."""
 
-    __slots__ = ("call", "recorder")
+    __slots__ = ("call", "recorder", "reservation")
 
     def __init__(self, recorder: Recorder) -> None:
         #: The execution whose requests it keeps: a task that inherited the slot of
         #: the execution that started it (a child actor's) never uses that one.
         self.recorder = recorder
+        #: The reservation of the call in progress (None: no call in progress).
+        self.reservation: Reservation | None = None
+        #: Its ``_Call``, made when a model built on another first asks for it.
         self.call: _Call | None = None
+
+    def current(self) -> _Call | None:
+        """The model call in progress, if one is (made at the first ask)."""
+        reservation = self.reservation
+        if reservation is None:
+            return None
+        call = self.call
+        if call is None:
+            call = self.call = _Call(self.recorder, reservation)
+        return call
 
 
 #: The model call in progress in this context, if any, in its slot (see ``admitting``).
@@ -427,7 +461,7 @@ def admitting(model: Model) -> Send:
     is refused and never sent. Anywhere else, ``model.request``.
     """
     slot = _CALL.get()
-    call = slot.call if slot is not None else None
+    call = slot.current() if slot is not None else None
     if call is None:
         return model.request
     return functools.partial(call.send, model)
