@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from ._children import NewActor
     from ._recording import Emit, Recorder
 
+    #: A call the step awaits itself (``ToolRunner.direct``): the tool, its arguments
+    #: by position and by keyword (None: none), and when the call began.
+    Direct = tuple[Tool[..., Any], tuple[Any, ...], dict[str, Any] | None, float]
+
 __all__ = ["Interrupted", "ProgressReporter", "ToolRunner", "progress_reporter"]
 
 #: Reports a tool call's progress: ``(progress, total or None, message)``.
@@ -226,12 +230,11 @@ class ToolRunner:
         if tg.cancel_scope.cancelled_caught:
             raise Interrupted  # the supervisor stopped this node: the step ends here
 
-    def direct(
-        self, call: ToolCall
-    ) -> tuple[Tool[..., Any], dict[str, Any], float] | ToolOutcome | None:
+    def direct(self, call: ToolCall) -> Direct | ToolOutcome | None:
         """For a tool the step may await itself (``Tool.direct``) when nothing observes
-        the tree: the call charged and its arguments validated, or the outcome that
-        answers it at once (refused, invalid arguments); None for any other call."""
+        the tree: the call charged and its arguments validated (by position, or by
+        keyword: see ``Tool.call_arguments``), or the outcome that answers it at once
+        (refused, invalid arguments); None for any other call."""
         tool = self.toolbox.direct.get(call.name)
         if tool is None or self.approve is not None:
             return None
@@ -244,10 +247,10 @@ class ToolRunner:
         except BudgetExceeded as exc:
             return refused(call, f"tool call refused: {exc}")
         start = time.perf_counter()
-        kwargs = tool.arguments(call, start)
-        if isinstance(kwargs, ToolOutcome):
-            return kwargs
-        return tool, kwargs, start
+        arguments = tool.call_arguments(call, start)
+        if isinstance(arguments, ToolOutcome):
+            return arguments
+        return tool, *arguments, start
 
     def run_call(self, call: ToolCall) -> Awaitable[ToolOutcome]:
         """Charge and run one tool call (after a person's approval, if it needs one).

@@ -88,7 +88,7 @@ from ._requests import ascii_arguments, bind_calls, safe_response, send, sender
 if TYPE_CHECKING:
     from .._agent._definition import AgentDefinition
     from .._models._protocol import ModelAdapter, Send
-    from .._tools._tool import Tool
+    from ._calling import Direct
     from ._children import NewActor
     from ._recording import Emit
 
@@ -497,9 +497,12 @@ class Execution:
                 elif isinstance(direct, ToolOutcome):
                     outcomes = (direct,)
                 else:  # awaited here, not through the tool's invoke: one frame less
-                    tool, kwargs, start = direct
+                    tool, args, kwargs, start = direct
                     try:
-                        value = await tool.fn(**kwargs)
+                        if kwargs is None:
+                            value = await tool.fn(*args)
+                        else:
+                            value = await tool.fn(**kwargs)
                     except Exception as exc:
                         outcomes = (tool.failed(calls[0], exc, start, 1),)
                     else:
@@ -597,9 +600,7 @@ class Execution:
         self.recorder.step_asked = (response, usage, model_seconds, time.perf_counter())
         return asked
 
-    def _direct(
-        self, calls: tuple[ToolCall, ...]
-    ) -> tuple[Tool[..., Any], dict[str, Any], float] | ToolOutcome | None:
+    def _direct(self, calls: tuple[ToolCall, ...]) -> Direct | ToolOutcome | None:
         """For the usual step (one call of a tool, no typed answer or earlier result
         for it), what ``ToolRunner.direct`` says: the tool to await here, charged,
         with its arguments, or the outcome that answers the call at once; None for

@@ -85,6 +85,7 @@ class Tool(Generic[P, R]):
         "_decoder",
         "_expected",
         "_invalid_prefix",
+        "_positional",
         "_timed_out",
         "approval",
         "arguments_type",
@@ -195,6 +196,12 @@ class Tool(Generic[P, R]):
         #: itself (``arguments``, the call, then ``succeeded`` or ``failed``), one
         #: frame less per call than ``invoke``.
         self.direct = self.is_async and self.timeout is None and retries == 0
+        #: Whether every parameter may be given by position: the arguments struct's
+        #: fields are the parameters in order (see ``call_arguments``).
+        self._positional = all(
+            param.kind is param.POSITIONAL_OR_KEYWORD
+            for param in inspect.signature(fn).parameters.values()
+        )
 
     @property
     def __wrapped__(self) -> Callable[P, R]:
@@ -305,6 +312,24 @@ class Tool(Generic[P, R]):
         else:
             return msgspec.structs.asdict(arguments)
         return self._finish(call, f"{self._invalid_prefix}{problem}. {self._expected}", 0, start)
+
+    def call_arguments(
+        self, call: ToolCall, start: float
+    ) -> tuple[tuple[Any, ...], dict[str, Any] | None] | ToolOutcome:
+        """``arguments`` for a caller that awaits the tool itself (``direct``): the
+        positional arguments and None when every parameter may be given by position
+        (no dict of keywords to build and match), else no positional arguments and
+        the keyword arguments; or the error outcome, as ``arguments`` gives it."""
+        if self._positional:
+            raw = call.arguments
+            if not raw or raw.isspace():
+                raw = "{}"
+            try:
+                return msgspec.structs.astuple(self._decoder.decode(raw)), None
+            except Exception:
+                pass  # (its outcome, said by ``arguments`` as for any call)
+        kwargs = self.arguments(call, start)
+        return kwargs if isinstance(kwargs, ToolOutcome) else ((), kwargs)
 
     def succeeded(self, call: ToolCall, value: object, start: float, attempts: int) -> ToolOutcome:
         """The outcome of a call that returned ``value`` (as text, cut to the cap).

@@ -969,3 +969,57 @@ async def test_a_step_awaiting_a_tool_itself_answers_as_invoke_does() -> None:
     assert direct[0][0] == "hihihi"
     assert "boom \ufffd" in direct[2][0]
     assert direct[3][2] == 0  # invalid arguments: no attempt
+
+
+async def test_a_step_awaiting_a_tool_itself_passes_its_arguments_as_invoke_does() -> None:
+    """A tool the step awaits itself gets its arguments by position when every
+    parameter may be given so (defaults and all, in the signature's order) and by
+    keyword when one is keyword-only: either way what ``invoke`` gives it, invalid
+    arguments answered with the same error."""
+    from fractor.actors import Agent, ScriptedModel, call, reply
+    from fractor.runtime import Runtime
+
+    @tool
+    async def place(first: str, second: int = 2, third: str = "c") -> str:
+        """Says its arguments in order."""
+        return f"{first}/{second}/{third}"
+
+    @tool
+    async def named(first: str, *, second: int = 2, third: str = "c") -> str:
+        """Says its arguments in order; two of them by keyword only."""
+        return f"{first}/{second}/{third}"
+
+    turns = [
+        call(name, **arguments)
+        for name in ("place", "named")
+        for arguments in (
+            {"first": "a"},
+            {"third": "z", "first": "a"},
+            {"second": 7, "first": "a", "third": "y"},
+            {"second": "not a number", "first": "a"},
+            {"first": "a", "fourth": 1},
+        )
+    ]
+    turns.append(reply("done"))
+
+    async def outcomes(observed: bool) -> list[tuple[str, bool]]:
+        async with Runtime() as rt:
+            agent = Agent("a", ScriptedModel(turns), tools=[place, named])
+            ref = await rt.spawn(agent)
+            if observed:
+                async with rt.events():
+                    await ref.ask("go")
+            else:
+                await ref.ask("go")
+            (trace,) = await ref.trace()
+        return [(o.content, o.is_error) for step in trace.steps for o in step.outcomes]
+
+    assert place.direct
+    assert named.direct
+    direct, invoked = await outcomes(False), await outcomes(True)
+    assert direct == invoked
+    expected = ["a/2/c", "a/2/z", "a/7/y"]
+    for shown in (direct[:5], direct[5:]):
+        assert [content for content, _ in shown[:3]] == expected
+        assert [error for _, error in shown] == [False, False, False, True, True]
+        assert "invalid arguments for tool" in shown[3][0]
