@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import xml.etree.ElementTree as ET
 
 import anyio
@@ -12,6 +13,7 @@ from fractor.actors.ui._sweep import (
     KNEE_GAIN,
     SweepInputError,
     SweepLevel,
+    SweepReport,
     find_knee,
     format_sweep_table,
     parse_levels,
@@ -22,22 +24,74 @@ from fractor.actors.ui._sweep import (
 SVG = "{http://www.w3.org/2000/svg}"
 
 
+#: How long the process may be kept from running (by other processes on a loaded
+#: machine) while levels 8 and 16 are measured, for the knee test to judge them.
+STALL = 0.03
+#: How many sweeps the knee test may run to get one the machine did not stall.
+SWEEPS = 3
+
+
+async def _watched_sweep(
+    target: object, levels: list[int], calls: int
+) -> tuple[SweepReport, dict[int, float]]:
+    """``sweep(target, levels, calls=calls)``, and for each level the longest the
+    process was kept from running while it was measured: how late a task asking to
+    wake every 5 ms woke.
+
+    A level's throughput is its calls over its wall time: a stall of the whole
+    process adds to it. On two cores at load ~6-10 stalls of 30-150 ms were seen (a
+    118 ms one made a 0.82 s level take 0.95 s); with 50 ms calls (0.4 s a level)
+    one in level 8 made it look 10 % slower than 16: knee at 16. Calls of 100 ms
+    make a level 0.8 s, and levels 8 and 16 are judged only when neither stalled
+    over ``STALL`` (the p95 at 8 would be off by as much)."""
+    lags: list[tuple[float, float]] = []
+    spans: dict[int, tuple[float, float]] = {}
+
+    async def watch() -> None:
+        while True:
+            asked = time.perf_counter()
+            await anyio.sleep(0.005)
+            woke = time.perf_counter()
+            lags.append((woke, woke - asked - 0.005))
+
+    def measured(level: SweepLevel) -> None:
+        now = time.perf_counter()
+        spans[level.concurrency] = (now - level.wall_seconds, now)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        report = await sweep(target, levels, calls=calls, arguments='{"x": 1}', on_level=measured)
+        tg.cancel_scope.cancel()
+    stalls = {
+        level: max((lag for at, lag in lags if start <= at <= end), default=0.0)
+        for level, (start, end) in spans.items()
+    }
+    return report, stalls
+
+
 async def test_a_tool_behind_a_semaphore_of_8_has_its_knee_at_8() -> None:
     gate = anyio.Semaphore(8)
 
     async def pooled(x: int) -> int:
-        """Answer ``x`` after 50 ms, at most 8 at once."""
+        """Answer ``x`` after 100 ms, at most 8 at once."""
         async with gate:
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.1)
         return x
 
-    with anyio.fail_after(30):
-        report = await sweep(pooled, [2, 4, 8, 16, 32], calls=64, arguments='{"x": 1}')
+    seen: list[dict[int, float]] = []
+    for _ in range(SWEEPS):
+        with anyio.fail_after(30):
+            report, stalls = await _watched_sweep(pooled, [2, 4, 8, 16, 32], calls=64)
+        if max(stalls[8], stalls[16]) < STALL:
+            break
+        seen.append({level: round(lag, 3) for level, lag in stalls.items()})
+    else:
+        pytest.fail(f"levels 8 or 16 stalled in each of {SWEEPS} sweeps (s by level): {seen}")
     by = {level.concurrency: level for level in report.levels}
     assert report.tool == "pooled"
-    assert report.knee == 8
+    assert report.knee == 8, format_sweep_table(report)
     assert all(level.errors == 0 and level.calls == 64 for level in report.levels)
-    # Throughput grows up to 8 (about 40, 80, 160 calls/s), then stays flat ...
+    # Throughput grows up to 8 (about 20, 40, 80 calls/s), then stays flat ...
     assert by[4].throughput > 1.5 * by[2].throughput
     assert by[8].throughput > 1.5 * by[4].throughput
     for level in (16, 32):
@@ -45,7 +99,7 @@ async def test_a_tool_behind_a_semaphore_of_8_has_its_knee_at_8() -> None:
     # ... while the calls wait longer for the semaphore.
     assert by[16].p95 > 1.5 * by[8].p95
     assert by[32].p95 > 1.5 * by[16].p95
-    assert 0.045 < by[8].p50 < 0.09
+    assert 0.095 < by[8].p50 < 0.18
     table = format_sweep_table(report)
     assert "knee at concurrency 8" in table
     (knee_row,) = [line for line in table.splitlines() if line.endswith("<- knee")]
