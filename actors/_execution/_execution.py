@@ -679,7 +679,10 @@ class Execution:
         if stop_when is not None and stop_when(record):
             self._stop("completed", "the agent's stop condition was met")
             return None
-        context = context + (asked, *results)  # noqa: RUF005 (one copy, not two)
+        if len(results) == 1:  # (one copy, not two)
+            context = context + (asked, results[0])  # noqa: RUF005
+        else:
+            context = context + (asked, *results)  # noqa: RUF005
         memory = self.agent.memory
         clearing = memory.clear_results if memory is not None else None
         if clearing is not None and (done := clear_results(buffer, clearing, self.cleared)):

@@ -178,7 +178,8 @@ async def _send(
     estimate = model.estimate_tokens(request) if estimated else 0
     # What a request charged as its estimate (failed, cut, impossible usage) charges
     # when it was reserved without one.
-    lazy = None if estimated else (lambda: model.estimate_tokens(request))
+    # (A partial, not a closure: the model and the request stay plain locals here.)
+    lazy = None if estimated else functools.partial(model.estimate_tokens, request)
     attempt = 0
     at_least: int | None = None
     # A model of a fallback chain with one after it waits at most ``wait`` (or what
@@ -496,7 +497,7 @@ def _try_admit(
     """``_admit`` when neither the rate limit nor the budget makes the request wait
     (the usual request), with no coroutine of its own; else which one would first
     (nothing is held then: ``_admit`` waits, from there)."""
-    output = wanted if wanted is not None else supervisor.default_max_tokens
+    output = wanted if wanted is not None else supervisor.admission.default_max_tokens
     taken = rates.try_acquire(lane, estimate, output)
     if taken is None:
         return "lane"
