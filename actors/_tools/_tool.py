@@ -30,6 +30,7 @@ import functools
 import importlib
 import inspect
 import sys
+import types
 from collections.abc import Callable
 from contextvars import ContextVar
 from time import perf_counter
@@ -196,12 +197,8 @@ class Tool(Generic[P, R]):
         #: itself (``arguments``, the call, then ``succeeded`` or ``failed``), one
         #: frame less per call than ``invoke``.
         self.direct = self.is_async and self.timeout is None and retries == 0
-        #: Whether every parameter may be given by position: the arguments struct's
-        #: fields are the parameters in order (see ``call_arguments``).
-        self._positional = all(
-            param.kind is param.POSITIONAL_OR_KEYWORD
-            for param in inspect.signature(fn).parameters.values()
-        )
+        #: Whether the arguments may be given by position (see ``call_arguments``).
+        self._positional = _by_position(fn, struct.__struct_fields__)
 
     @property
     def __wrapped__(self) -> Callable[P, R]:
@@ -391,6 +388,23 @@ class Tool(Generic[P, R]):
             attempts=attempts,
             started=None if origin is None else start - origin,
         )
+
+
+def _by_position(fn: Callable[..., Any], names: tuple[str, ...]) -> bool:
+    """Whether a tool's arguments (``names``, the fields of its arguments struct, in
+    order) may be passed to ``fn`` by position: a plain function whose own
+    parameters, as its code has them (whatever signature it shows: a wrapper's
+    ``__wrapped__`` or ``__signature__``), are exactly these, none keyword-only or
+    positional-only, with no ``*args`` or ``**kwargs``. Anything else gets them
+    by keyword."""
+    if not isinstance(fn, types.FunctionType):
+        return False
+    code = fn.__code__
+    if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
+        return False
+    if code.co_kwonlyargcount or code.co_posonlyargcount:
+        return False
+    return code.co_varnames[: code.co_argcount] == names
 
 
 _LIMITS = ContentLimits()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import math
 import threading
@@ -989,9 +990,14 @@ async def test_a_step_awaiting_a_tool_itself_passes_its_arguments_as_invoke_does
         """Says its arguments in order; two of them by keyword only."""
         return f"{first}/{second}/{third}"
 
+    @functools.wraps(place.fn)
+    async def by_keyword(**kwargs: Any) -> str:  # shows place's signature, takes keywords
+        return str(await place.fn(**kwargs))
+
+    wrapped = tool(by_keyword, name="wrapped")
     turns = [
         call(name, **arguments)
-        for name in ("place", "named")
+        for name in ("place", "named", "wrapped")
         for arguments in (
             {"first": "a"},
             {"third": "z", "first": "a"},
@@ -1004,7 +1010,7 @@ async def test_a_step_awaiting_a_tool_itself_passes_its_arguments_as_invoke_does
 
     async def outcomes(observed: bool) -> list[tuple[str, bool]]:
         async with Runtime() as rt:
-            agent = Agent("a", ScriptedModel(turns), tools=[place, named])
+            agent = Agent("a", ScriptedModel(turns), tools=[place, named, wrapped])
             ref = await rt.spawn(agent)
             if observed:
                 async with rt.events():
@@ -1016,10 +1022,11 @@ async def test_a_step_awaiting_a_tool_itself_passes_its_arguments_as_invoke_does
 
     assert place.direct
     assert named.direct
+    assert wrapped.direct
     direct, invoked = await outcomes(False), await outcomes(True)
     assert direct == invoked
     expected = ["a/2/c", "a/2/z", "a/7/y"]
-    for shown in (direct[:5], direct[5:]):
+    for shown in (direct[:5], direct[5:10], direct[10:]):
         assert [content for content, _ in shown[:3]] == expected
         assert [error for _, error in shown] == [False, False, False, True, True]
         assert "invalid arguments for tool" in shown[3][0]
