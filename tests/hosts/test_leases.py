@@ -10,6 +10,8 @@ cut by what is left of a lease and asked again).
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -133,16 +135,22 @@ async def test_a_lease_idle_between_turns_is_revived_without_a_round_trip() -> N
     assert leases == []
 
 
-#: Model calls of ``_slow`` running now, and the most that ever ran at once.
-_running = {"now": 0, "most": 0}
+#: Model calls of ``_slow`` running now, the most that ever ran at once, and the
+#: event set once two run together (made by the test, in its event loop).
+_running: dict[str, Any] = {"now": 0, "most": 0, "both": None}
 
 
 async def _slow(request: ModelRequest) -> Turn:
-    """A worker's model: answers after 50 ms, counting the calls that overlap."""
+    """A worker's model: answers once another call runs beside it, or after 2 s,
+    counting the calls that overlap (hosts in this process share its event loop)."""
+    both: anyio.Event = _running["both"]
     _running["now"] += 1
     _running["most"] = max(_running["most"], _running["now"])
+    if _running["now"] >= 2:
+        both.set()
     try:
-        await anyio.sleep(0.05)
+        with anyio.move_on_after(2):
+            await both.wait()
     finally:
         _running["now"] -= 1
     return reply("done")
@@ -156,7 +164,7 @@ async def test_with_whole_sharing_hosts_run_whole_requests_at_once_when_the_budg
     # one whole request and its part of the budget, not the whole budget (it held
     # it all before, and the other host's request waited for it to end: measured on
     # 9 workers on 4 hosts, 3.1 x the unbudgeted wall at 2 x the demand, now 1.6 x).
-    _running.update(now=0, most=0)
+    _running.update(now=0, most=0, both=anyio.Event())
     worker = Agent("worker", FunctionModel(_slow))
     script = [calls(call("worker", task="a"), call("worker", task="b")), reply("All done.")]
     lead = Agent("lead", ScriptedModel(script), subagents=[worker])
