@@ -529,7 +529,7 @@ class Execution:
     def _request(self, context: tuple[Message, ...]) -> ModelRequest:
         """The step's model request, whose step begins now."""
         recorder = self.recorder
-        if self.bus.active or self.node.watch is not None:  # (``observed``, inline)
+        if self.observed:
             self.emit(StepStart(step=len(recorder.steps)))
         recorder.begin(len(context))
         answers = self.answers

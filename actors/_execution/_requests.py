@@ -192,17 +192,14 @@ async def _send(
                 raise _Paused(name, paused)
         admitted = _try_admit(supervisor, rates, node, lane, estimate, wanted, name, at_least)
         if isinstance(admitted, str):  # the lane or the budget has no room now: wait
-            budget_first = admitted == "budget"
-            admitted = await _admit(
-                recorder, lane, estimate, wanted, name, at_least, budget_first=budget_first
-            )
+            admitted = await _admit(recorder, lane, estimate, wanted, name, at_least, admitted)
         reservation, taken = admitted
         sent = request
         if reservation.max_tokens != wanted:
             sent = msgspec.structs.replace(request, max_tokens=reservation.max_tokens)
         error: Exception
         sink = recorder.sink
-        observed = recorder.bus.active or node.watch is not None  # (``observed``)
+        observed = recorder.observed
         if observed:
             # An observer recording contents gets the messages (a reference: no copy).
             recorder.emit(
@@ -501,17 +498,32 @@ def _try_admit(
     taken = rates.try_acquire(lane, estimate, output)
     if taken is None:
         return "lane"
+    reservation = _reserve(supervisor, rates, node, taken, estimate, wanted, model, at_least)
+    return "budget" if reservation is None else (reservation, taken)
+
+
+def _reserve(
+    supervisor: Supervisor,
+    rates: Rates,
+    node: Node,
+    taken: Pass,
+    estimate: int,
+    wanted: int | None,
+    model: str,
+    at_least: int | None,
+) -> Reservation | None:
+    """The budget's reservation for a request that holds ``taken`` in its lane, or
+    None when it must wait for budget: its place in the lane is given back then."""
     try:
-        reservation = supervisor.reserve_nowait(
+        return supervisor.reserve_nowait(
             node, input_estimate=estimate, max_tokens=wanted, model=model, at_least=at_least
         )
     except anyio.WouldBlock:
         rates.refund(taken)
-        return "budget"
+        return None
     except BaseException:
         rates.refund(taken)
         raise
-    return reservation, taken
 
 
 async def _admit(
@@ -521,44 +533,35 @@ async def _admit(
     wanted: int | None,
     model: str,
     at_least: int | None,
-    *,
-    budget_first: bool = False,
+    blocked: Literal["lane", "budget"],
 ) -> tuple[Reservation, Pass]:
     """Room for one request in its model's rate limits, then in the budget: waiting
     for either, and never holding budget while it waits for the rate limit (a
     request that must wait for budget gives its place in the lane back, and takes
     one again once it has the budget, or lets the budget go and waits in line).
-
-    ``budget_first``: the lane had room and the budget had none (``_try_admit``
-    found so, and gave the lane's place back): wait for the budget first."""
+    ``blocked``: what ``_try_admit`` found without room (nothing held), where the
+    wait begins."""
     supervisor = recorder.supervisor
     rates = supervisor.rates
     node = recorder.node
     output = wanted if wanted is not None else supervisor.default_max_tokens
     while True:
-        if budget_first:
-            budget_first = False
-        else:
-            taken = rates.try_acquire(lane, estimate, output)
-            if taken is None:
-                taken = await wait_for_rate(recorder, lane, estimate, output)
-            try:
-                reservation = supervisor.reserve_nowait(
-                    node, input_estimate=estimate, max_tokens=wanted, model=model, at_least=at_least
-                )
-            except anyio.WouldBlock:
-                rates.refund(taken)
-            except BaseException:
-                rates.refund(taken)
-                raise
-            else:
+        if blocked == "lane":
+            taken = await wait_for_rate(recorder, lane, estimate, output)
+            reservation = _reserve(
+                supervisor, rates, node, taken, estimate, wanted, model, at_least
+            )
+            if reservation is not None:
                 return reservation, taken
         reservation = await _wait_for_budget(recorder, estimate, wanted, model, at_least)
         again = rates.try_acquire(lane, estimate, output)
-        if again is None:
-            supervisor.release(node, reservation)  # (nothing charged: not sent)
-            continue
-        return reservation, again
+        if again is not None:
+            return reservation, again
+        supervisor.release(node, reservation)  # (nothing charged: not sent)
+        admitted = _try_admit(supervisor, rates, node, lane, estimate, wanted, model, at_least)
+        if not isinstance(admitted, str):
+            return admitted
+        blocked = admitted
 
 
 async def wait_for_rate(

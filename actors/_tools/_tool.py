@@ -295,20 +295,10 @@ class Tool(Generic[P, R]):
     def arguments(self, call: ToolCall, start: float) -> dict[str, Any] | ToolOutcome:
         """The keyword arguments ``call`` names, validated; or the error outcome that
         answers a call whose arguments are invalid (no attempt is made)."""
-        raw = call.arguments
-        if not raw or raw.isspace():  # stops at the first character of real JSON
-            raw = "{}"
-        try:
-            arguments = self._decoder.decode(raw)
-        except msgspec.ValidationError as exc:
-            problem = str(exc)
-        except msgspec.DecodeError as exc:
-            problem = f"the arguments are not valid JSON ({exc})"
-        except Exception as exc:  # e.g. a __post_init__ of a nested type raising
-            problem = exception_text(exc)
-        else:
-            return msgspec.structs.asdict(arguments)
-        return self._finish(call, f"{self._invalid_prefix}{problem}. {self._expected}", 0, start)
+        decoded = self._decoded(call, start)
+        if isinstance(decoded, ToolOutcome):
+            return decoded
+        return msgspec.structs.asdict(decoded)
 
     def call_arguments(
         self, call: ToolCall, start: float
@@ -317,16 +307,30 @@ class Tool(Generic[P, R]):
         positional arguments and None when every parameter may be given by position
         (no dict of keywords to build and match), else no positional arguments and
         the keyword arguments; or the error outcome, as ``arguments`` gives it."""
+        decoded = self._decoded(call, start)
+        if isinstance(decoded, ToolOutcome):
+            return decoded
         if self._positional:
-            raw = call.arguments
-            if not raw or raw.isspace():
-                raw = "{}"
-            try:
-                return msgspec.structs.astuple(self._decoder.decode(raw)), None
-            except Exception:
-                pass  # (its outcome, said by ``arguments`` as for any call)
-        kwargs = self.arguments(call, start)
-        return kwargs if isinstance(kwargs, ToolOutcome) else ((), kwargs)
+            return msgspec.structs.astuple(decoded), None
+        return (), msgspec.structs.asdict(decoded)
+
+    def _decoded(self, call: ToolCall, start: float) -> msgspec.Struct | ToolOutcome:
+        """``call``'s arguments in the tool's arguments struct, validated; or the
+        error outcome that answers it (no attempt is made)."""
+        raw = call.arguments
+        if not raw or raw.isspace():  # stops at the first character of real JSON
+            raw = "{}"
+        try:
+            decoded: msgspec.Struct = self._decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            problem = str(exc)
+        except msgspec.DecodeError as exc:
+            problem = f"the arguments are not valid JSON ({exc})"
+        except Exception as exc:  # e.g. a __post_init__ of a nested type raising
+            problem = exception_text(exc)
+        else:
+            return decoded
+        return self._finish(call, f"{self._invalid_prefix}{problem}. {self._expected}", 0, start)
 
     def succeeded(self, call: ToolCall, value: object, start: float, attempts: int) -> ToolOutcome:
         """The outcome of a call that returned ``value`` (as text, cut to the cap).
