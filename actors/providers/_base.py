@@ -277,17 +277,19 @@ class ProviderModel:
 
     @property
     def base_url(self) -> str:
-        """Where requests go (the SDK's default when none was given)."""
+        """Where requests go (the SDK's default when none was given), as it may be
+        shown: credentials in the URL (``user:password@``) and the key are redacted."""
         if self._client is not None:
-            return str(self._client.client.base_url)
-        return self._base_url or self.default_base_url
+            url = str(self._client.client.base_url)
+        else:
+            url = self._base_url or self.default_base_url
+        return redact(url, self._secrets())
 
     #: Shown in messages when no base URL was given and no client exists yet.
     default_base_url: ClassVar[str] = ""
 
     def __repr__(self) -> str:
-        base_url = redact(self.base_url, self._secrets())
-        return f"{type(self).__name__}({self._model!r}, base_url={base_url!r})"
+        return f"{type(self).__name__}({self._model!r}, base_url={self.base_url!r})"
 
     def _secrets(self) -> tuple[str, ...]:
         """What must never be recorded: the key (given or from the environment)."""

@@ -299,3 +299,23 @@ async def test_no_piece_of_a_key_echoed_in_a_long_message_is_recorded(
     found = pieces_of_secrets(everything)
     at = everything.find(found[0]) if found else 0
     assert found == [], everything[max(0, at - 200) : at + 40]
+
+
+async def test_the_base_url_a_model_shows_carries_no_credentials(
+    wire: Wire, server: LoopbackServer
+) -> None:
+    """``model.base_url`` is read by whoever prints or logs where a model sends: it
+    shows the URL with its credentials redacted, as ``repr`` and the errors do, before
+    the first request and after it (when the SDK's client holds the URL)."""
+    server.queue(json_reply(wire.reply("hi")))
+    root = server.url.replace("http://", f"http://user:{PASSWORD}@")
+    model = wire.model_class(wire.model_name, api_key=CANARY, base_url=wire.base_url(root))
+    shown = [model.base_url]
+    with anyio.fail_after(10):
+        async with model:
+            response = await model.request(_request())
+            shown.append(model.base_url)
+    assert response.text == "hi"
+    for url in shown:
+        assert PASSWORD not in url
+        assert url.startswith("http://[redacted]@127.0.0.1:")
