@@ -83,8 +83,16 @@ class RateLimit(msgspec.Struct, frozen=True, kw_only=True, gc=False):
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
             ):
                 raise ValueError(f"RateLimit.{name} must be a whole number >= 1, got {value!r}")
-        if not (isinstance(self.period, (int, float)) and self.period > 0):
-            raise ValueError(f"RateLimit.period must be > 0 seconds, got {self.period!r}")
+        period = self.period
+        if (
+            isinstance(period, bool)
+            or not isinstance(period, int | float)
+            or not math.isfinite(period)
+            or period <= 0
+        ):
+            raise ValueError(
+                f"RateLimit.period must be a finite number of seconds > 0, got {period!r}"
+            )
 
 
 class LaneStatistics(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,6 +27,10 @@ def test_a_rate_limit_is_validated() -> None:
         RateLimit(concurrent=True)
     with pytest.raises(ValueError, match="period"):
         RateLimit(period=0)
+    # A period that never ends, or that is not a number of seconds (issue 40).
+    for period in (float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="period must be a finite number"):
+            RateLimit(period=period)
     with pytest.raises(TypeError, match="RateLimit"):
         Rates({"m": {"requests_per_minute": 5}})  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="non-empty"):
