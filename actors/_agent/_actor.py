@@ -58,12 +58,13 @@ from .._messages import (
     UserMessage,
     exception_text,
 )
+from .._models._fallback import FallbackModel
 from .._observation._events import Refused, Restart
 from .._observation._stream import withdrawn
 from .._observation._traces import TRACE_KIND, trace_from_record, trace_record
 from .._tools._approval import approvals_of
 from ._definition import AgentDefinition, with_toolsets
-from ._persistence import AgentState, decode_state, encode_state, is_automatic_id
+from ._persistence import AgentState, decode_state, encode_state
 from ._ref import Decide, GetApprovals, GetConversation, GetProgress, GetTrace
 
 if TYPE_CHECKING:
@@ -132,11 +133,7 @@ class AgentActor(Actor):
         for model in models_of(self.agent):  # the runtime closes them as it exits
             context.runtime.close_on_exit(model)
         store = context.runtime.store
-        self.persistent = (
-            store is not None
-            and context.parent_id is None
-            and not is_automatic_id(context.id, context.name)
-        )
+        self.persistent = store is not None and context.parent_id is None and context.named
         if store is None or not self.persistent:
             return
         data = await store.load(context.id)
@@ -504,10 +501,15 @@ def _limits_cost(agent: AgentDefinition) -> bool:
 
 def _priced_names(agent: AgentDefinition) -> Iterator[str]:
     """The names prices are looked up by, for every model in ``agent``'s tree (an
-    adapter's requests are its inner model's)."""
+    adapter's requests are its inner model's, a fallback chain's each of its links')."""
     model = agent.model
     inner = getattr(model, "inner", None)
-    yield inner.name if inner is not None else model.name
+    if inner is not None:
+        model = inner
+    if isinstance(model, FallbackModel):
+        yield from (link.name for link in model.models)
+    else:
+        yield model.name
     if agent.memory is not None and agent.memory.model is not None:
         yield agent.memory.model.name  # the summarizer
     for subagent in agent.subagents:

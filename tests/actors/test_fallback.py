@@ -27,7 +27,7 @@ from fractor.actors import (
     reply,
 )
 from fractor.actors._models._protocol import Turn
-from fractor.runtime import Event, Price, RateLimit, Runtime
+from fractor.runtime import Budget, Event, Price, RateLimit, Runtime
 
 from .loopback import LoopbackServer, json_reply
 
@@ -208,3 +208,20 @@ def test_a_chain_needs_two_models_that_answer_themselves() -> None:
         FallbackModel(ReActModel(answering()), answering())
     with pytest.raises(ValueError, match="max_wait"):
         FallbackModel(answering(), answering("b"), max_wait=-1)
+
+
+async def test_a_cost_budget_over_a_chain_reads_each_links_price() -> None:
+    # Issue 40: the price was looked up under the chain's name ("primary | fallback").
+    primary, calls = failing(server_error(), times=1)
+    agent = Agent("a", FallbackModel(primary, answering()))
+    async with Runtime(prices=PRICES) as rt:
+        with anyio.fail_after(10):
+            result = await (await rt.spawn(agent)).ask("Go.", budget=Budget(cost=100.0))
+    assert (result.status, result.text) == ("completed", "from the fallback"), result.stop_reason
+    assert result.usage.cost > 0
+    # A link with no price is still named, by its own name.
+    unpriced = Agent("b", FallbackModel(answering("primary"), answering("unpriced")))
+    async with Runtime(prices=PRICES) as rt:
+        ref = await rt.spawn(unpriced)
+        with pytest.raises(ValueError, match=r"no price is known for model 'unpriced'"):
+            await ref.ask("Go.", budget=Budget(cost=1.0))
