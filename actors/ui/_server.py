@@ -290,7 +290,9 @@ class UI(_Served):
         routes = [
             Route("/", index),
             Route("/api/tree", tree),
-            Route("/api/approvals/{request_id}", approval, methods=["POST"]),
+            # ``path``: the id of a request made on another host names it
+            # (``default-0/approval-1``), sent as one segment (``%2F``) or not.
+            Route("/api/approvals/{request_id:path}", approval, methods=["POST"]),
         ]
         return _gated(Starlette(routes=routes, lifespan=_lifespan(started)), self.token)
 

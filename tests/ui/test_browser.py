@@ -131,6 +131,61 @@ async def test_the_page_shows_the_tree_live_and_decides_an_approval(
             await anyio.to_thread.run_sync(browser.close)
 
 
+async def test_the_page_decides_an_approval_of_a_subagent_on_another_host(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Its id names the host (``default-0/approval-1``): the page's own request, its
+    # Approve button, reaches the route with it whole.
+    from fractor.actors import FunctionModel, LocalHosts, ModelRequest, ToolResultMessage
+    from fractor.actors._models._turns import Turn
+
+    chromium = find_chromium()
+
+    def mailer_turns(request: ModelRequest) -> Turn:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return reply(request.messages[-1].content)
+        return call("send_email", to="ana@example.org")
+
+    mailer = Agent("mailer", FunctionModel(mailer_turns), tools=[send_email])
+    lead = Agent(
+        "lead", ScriptedModel([call("mailer", task="mail"), reply("ok")]), subagents=[mailer]
+    )
+    async with (
+        Runtime(hosts=LocalHosts(1)) as rt,
+        serve_ui(rt, interval=0.1, announce=lambda url: None) as ui,
+    ):
+        ref = await rt.spawn(lead)
+        browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def ask() -> None:
+                    assert (await ref.ask("go")).text == "ok"
+
+                tg.start_soon(ask)
+                await anyio.to_thread.run_sync(browser.open, ui.url)
+                shown = await until(
+                    lambda: browser.evaluate(
+                        "[...document.querySelectorAll('.approval')].map(e => e.dataset.id)"
+                    ),
+                    "the host's pending approval",
+                )
+                (request,) = ref.approvals()
+                assert shown == [request.id]
+                assert request.id.startswith("default-0/")
+                await anyio.to_thread.run_sync(
+                    browser.evaluate,
+                    f"document.querySelector('.approval[data-id={json.dumps(request.id)}]"
+                    " button.approve').click()",
+                )
+                with anyio.fail_after(20):
+                    while not RAN:  # noqa: ASYNC110
+                        await anyio.sleep(0.02)  # the decision crosses to the host
+            assert RAN == ["ana@example.org"]
+        finally:
+            await anyio.to_thread.run_sync(browser.close)
+
+
 async def test_the_page_loads_the_demo_s_tree_as_it_runs(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,6 +7,7 @@ on its own asyncio loop either way (see ``actors/ui/_server.py``).
 from __future__ import annotations
 
 import threading
+from urllib.parse import quote
 
 import anyio
 import httpx2
@@ -164,6 +165,62 @@ async def test_an_approval_decided_by_post_lets_the_tool_run() -> None:
         assert RAN == ["ana@example.org"]
         (trace,) = await ref.trace()
         assert trace.steps[0].outcomes[0].approval == "approved"
+
+
+async def test_an_approval_of_a_subagent_on_another_host_is_decided_by_post() -> None:
+    """A remote subagent's request id names its host (``default-0/approval-1``): the
+    page sends it encoded, as one segment (``encodeURIComponent``), and the route
+    takes it whole, encoded or not."""
+    from fractor.actors import FunctionModel, LocalHosts, ModelRequest
+    from fractor.actors._models._turns import Turn
+
+    def mailer_turns(request: ModelRequest) -> Turn:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return reply(request.messages[-1].content)
+        return call("send_email", to=f"ana{len(RAN)}@example.org")
+
+    mailer = Agent("mailer", FunctionModel(mailer_turns), tools=[send_email])
+    lead = Agent(
+        "lead",
+        ScriptedModel([call("mailer", task="mail"), call("mailer", task="again"), reply("ok")]),
+        subagents=[mailer],
+    )
+    async with (
+        Runtime(hosts=LocalHosts(1)) as rt,
+        serve_ui(rt, announce=quiet) as ui,
+        httpx2.AsyncClient() as client,
+    ):
+        ref = await rt.spawn(lead)
+
+        async def remote(*, after: str = "") -> ApprovalRequest:
+            with anyio.fail_after(10):
+                while not (requests := [r for r in ref.approvals() if r.id != after]):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)  # the host's request crosses its link
+            (request,) = requests
+            assert request.id.startswith("default-0/")  # it names the host
+            return request
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "go")
+            first = await remote()
+            encoded = quote(first.id, safe="")  # as the page's encodeURIComponent does
+            assert "%2F" in encoded
+            response = await client.post(
+                f"http://127.0.0.1:{ui.port}/api/approvals/{encoded}",
+                params={"token": ui.token},
+                json={"approved": True},
+            )
+            assert response.status_code == 200, response.text
+            assert response.json() == {"id": first.id, "approved": True}
+            second = await remote(after=first.id)
+            response = await client.post(
+                f"http://127.0.0.1:{ui.port}/api/approvals/{second.id}",
+                params={"token": ui.token},
+                json={"approved": False, "reason": "once is enough"},
+            )
+            assert response.status_code == 200, response.text
+            assert response.json() == {"id": second.id, "approved": False}
+        assert RAN == ["ana0@example.org"]
 
 
 async def test_a_denial_by_post_reaches_the_model_with_its_reason() -> None:
