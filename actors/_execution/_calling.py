@@ -89,6 +89,7 @@ class ToolRunner:
         "call_ids",
         "concurrency",
         "context",
+        "direct_tools",
         "escalation",
         "new_actor",
         "node",
@@ -118,6 +119,14 @@ class ToolRunner:
         self.supervisor = recorder.supervisor
         self.context = context
         self.new_actor = new_actor
+        #: The tools a step may await itself (``direct``): the toolbox's, but those the
+        #: runtime caps (``Runtime(tool_limits=...)``), whose calls wait for a slot
+        #: in their lane first (``_run_call_capped``).
+        direct = toolbox.direct
+        capped = self.supervisor.rates.tools
+        if capped and direct:
+            direct = {name: found for name, found in direct.items() if name not in capped}
+        self.direct_tools = direct
         #: The sections of the context the execution's model sees (its history and
         #: its buffer), whose images and documents a subagent call's task may name
         #: (``named_parts``); set by the execution.
@@ -231,11 +240,12 @@ class ToolRunner:
             raise Interrupted  # the supervisor stopped this node: the step ends here
 
     def direct(self, call: ToolCall) -> Direct | ToolOutcome | None:
-        """For a tool the step may await itself (``Tool.direct``) when nothing observes
-        the tree: the call charged and its arguments validated (by position, or by
-        keyword: see ``Tool.call_arguments``), or the outcome that answers it at once
-        (refused, invalid arguments); None for any other call."""
-        tool = self.toolbox.direct.get(call.name)
+        """For a tool the step may await itself (``Tool.direct``, and not capped by the
+        runtime: see ``direct_tools``) when nothing observes the tree: the call
+        charged and its arguments validated (by position, or by keyword: see
+        ``Tool.call_arguments``), or the outcome that answers it at once (refused,
+        invalid arguments); None for any other call."""
+        tool = self.direct_tools.get(call.name)
         if tool is None or self.approve is not None or self.recorder.observed:
             return None
         try:

@@ -112,3 +112,58 @@ async def test_a_call_waiting_for_a_slot_is_seen_and_charges_nothing_until_it_ru
 def test_a_tool_limit_is_validated(limits: dict[str, int]) -> None:
     with pytest.raises(ValueError, match="tool"):
         Runtime(tool_limits=limits)
+
+
+class Held:
+    """A tool whose calls stay in flight until ``release``: how many run at once."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+        self.released = anyio.Event()
+
+    async def browse(self, url: str) -> str:
+        """Open a page."""
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            await self.released.wait()
+        finally:
+            self.now -= 1
+        return f"page {url}"
+
+
+async def test_the_usual_one_call_step_keeps_the_cap_with_nobody_observing() -> None:
+    # Issue 40 item 1: a step of one call of an async tool is awaited by the step
+    # itself when nobody observes the tree; a capped tool's calls must still wait
+    # for the runtime's slots there.
+    held = Held()
+    browse = tool(held.browse, name="browse")
+    assert browse.direct
+    agents = 10
+
+    def agent(name: str) -> Agent:
+        script = [call("browse", url=name), reply("read")]
+        return Agent(name, ScriptedModel(script), tools=[browse])
+
+    async with Runtime(tool_limits={"browse": 3}) as rt:
+        refs = [await rt.spawn(agent(f"a{i}")) for i in range(agents)]
+        results: list[str] = []
+
+        async def ask(index: int) -> None:
+            result = await refs[index].ask("Read.")
+            results.append(result.status)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for index in range(agents):
+                    tg.start_soon(ask, index)
+                await anyio.wait_all_tasks_blocked()
+                in_flight = held.now
+                held.released.set()
+        lane = rt.statistics().lanes.get("tool:browse")
+    assert in_flight == 3  # the others wait in the tool's lane
+    assert held.peak == 3
+    assert lane is not None
+    assert lane.waits == agents - 3
+    assert results == ["completed"] * agents

@@ -92,6 +92,34 @@ async def test_a_tool_cap_holds_across_hosts() -> None:
     assert lane.waits > 0
 
 
+async def test_a_tool_cap_holds_across_hosts_for_one_call_steps() -> None:
+    # Issue 40 item 1: each worker's step is one call, which the step awaits itself
+    # when nobody observes the tree; the cap holds there too, on either host.
+    seen = Seen()
+
+    async def working(request: ModelRequest) -> Turn:
+        asked = _asked(request)
+        return call("browse", url=f"page {asked}") if asked < 3 else reply("read")
+
+    worker = Agent(
+        "worker",
+        FunctionModel(working, name="worker-model"),
+        tools=[tool(seen.browse, name="browse")],
+    )
+    from fractor.actors import ScriptedModel
+
+    script = [calls(*(call("worker", task=f"t{i}") for i in range(WORKERS))), reply("done")]
+    lead = Agent("lead", ScriptedModel(script), subagents=[worker], tool_concurrency=WORKERS)
+    async with Runtime(hosts=LocalHosts(2), tool_limits={"browse": 3}) as rt:
+        with anyio.fail_after(30):
+            result = await (await rt.spawn(lead)).ask("go")
+        lane = rt.statistics().lanes["tool:browse"]
+    assert result.status == "completed", result.stop_reason
+    assert seen.calls == 3 * WORKERS
+    assert seen.peak <= 3
+    assert lane.waits > 0
+
+
 async def test_a_thousand_calls_from_fifty_agents_on_two_hosts_keep_the_runtime_cap() -> None:
     # The issue's case: 1,000 calls of a capped tool from 50 agents, on LocalHosts.
     seen = Seen()
