@@ -67,6 +67,12 @@ class ActorContext:
         return self._cell.parent_id
 
     @property
+    def named(self) -> bool:
+        """Whether ``id`` was given at spawn (``spawn(..., id="support")``), whatever
+        its shape, rather than made up by the runtime (``name-N``)."""
+        return self._cell.named
+
+    @property
     def runtime(self) -> Runtime:
         """The runtime this actor runs in."""
         return self._cell.runtime

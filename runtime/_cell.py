@@ -106,6 +106,7 @@ class Cell:
         "id",
         "mailbox",
         "name",
+        "named",
         "parent_id",
         "pending",
         "ref",
@@ -126,10 +127,13 @@ class Cell:
         group: ActorGroup | None,
         own_scope: bool = True,
         depth: int = 1,
+        named: bool = False,
     ) -> None:
         self.actor = actor
         self.id = id
         self.name = name
+        #: Whether ``id`` was given at spawn, not made up by the runtime (``name-N``).
+        self.named = named
         self.parent_id = parent_id
         #: 1 for an actor of the runtime's own, its parent's depth + 1 for a child.
         self.depth = depth

@@ -474,8 +474,11 @@ class Runtime:
         if not isinstance(spawnable_name, str):
             spawnable_name = type(actor).__name__.lower()
         name = name or spawnable_name
-        if id is None:
+        named = id is not None
+        if id is None:  # past the ids given at spawn that have this shape
             id = f"{name}-{next(self._ids)}"
+            while id in self._cells:
+                id = f"{name}-{next(self._ids)}"
         elif not isinstance(id, str) or not id:
             raise ValueError(f"actor id must be a non-empty string, got {id!r}")
         else:
@@ -493,6 +496,7 @@ class Runtime:
             group=group,
             own_scope=own_scope,
             depth=parent.depth + 1 if parent is not None else 1,
+            named=named,
         )
         self._cells[id] = cell
         self._spawned += 1

@@ -12,9 +12,11 @@ fields get defaults, so older states keep loading.
 Which agents keep a state: a top-level agent (spawned by ``Runtime.spawn``, not by
 another agent) with an id of its own: ``await rt.spawn(agent, id="support")``. It
 loads its state when it starts and saves it after every execution that returns,
-so it resumes its conversation in a later process. Ids the runtime makes up
-(``<name>-<number>``) are reused by every process, and a subagent lives for one
-task: both start fresh and save only their traces.
+so it resumes its conversation in a later process. An id given at spawn is the
+agent's whatever its shape (``id="photographer-1"`` too): the runtime knows which
+ids it made up (``ActorContext.named``), not guessing from their form. Ids the
+runtime makes up (``<name>-<number>``) are reused by every process, and a subagent
+lives for one task: both start fresh and save only their traces.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from fractor.runtime import StoreError
 
 from .._messages import Message
 
-__all__ = ["AgentState", "decode_state", "encode_state", "is_automatic_id"]
+__all__ = ["AgentState", "decode_state", "encode_state"]
 
 #: The version of ``AgentState`` this code writes.
 STATE_VERSION = 1
@@ -65,10 +67,3 @@ def decode_state(data: bytes, *, store: str, actor_id: str) -> AgentState:
             f"this one reads version {STATE_VERSION}",
         )
     return state
-
-
-def is_automatic_id(actor_id: str, name: str) -> bool:
-    """Whether ``actor_id`` has the form the runtime gives unnamed actors: ``name-N``."""
-    prefix = f"{name}-"
-    number = actor_id[len(prefix) :]
-    return actor_id.startswith(prefix) and number.isascii() and number.isdigit()

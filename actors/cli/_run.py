@@ -51,7 +51,6 @@ import anyio.to_thread
 from fractor.runtime import Budget, Runtime, SQLiteStore, Store, Subscription
 
 from .._agent._agent import Agent, AgentRef
-from .._agent._persistence import is_automatic_id
 from .._agent._policy import RetryPolicy
 from .._agent._ref import TaskContent
 from .._memory._summarizer import Compaction
@@ -452,13 +451,8 @@ async def run_command(args: argparse.Namespace) -> int:
         tools = _load_tools(args.tool or [])
         if args.resume and not args.session:
             raise ValueError("--resume picks up a session: give its name with --session NAME")
-        if args.session is not None and (
-            not args.session.strip() or is_automatic_id(args.session, "assistant")
-        ):
-            raise ValueError(
-                f"--session {args.session!r}: a name of its own, not empty nor of the form "
-                "assistant-N (the names the runtime gives agents without one)"
-            )
+        if args.session is not None and not args.session.strip():
+            raise ValueError(f"--session {args.session!r}: a name of its own, not empty")
     except ValueError as exc:
         print(f"fractor run: {exc}", file=sys.stderr)
         await model.aclose()

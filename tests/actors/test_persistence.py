@@ -129,8 +129,6 @@ async def test_unnamed_agents_and_subagents_keep_no_state_but_save_their_traces(
     async with Runtime(store=store) as rt:
         ref = await rt.spawn(lead)  # an automatic id: lead-N
         result = await ref.ask("Go")
-        unnamed = await rt.spawn(Agent("x", ScriptedModel([reply("ok")])), id="x-7")
-        await unnamed.ask("hi")
     assert store.states == {}
     lead_trace = await store.record(result.execution_id)
     assert lead_trace is not None
@@ -138,7 +136,26 @@ async def test_unnamed_agents_and_subagents_keep_no_state_but_save_their_traces(
     children = await store.records(parent_id=result.execution_id)
     assert [trace_from_record(c).final_text for c in children] == ["Found it."]
     assert children[0].actor_id != ref.id
-    assert len(await store.records(actor_id="x-7")) == 1
+
+
+async def test_an_id_given_at_spawn_keeps_its_state_whatever_its_shape() -> None:
+    """Which ids are the runtime's own is known, not guessed from their shape: an id a
+    user gives that looks like one the runtime makes up (``name-N``) is the user's, and
+    its conversation is kept; the runtime's own ``photographer-N`` is not."""
+    store = MemoryStore()
+    for answer in ("First.", "Second."):
+        async with Runtime(store=store) as rt:
+            model = ScriptedModel([reply(answer)])
+            given = await rt.spawn(Agent("photographer", model), id="photographer-1")
+            await given.ask("Hi")
+            made_up = await rt.spawn(Agent("photographer", ScriptedModel([reply("ok")])))
+            await made_up.ask("Hi")
+    assert made_up.id.startswith("photographer-")
+    assert made_up.id != "photographer-1"
+    assert set(store.states) == {"photographer-1"}
+    state = await stored_state(store, "photographer-1")
+    assert state.messages == (*turn("Hi", "First."), *turn("Hi", "Second."))
+    assert model.requests[0].messages == (*turn("Hi", "First."), UserMessage(content="Hi"))
 
 
 async def test_a_cancelled_execution_stores_its_turn_and_trace_as_the_live_one() -> None:

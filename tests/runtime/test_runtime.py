@@ -195,6 +195,21 @@ async def test_ids_are_unique_and_checked() -> None:
             rt.ref("nobody")
 
 
+async def test_the_runtime_knows_which_ids_it_made_up_and_skips_those_given() -> None:
+    """An id given at spawn is ``named`` whatever its shape, and the runtime's own
+    ``name-N`` ids go past a live one given in that shape instead of colliding."""
+    async with Runtime() as rt:
+        given = [Recorder(), Recorder()]
+        await rt.spawn(given[0], id="rec-1")
+        await rt.spawn(given[1], id="rec-2")
+        made = Recorder()
+        ref = await rt.spawn(made, name="rec")
+    assert ref.id not in ("rec-1", "rec-2")
+    assert ref.id.startswith("rec-")
+    assert [actor.context.named for actor in given] == [True, True]
+    assert not made.context.named
+
+
 async def test_an_actor_instance_is_spawned_once() -> None:
     async with Runtime() as rt:
         actor = Recorder()

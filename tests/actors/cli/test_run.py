@@ -376,8 +376,7 @@ def test_the_trace_command_a_session_run_prints_works_when_copied(
     ("options", "said"),
     [
         (["--resume"], "--resume picks up a session: give its name with --session NAME"),
-        (["--session", " "], "--session ' ': a name of its own, not empty nor of the form"),
-        (["--session", "assistant-2"], "nor of the form assistant-N"),
+        (["--session", " "], "--session ' ': a name of its own, not empty"),
         (["--compact-at", "0"], "argument --compact-at: expected a whole number >= 1, got 0"),
     ],
 )
@@ -389,6 +388,22 @@ def test_session_options_are_checked(
         code = main(["run", "--model", "openai:test", "--base-url", url, *options, "go on"])
         assert code == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_session_may_have_any_name_of_its_own(
+    server: LoopbackServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``assistant-2`` has the shape of the runtime's own ids; given as --session, it is
+    the user's, and the next run goes on from it."""
+    url = f"{server.url}/v1"
+    session = ["run", "--model", "openai:test", "--base-url", url, "--session", "assistant-2"]
+    session += ["--db", str(tmp_path / "sessions.db")]
+    server.queue(json_reply(completion("Noted: tea.")), json_reply(completion("Tea.")))
+    assert main([*session, "I drink tea."]) == 0
+    assert main([*session, "What do I drink?"]) == 0
+    assert "session 'assistant-2': 2 turns, kept in" in capsys.readouterr().out
+    second = server.requests[-1].json()["messages"]
+    assert [m["content"] for m in second] == ["I drink tea.", "Noted: tea.", "What do I drink?"]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["live", "stream"])
