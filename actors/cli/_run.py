@@ -76,7 +76,7 @@ from .._observation._stream import (
 from .._parts import ContentError, ContentLimits, Document, Image, Media, describe_part
 from .._tools._approval import ApprovalError
 from .._tools._tool import Tool, ToolDefinitionError, tool
-from ..providers import ProviderError, model_from_string, redact
+from ..providers import PROVIDERS, ProviderError, model_from_string, redact
 from ._imports import import_spec, is_function_of
 from ._live import watch
 from ._trace import default_db
@@ -417,8 +417,14 @@ async def _streamed(
 
 async def run_command(args: argparse.Namespace) -> int:
     """Run ``fractor run``; returns the exit status."""
+    # The options first, then the key: a wrong option is said before a missing key.
     try:
+        if args.resume and not args.session:
+            raise ValueError("--resume picks up a session: give its name with --session NAME")
+        if args.session is not None and not args.session.strip():
+            raise ValueError(f"--session {args.session!r}: a name of its own, not empty")
         parts = load_parts(args.image or [], args.file or [])
+        tools = _load_tools(args.tool or [])
         if args.ui:
             check_ui()
     except ValueError as exc:
@@ -439,7 +445,10 @@ async def run_command(args: argparse.Namespace) -> int:
         model = model_from_string(
             args.model, base_url=args.base_url, api_key=api_key, timeout=args.timeout
         )
-    except (ValueError, ProviderError) as exc:
+    except ProviderError as exc:
+        print(f"fractor run: {_in_options(exc)}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
         print(f"fractor run: {exc}", file=sys.stderr)
         return 2
     budget = None
@@ -447,16 +456,6 @@ async def run_command(args: argparse.Namespace) -> int:
         budget = Budget(
             tokens=args.budget_tokens, seconds=args.budget_seconds, requests=args.budget_requests
         )
-    try:
-        tools = _load_tools(args.tool or [])
-        if args.resume and not args.session:
-            raise ValueError("--resume picks up a session: give its name with --session NAME")
-        if args.session is not None and not args.session.strip():
-            raise ValueError(f"--session {args.session!r}: a name of its own, not empty")
-    except ValueError as exc:
-        print(f"fractor run: {exc}", file=sys.stderr)
-        await model.aclose()
-        return 2
     memory = None
     if args.compact_at is not None:
         memory = Compaction(threshold=args.compact_at, keep=args.keep)
@@ -519,6 +518,21 @@ async def run_command(args: argparse.Namespace) -> int:
     finally:
         await model.aclose()
     return 0 if result.ok else 1
+
+
+def _in_options(error: ProviderError) -> str:
+    """What ``error`` says, in this command's options where it gives a library user's
+    advice (``api_key=...``, ``base_url=...``): a missing key names ``--api-key-env``
+    and ``--base-url``."""
+    if error.kind != "no_key":
+        return str(error)
+    variable = getattr(PROVIDERS.get(error.provider), "env_var", None)
+    where = f"the environment variable {variable}" if variable else "the provider's key variable"
+    return (
+        f"{error.provider}: no API key was given; set {where}, or name the variable that "
+        "holds it with --api-key-env VAR; for a local server that needs no key, give its "
+        "--base-url URL"
+    )
 
 
 def _load_tools(specs: list[str]) -> list[Tool[..., Any]]:

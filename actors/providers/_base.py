@@ -128,7 +128,8 @@ def resolve_api_key(
     """The key to send, and where it came from in words (for error messages).
 
     ``api_key`` if given, else ``$env_var``, else a placeholder for the server at
-    ``base_url`` (local servers need no key); with neither, a ``ProviderError``.
+    ``base_url`` (local servers need no key); with neither, a ``ProviderError`` of
+    kind ``"no_key"`` (which the command line words in its own options).
     """
     if api_key:
         return api_key, "the api_key given"
@@ -144,6 +145,7 @@ def resolve_api_key(
             f"set the environment variable {env_var}, or pass api_key=...; for a local "
             "server that needs no key, pass its base_url=..."
         ),
+        kind="no_key",
     )
 
 

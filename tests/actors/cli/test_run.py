@@ -372,22 +372,28 @@ def test_the_trace_command_a_session_run_prints_works_when_copied(
     assert 'answer: "Noted: tea."' in shown.stdout
 
 
+@pytest.mark.parametrize("keyed", [True, False], ids=["base-url", "no-key"])
 @pytest.mark.parametrize(
     ("options", "said"),
     [
         (["--resume"], "--resume picks up a session: give its name with --session NAME"),
         (["--session", " "], "--session ' ': a name of its own, not empty"),
+        (["--tool", "no_such_module_here:thing"], "--tool 'no_such_module_here:thing'"),
         (["--compact-at", "0"], "argument --compact-at: expected a whole number >= 1, got 0"),
     ],
 )
 def test_session_options_are_checked(
-    options: list[str], said: str, capsys: pytest.CaptureFixture[str]
+    options: list[str], said: str, keyed: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = "http://127.0.0.1:9/v1"
+    """A wrong option is said first, before any key is looked for: the same message
+    with a server that needs none (--base-url) and with no key at all."""
+    model = ["--model", "openai:test", *(["--base-url", "http://127.0.0.1:9/v1"] * keyed)]
     with contextlib.suppress(SystemExit):  # argparse's own errors exit with 2
-        code = main(["run", "--model", "openai:test", "--base-url", url, *options, "go on"])
+        code = main(["run", *model, *options, "go on"])
         assert code == 2
-    assert said in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert said in err
+    assert "API key" not in err
 
 
 def test_a_session_may_have_any_name_of_its_own(
@@ -404,6 +410,27 @@ def test_a_session_may_have_any_name_of_its_own(
     assert "session 'assistant-2': 2 turns, kept in" in capsys.readouterr().out
     second = server.requests[-1].json()["messages"]
     assert [m["content"] for m in second] == ["I drink tea.", "Noted: tea.", "What do I drink?"]
+
+
+@pytest.mark.parametrize(
+    ("model", "variable"),
+    [
+        ("openai:gpt-4.1-mini", "OPENAI_API_KEY"),
+        ("anthropic:claude-sonnet-4-5", "ANTHROPIC_API_KEY"),
+    ],
+)
+def test_a_missing_key_is_told_in_the_commands_own_options(
+    model: str, variable: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command names its own flags, not the Python arguments a library user gives."""
+    assert main(["run", "--model", model, "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "no API key was given" in err
+    assert f"set the environment variable {variable}" in err
+    assert "--api-key-env VAR" in err
+    assert "--base-url URL" in err
+    assert "api_key=" not in err
+    assert "base_url=" not in err
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["live", "stream"])

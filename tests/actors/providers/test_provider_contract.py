@@ -201,6 +201,8 @@ def test_no_key_and_no_base_url_is_a_clear_error(wire: Wire) -> None:
     with pytest.raises(ProviderError, match=wire.key_variable) as caught:
         wire.model_class("some-model")
     assert not caught.value.retryable
+    assert caught.value.kind == "no_key"  # what the command line words in its own options
+    assert "pass api_key=..." in str(caught.value)  # a library user's advice, in Python
 
 
 def test_a_missing_sdk_says_which_extra_to_install(
