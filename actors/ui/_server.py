@@ -34,7 +34,11 @@ runtime's objects there:
 **Safe by default.** It binds 127.0.0.1 only. A random token
 (``secrets.token_urlsafe``), printed once with the URL as Jupyter does, is required
 for every request (in the query, ``?token=``, or the ``X-Fractor-Token`` header);
-without it the answer is 403. The page and its script ship in this package (no CDN).
+without it the answer is 403. So is the answer to a request for another ``Host``
+than 127.0.0.1, localhost or [::1] with the server's port, or from another
+``Origin``: a page of another site that has its own name point at 127.0.0.1 (DNS
+rebinding) sends its name, as local dev servers know (``_Gate``, in front of every
+kind of page). The page and its script ship in this package (no CDN).
 What the page shows comes from snapshots and events, which carry no secrets (the
 providers redact their errors before anything records them); on top of that every
 view goes through the same ``redact`` as the providers' errors
@@ -136,7 +140,7 @@ class _Served:
 
     async def _enter(self) -> None:
         await self._check()
-        self.port = await self._serving.start(self._app, self.port)
+        self.port = await self._serving.start(self._app, self.port, self.token)
         _say(self.url, self._announce)
 
     async def aclose(self) -> None:
@@ -294,7 +298,7 @@ class UI(_Served):
             # (``default-0/approval-1``), sent as one segment (``%2F``) or not.
             Route("/api/approvals/{request_id:path}", approval, methods=["POST"]),
         ]
-        return _gated(Starlette(routes=routes, lifespan=_lifespan(started)), self.token)
+        return Starlette(routes=routes, lifespan=_lifespan(started))
 
     async def __aenter__(self) -> UI:
         async with AsyncExitStack() as stack:
@@ -348,25 +352,54 @@ _NO_STORE = {"cache-control": "no-store"}
 _BODY = '{"approved": true or false, "reason": "..."}'
 
 
-class _TokenGate:
-    """Every HTTP request without the token is answered 403."""
+#: The names of this machine a page of it may be asked for by (with the port).
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+
+class _Gate:
+    """Every HTTP request is answered 403 unless it is for this server and from it:
+    its ``Host`` names it (127.0.0.1, localhost or [::1], with its port: a page of
+    another site that had its own name point here, DNS rebinding, sends its name),
+    its ``Origin``, when sent, is one of those (a page of another site sends its
+    own), and it carries the token."""
+
+    def __init__(self, app: ASGIApp, token: str, port: int) -> None:
         self.app = app
         self.token = token.encode()
+        names = [f"{name}:{port}" for name in LOOPBACK]
+        if port == 80:  # the port a browser leaves out
+            names += LOOPBACK
+        self.hosts = frozenset(names)
+        self.origins = frozenset(f"http://{host}" for host in names)
+        self.expected = " or ".join(f"{name}:{port}" for name in LOOPBACK)
+
+    def refusal(self, request: Request) -> str:
+        """Why ``request`` is refused, or ``""``."""
+        host = request.headers.get("host", "")
+        if host.lower() not in self.hosts:
+            return (
+                f"403: this server answers requests for {self.expected} only, not for "
+                f"Host {host!r} (a name that points here is not enough)"
+            )
+        origin = request.headers.get("origin")
+        if origin is not None and origin.lower() not in self.origins:
+            return (
+                f"403: this server answers its own pages only (Origin http://"
+                f"{self.expected}), not a page of Origin {origin!r}"
+            )
+        given = request.query_params.get("token") or request.headers.get(TOKEN_HEADER, "")
+        if not _secrets.compare_digest(given.encode(), self.token):
+            return "403: this page needs the token printed with its URL (?token=...)"
+        return ""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             from starlette.requests import Request
             from starlette.responses import PlainTextResponse
 
-            request = Request(scope)
-            given = request.query_params.get("token") or request.headers.get(TOKEN_HEADER, "")
-            if not _secrets.compare_digest(given.encode(), self.token):
-                refusal = PlainTextResponse(
-                    "403: this page needs the token printed with its URL (?token=...)", 403
-                )
-                await refusal(scope, receive, send)
+            refusal = self.refusal(Request(scope))
+            if refusal:
+                await PlainTextResponse(refusal, 403)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -375,18 +408,22 @@ class _TokenGate:
 
 
 class _ServerThread:
-    """uvicorn serving one ASGI app on 127.0.0.1, in a thread of its own on its own
-    asyncio loop (the thread is named ``fractor-ui``): ``await start(make_app, port)``
-    gives the port it listens on, ``await stop()`` (idempotent) ends it."""
+    """uvicorn serving one ASGI app on 127.0.0.1 behind the ``_Gate``, in a thread of
+    its own on its own asyncio loop (the thread is named ``fractor-ui``): ``await
+    start(make_app, port, token)`` gives the port it listens on, ``await stop()``
+    (idempotent) ends it."""
 
     def __init__(self) -> None:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
 
-    async def start(self, make_app: Callable[[threading.Event], ASGIApp], port: int) -> int:
+    async def start(
+        self, make_app: Callable[[threading.Event], ASGIApp], port: int, token: str
+    ) -> int:
         """Bind ``port`` (0: a free one), serve ``make_app(started)`` (its lifespan sets
-        ``started``) and return once it serves; ``RuntimeError`` if it cannot."""
+        ``started``) to the requests for this port with ``token``, and return once it
+        serves; ``RuntimeError`` if it cannot."""
         import uvicorn
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -399,7 +436,7 @@ class _ServerThread:
         port = sock.getsockname()[1]
         started = threading.Event()
         config = uvicorn.Config(
-            make_app(started),
+            _Gate(make_app(started), token, port),
             loop="asyncio",
             lifespan="on",
             log_level="warning",
@@ -458,10 +495,6 @@ def _lifespan(
             yield
 
     return lifespan
-
-
-def _gated(app: ASGIApp, token: str) -> ASGIApp:
-    return _TokenGate(app, token)
 
 
 def _say(url: str, announce: Callable[[str], None] | None) -> None:
@@ -573,8 +606,7 @@ class StoredUI(_Served):
             Route("/executions/{execution_id}", page),
             Route("/api/executions/{execution_id}", details),
         ]
-        app = Starlette(routes=routes, lifespan=_lifespan(started, open_store))
-        return _gated(app, self.token)
+        return Starlette(routes=routes, lifespan=_lifespan(started, open_store))
 
     async def __aenter__(self) -> StoredUI:
         await self._enter()
@@ -708,7 +740,7 @@ class SweepUI(_Served):
             return _json(b'{"progress":' + progress + b',"view":' + self._payload + b"}")
 
         routes = [Route("/", index), Route("/api/sweep", state)]
-        return _gated(Starlette(routes=routes, lifespan=_lifespan(started)), self.token)
+        return Starlette(routes=routes, lifespan=_lifespan(started))
 
     async def __aenter__(self) -> SweepUI:
         await self._enter()

@@ -69,6 +69,49 @@ async def test_every_request_without_the_token_is_refused() -> None:
         assert by_header.status_code == 200
 
 
+async def refuses_other_hosts_and_origins(
+    client: httpx2.AsyncClient, port: int, token: str, paths: list[tuple[str, str]]
+) -> None:
+    """With the token, a request is still refused unless its ``Host`` names this server
+    (127.0.0.1, localhost or [::1], with its port) and its ``Origin``, when sent, is one
+    of those: a page of another site, through a name of its own that points here (DNS
+    rebinding), reads nothing. Shared by every kind of page (stored traces, the sweep)."""
+    base = f"http://127.0.0.1:{port}"
+    for method, path in paths:
+        for host in [
+            "evil.example",
+            f"evil.example:{port}",
+            f"127.0.0.1:{port + 1}",
+            "",
+            "localhost",
+        ]:
+            response = await client.request(
+                method, base + path, params={"token": token}, headers={"Host": host}
+            )
+            assert response.status_code == 403, (method, path, host)
+            assert "Host" in response.text, response.text
+            assert f"127.0.0.1:{port}" in response.text  # what it answers for
+        for origin in ["http://evil.example", f"http://evil.example:{port}", "null"]:
+            response = await client.request(
+                method, base + path, params={"token": token}, headers={"Origin": origin}
+            )
+            assert response.status_code == 403, (method, path, origin)
+            assert "Origin" in response.text, response.text
+    method, path = paths[0]
+    for host in [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", f"LocalHost:{port}"]:
+        headers = {"Host": host, "Origin": f"http://{host}"}
+        response = await client.request(
+            method, base + path, params={"token": token}, headers=headers
+        )
+        assert response.status_code == 200, (method, path, host, response.text)
+
+
+async def test_a_request_for_another_host_or_from_another_origin_is_refused() -> None:
+    async with Runtime() as rt, serve_ui(rt, announce=quiet) as ui, httpx2.AsyncClient() as client:
+        paths = [("GET", "/"), ("GET", "/api/tree"), ("POST", "/api/approvals/x")]
+        await refuses_other_hosts_and_origins(client, ui.port, ui.token, paths)
+
+
 async def test_the_page_ships_every_asset_no_cdn() -> None:
     async with Runtime() as rt, serve_ui(rt, announce=quiet) as ui, httpx2.AsyncClient() as client:
         page = (await client.get(ui.url)).text

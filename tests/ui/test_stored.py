@@ -31,6 +31,8 @@ from fractor.actors.ui._stored import ExecutionDetail
 from fractor.actors.ui.charts import SweepLevel, SweepReport, find_knee
 from fractor.runtime import Runtime, SQLiteStore, StoreError
 
+from .test_server import refuses_other_hosts_and_origins
+
 
 @tool
 async def slow(x: int) -> str:
@@ -89,6 +91,19 @@ async def test_every_new_route_needs_the_token(tmp_path: pathlib.Path) -> None:
                 assert served.status_code == 200, (path, served.text)
                 header = await client.get(base + path, headers={"X-Fractor-Token": ui.token})
                 assert header.status_code == 200
+
+
+async def test_no_route_answers_another_host_or_origin(tmp_path: pathlib.Path) -> None:
+    ((trace, *_),) = await store_with(tmp_path / "f.db", lead())
+    quoted = trace.execution_id.replace("#", "%23")
+    stored = serve_stored(tmp_path / "f.db", announce=quiet)
+    sweeping = serve_sweep("slow", (1, 2), calls=4, announce=quiet)
+    async with stored, sweeping, httpx2.AsyncClient() as client:
+        routes = ["/", "/api/executions", f"/executions/{quoted}", f"/api/executions/{quoted}"]
+        paths = [("GET", path) for path in routes]
+        await refuses_other_hosts_and_origins(client, stored.port, stored.token, paths)
+        paths = [("GET", "/"), ("GET", "/api/sweep")]
+        await refuses_other_hosts_and_origins(client, sweeping.port, sweeping.token, paths)
 
 
 async def test_the_list_a_timeline_and_its_steps_details(tmp_path: pathlib.Path) -> None:
