@@ -22,7 +22,7 @@ import msgspec
 from fractor.runtime import Store
 
 from ._messages import ExecutionTrace, Message, StepRecord, ToolResultMessage, UserMessage
-from ._parts import Document, Image, Media
+from ._parts import Document, Image, Media, with_data
 
 __all__ = [
     "attach_messages",
@@ -60,7 +60,8 @@ def detach_parts(parts: tuple[Media, ...], blobs: Blobs) -> tuple[Media, ...]:
 
 def attach_parts(parts: tuple[Media, ...], blobs: Blobs) -> tuple[Media, ...]:
     """``parts`` stored or sent without their bytes, with them from ``blobs`` (a part
-    named twice gets the same bytes object)."""
+    named twice gets the same bytes object). The bytes are not checked again: they
+    were when the part was made, and are kept by its hash (``with_data``)."""
     if not parts or not blobs:
         return parts
     out: list[Media] = []
@@ -68,7 +69,7 @@ def attach_parts(parts: tuple[Media, ...], blobs: Blobs) -> tuple[Media, ...]:
         if (type(part) is Image or type(part) is Document) and part.stored:
             data = blobs.get(part.sha256)
             if data is not None:
-                part = msgspec.structs.replace(part, data=data)
+                part = with_data(part, data)
         out.append(part)
     return tuple(out)
 

@@ -9,11 +9,17 @@ A part is a frozen msgspec Struct of a tagged union (``Part``):
 - ``Document``: a PDF, as bytes or a ``url``.
 
 For bytes, the media type is read from the bytes' magic number (a ``media_type``
-given that disagrees is refused, naming what was found), the SHA-256 of the content
-is computed once, and what is cheap to read from the header is kept: an image's
-``width`` and ``height`` (PNG IHDR, JPEG SOF, GIF screen, WebP VP8/VP8L/VP8X) and a
-PDF's ``pages`` (an estimate: its ``/Type /Page`` objects; None when none is visible,
-e.g. in compressed object streams).
+given that disagrees is refused, naming what was found; a generic one,
+``application/octet-stream`` say, lets the bytes decide: ``part_from_bytes``), the
+bytes must be a whole file of that type by a cheap look at its structure
+(``check_whole``: a truncated PNG, JPEG, GIF, WebP or PDF is refused, saying what is
+missing), the SHA-256 of the content is computed once (a ``sha256`` given must be
+it), and what is cheap to read from the header is kept: an image's ``width`` and
+``height`` (PNG IHDR, JPEG SOF, GIF screen, WebP VP8/VP8L/VP8X) and a PDF's
+``pages`` (an estimate: its ``/Type /Page`` objects; None when none is visible, e.g.
+in compressed object streams). All of it happens once, when the part is made, at the
+door: a part handed on (to subagents, to a host, to a store and back) is not checked
+again.
 
 **Bytes are never copied.** A part holds the very ``bytes`` object it was made with;
 passing it in messages, results and traces passes a reference, so a 5 MB image
@@ -43,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -82,8 +89,10 @@ PDF = "application/pdf"
 
 class ContentError(FractorError, ValueError):
     """A part was refused: bytes of a kind fractor does not take (named by what
-    their magic number says they are), or a part or a request over its size limit.
-    Raised at the door, before anything is sent or written."""
+    their magic number says they are), bytes that are not a whole file of their kind
+    (cut short, a header that does not parse), a ``sha256`` given that is not the
+    bytes', or a part or a request over its size limit. Raised at the door, before
+    anything is sent or written."""
 
 
 class ContentLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -216,11 +225,21 @@ Media = Image | Document
 
 
 def _complete(part: Image | Document) -> None:
-    """Fill in what the bytes say (once: a part that has its ``sha256`` is trusted,
-    as one decoded from a store or from another host is), or refuse them."""
+    """Fill in what the bytes say, or refuse them: their kind from the magic number,
+    a whole file of it by its structure (``check_whole``), their SHA-256 (checked
+    against one given: the hash is made of the bytes, once, here).
+
+    A part without bytes is a ``url`` or a part stored without them (its hash and
+    facts as they were read when it was made); ``with_data`` gives such a part its
+    bytes back without checking them again."""
     set_ = msgspec.structs.force_setattr
     kind = "image" if type(part) is Image else "document"
     data = part.data
+    if part.sha256 and (len(part.sha256) != 64 or not _HEX.fullmatch(part.sha256)):
+        raise ContentError(
+            f"an {kind}'s sha256 is 64 hex digits (lowercase), got {part.sha256!r}: "
+            "leave it out, it is computed from the bytes"
+        )
     if data is None:
         if not part.url and not part.sha256:
             raise ContentError(f"an {kind} needs its bytes (data=...) or a url")
@@ -228,8 +247,6 @@ def _complete(part: Image | Document) -> None:
             raise ContentError(f"an {kind}'s url must be a str, got {part.url!r}")
         if part.url and not part.media_type and type(part) is Image:
             set_(part, "media_type", _type_from_url(part.url))
-        return
-    if part.sha256:
         return
     raw: object = data  # the constructor does not check types: a caller may pass anything
     if type(raw) is not bytes:
@@ -246,20 +263,149 @@ def _complete(part: Image | Document) -> None:
         raise ContentError(
             f"an {kind} must be {' or '.join(_short(t) for t in expected)}, got {what}"
         )
-    if part.media_type and part.media_type != found:
+    label = _label(part.media_type)
+    if label and label != found:
         raise ContentError(
             f"the {kind}'s media_type says {part.media_type!r}, its bytes are {found}"
         )
+    facts = check_whole(data, found)
+    digest = hashlib.sha256(data).hexdigest()
+    if part.sha256 and part.sha256 != digest:
+        raise ContentError(
+            f"the {kind}'s sha256 says {part.sha256[:8]}..., its bytes' is {digest[:8]}...: "
+            "give the bytes it was made of, or leave sha256 out (it is computed)"
+        )
     set_(part, "media_type", found)
     set_(part, "size", len(data))
-    set_(part, "sha256", hashlib.sha256(data).hexdigest())
+    set_(part, "sha256", digest)
     if type(part) is Image:
-        size = image_size(data, found)
-        if size is not None:
-            set_(part, "width", size[0])
-            set_(part, "height", size[1])
+        assert facts is not None
+        set_(part, "width", facts[0])
+        set_(part, "height", facts[1])
     else:
         set_(part, "pages", pdf_pages(data))
+
+
+_HEX = re.compile(r"[0-9a-f]{64}")
+
+#: The labels that say nothing of what bytes are: with them, the bytes decide.
+GENERIC_TYPES = frozenset({"", "application/octet-stream", "binary/octet-stream"})
+
+
+def _label(media_type: str) -> str:
+    """A media type as given, lowercased and without parameters; "" for a generic
+    label (``GENERIC_TYPES``), which says nothing the bytes do not."""
+    if not media_type:
+        return ""
+    label = media_type.split(";", 1)[0].strip().lower()
+    return "" if label in GENERIC_TYPES else label
+
+
+def part_from_bytes(data: bytes, media_type: str = "", *, name: str = "") -> Media:
+    """The part of ``data`` that a source (a server, a file) labelled ``media_type``:
+    an ``Image`` or a ``Document`` as the label says, checked against the bytes as
+    any part is; when the label is generic (``GENERIC_TYPES``: none,
+    ``application/octet-stream``, ``binary/octet-stream``), the bytes decide.
+    ``ContentError`` when they are not an image or a PDF, or not what the label says.
+    ``name`` names a document."""
+    label = _label(media_type)
+    if not label:
+        label = sniff(data)
+        if not label:
+            raise ContentError(
+                f"bytes of no known type ({_head(data)}): fractor takes images "
+                "(PNG, JPEG, WebP, GIF) and PDFs"
+            )
+    if label == PDF:
+        return Document(data=data, media_type=media_type, name=name)
+    return Image(data=data, media_type=media_type)
+
+
+def with_data(part: Media, data: bytes) -> Media:
+    """``part``, stored without its bytes, with them again: bytes kept by its hash (a
+    store's blobs, a host's), which were checked when the part was made; nothing is
+    read or hashed again (a part handed to a hundred subagents is checked once)."""
+    restored = msgspec.structs.replace(part)  # no bytes: nothing to check
+    msgspec.structs.force_setattr(restored, "data", data)
+    return restored
+
+
+# -- whether bytes are a whole file ---------------------------------------------------
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: The IEND chunk: no data, so always the same 12 bytes (length 0, type, CRC).
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+#: A PDF's ``%%EOF`` is looked for in its last this many bytes (as Acrobat does).
+_PDF_TAIL = 1024
+_PDF_VERSION = re.compile(rb"%PDF-\d\.\d")
+
+
+def check_whole(data: bytes, media_type: str) -> tuple[int, int] | None:
+    """``ContentError`` unless ``data`` is a whole file of ``media_type`` by a cheap
+    look at its structure (never a decoding); an image's (width, height), None for
+    a PDF. What is checked:
+
+    - PNG: a complete IHDR chunk (its CRC right) of nonzero sizes, and an IEND chunk;
+    - JPEG: a frame header (SOF) of nonzero sizes among the segments after SOI, and
+      an end-of-image marker after it;
+    - GIF: a complete screen descriptor of nonzero sizes, and the trailer (``;``)
+      at the end;
+    - WebP: all the bytes its RIFF header says, and a VP8, VP8L or VP8X header of
+      nonzero sizes;
+    - PDF: its version in the header (``%PDF-1.7``), and ``%%EOF`` in its last KB.
+
+    Bytes after a file's end are allowed (a video after a JPEG: a motion photo). A
+    look costs a few slices and one search from the end of the bytes."""
+    why = ""
+    size: tuple[int, int] | None = None
+    if media_type == "image/png":
+        if len(data) < 33 or data[8:16] != b"\x00\x00\x00\x0dIHDR":
+            why = f"its IHDR chunk is cut short (the bytes end at {len(data)})"
+        elif zlib.crc32(data[12:29]) != int.from_bytes(data[29:33], "big"):
+            why = "its IHDR chunk's CRC is wrong"
+        else:
+            size = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+            if not (0 < size[0] < 2**31 and 0 < size[1] < 2**31):
+                why = f"its IHDR says {size[0]}x{size[1]}"
+            elif data.rfind(_PNG_END, 33) < 0:
+                why = "it has no IEND chunk: it is cut short"
+    elif media_type == "image/jpeg":
+        frame = _jpeg_frame(data)
+        if frame is None:
+            why = "it has no frame header (SOF): it is cut short or is not a JPEG"
+        else:
+            size, end = (frame[0], frame[1]), frame[2]
+            if not (size[0] and size[1]):
+                why = f"its frame header says {size[0]}x{size[1]}"
+            elif data.rfind(b"\xff\xd9", end) < 0:
+                why = "it has no end of image (EOI): it is cut short"
+    elif media_type == "image/gif":
+        if len(data) < 13:
+            why = f"its screen descriptor is cut short (the bytes end at {len(data)})"
+        else:
+            size = int.from_bytes(data[6:8], "little"), int.from_bytes(data[8:10], "little")
+            if not (size[0] and size[1]):
+                why = f"its screen descriptor says {size[0]}x{size[1]}"
+            elif len(data) < 14 or not data[-256:].rstrip(b"\x00").endswith(b";"):
+                why = "it has no trailer: it is cut short"
+    elif media_type == "image/webp":
+        riff = int.from_bytes(data[4:8], "little")
+        if len(data) < riff + 8:
+            why = f"it is cut short (its RIFF header says {riff + 8} bytes, it has {len(data)})"
+        else:
+            size = _webp_size(data)
+            if size is None:
+                why = "it has no VP8, VP8L or VP8X header"
+            elif not (size[0] and size[1]):
+                why = f"its header says {size[0]}x{size[1]}"
+    elif media_type == PDF:
+        if not _PDF_VERSION.match(data):
+            why = "its header has no version (%PDF-1.x)"
+        elif data.rfind(b"%%EOF", max(0, len(data) - _PDF_TAIL)) < 0:
+            why = f"it has no %%EOF in its last {size_text(_PDF_TAIL)}: it is cut short"
+    if why:
+        raise ContentError(f"the bytes are not a whole {_short(media_type)}: {why}")
+    return size
 
 
 def _read(path: str | os.PathLike[str], max_bytes: int | None) -> bytes:
@@ -288,24 +434,6 @@ def sniff(data: bytes) -> str:
     return ""
 
 
-def image_size(data: bytes, media_type: str) -> tuple[int, int] | None:
-    """(width, height) from the header of an image, or None if it does not say them."""
-    try:
-        if media_type == "image/png":
-            if data[12:16] == b"IHDR":
-                return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-        elif media_type == "image/gif":
-            if len(data) >= 10:
-                return int.from_bytes(data[6:8], "little"), int.from_bytes(data[8:10], "little")
-        elif media_type == "image/webp":
-            return _webp_size(data)
-        elif media_type == "image/jpeg":
-            return _jpeg_size(data)
-    except (IndexError, ValueError):
-        return None
-    return None
-
-
 def _webp_size(data: bytes) -> tuple[int, int] | None:
     chunk = data[12:16]
     if chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a":
@@ -324,7 +452,9 @@ def _webp_size(data: bytes) -> tuple[int, int] | None:
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+def _jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
+    """(width, height, where the frame header ends) of a JPEG's SOF, read across
+    the segments after SOI; None when the header ends or scans begin before one."""
     at = 2
     for _ in range(1_000):  # a header has a few dozen segments; never scan the image
         while at < len(data) and data[at] == 0xFF and at + 1 < len(data) and data[at + 1] == 0xFF:
@@ -337,7 +467,7 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
                 return None
             height = int.from_bytes(data[at + 5 : at + 7], "big")
             width = int.from_bytes(data[at + 7 : at + 9], "big")
-            return width, height
+            return width, height, at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
         if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
             at += 2
             continue

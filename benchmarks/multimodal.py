@@ -73,7 +73,7 @@ MIB = 1024 * 1024
 
 def png(size: int, *, width: int = 2048, height: int = 1536, seed: int = 0) -> bytes:
     """A PNG of ``size`` bytes in all: its signature, a real IHDR (``width`` x
-    ``height``), then noise in an ancillary chunk (incompressible, as a photo is)."""
+    ``height``), noise in an ancillary chunk (incompressible, as a photo is), IEND."""
     signature = b"\x89PNG\r\n\x1a\n"
 
     def chunk(kind: bytes, body: bytes) -> bytes:
@@ -81,9 +81,11 @@ def png(size: int, *, width: int = 2048, height: int = 1536, seed: int = 0) -> b
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
 
     head = signature + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-    body = random.Random(seed).randbytes(max(0, size - len(head) - 12))
+    end = chunk(b"IEND", b"")
+    body = random.Random(seed).randbytes(max(0, size - len(head) - 12 - len(end)))
     crc = zlib.crc32(body, zlib.crc32(b"noIs")) & 0xFFFFFFFF
-    return b"".join((head, struct.pack(">I", len(body)), b"noIs", body, struct.pack(">I", crc)))
+    noise = (struct.pack(">I", len(body)), b"noIs", body, struct.pack(">I", crc))
+    return b"".join((head, *noise, end))
 
 
 def _reset_peak() -> None:

@@ -6,27 +6,30 @@ import struct
 import zlib
 
 
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    crc = zlib.crc32(body, zlib.crc32(kind)) & 0xFFFFFFFF
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+
 def png(width: int = 4, height: int = 3, *, fill: int = 0) -> bytes:
     """A real RGB PNG of ``width`` x ``height`` (``fill`` varies its bytes)."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
-
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     rows = b"".join(b"\x00" + bytes([fill % 256, 0, 0]) * width for _ in range(height))
     return (
         b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", zlib.compress(rows))
+        + _chunk(b"IEND", b"")
     )
 
 
 def big_png(size: int, *, width: int = 1024, height: int = 768) -> bytes:
-    """A PNG header with ``size`` bytes in all (the body is noise in an ancillary chunk)."""
-    head = png(width, height)
-    return head + b"\x00" * max(0, size - len(head))
+    """A whole PNG of ``size`` bytes in all (at least its image's): its image, then
+    zeros in an ancillary chunk before its IEND."""
+    image = png(width, height)
+    head, end = image[:-12], image[-12:]
+    padding = bytes(max(0, size - len(image) - 12))
+    return head + (_chunk(b"noIs", padding) if padding else b"") + end
 
 
 def gif(width: int = 7, height: int = 5) -> bytes:

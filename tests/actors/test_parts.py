@@ -158,3 +158,119 @@ def test_token_rules() -> None:
     assert part_tokens(Document(data=pdf(pages=2))) == 3_000
     assert part_tokens(Text(text="12345678")) == 2
     assert part_tokens(Image(data=png(1024, 1024)), image_tokens=openai_image_tokens) == 765
+
+
+def _cut(data: bytes, at: int) -> bytes:
+    return data[:at]
+
+
+_PNG = png(64, 64)
+_JPEG = jpeg(640, 480)
+
+
+@pytest.mark.parametrize(
+    ("data", "kind", "expected"),
+    [
+        (b"\x89PNG\r\n\x1a\n", Image, "not a whole PNG: its IHDR chunk is cut short"),
+        (_cut(_PNG, 22), Image, "not a whole PNG: its IHDR chunk is cut short"),
+        (_cut(_PNG, len(_PNG) - 20), Image, "not a whole PNG: it has no IEND chunk"),
+        (png(0, 3), Image, "not a whole PNG: its IHDR says 0x3"),
+        (_PNG[:29] + b"\x00\x00\x00\x00" + _PNG[33:], Image, "its IHDR chunk's CRC is wrong"),
+        (_cut(_JPEG, 10), Image, "not a whole JPEG: it has no frame header (SOF)"),
+        (_cut(_JPEG, len(_JPEG) - 2), Image, "not a whole JPEG: it has no end of image"),
+        (jpeg(0, 480), Image, "not a whole JPEG: its frame header says 0x480"),
+        (_cut(gif(7, 5), 9), Image, "not a whole GIF: its screen descriptor is cut short"),
+        (_cut(gif(7, 5), 13), Image, "not a whole GIF: it has no trailer"),
+        (_cut(webp_vp8x(300, 200), 25), Image, "not a whole WebP: it is cut short"),
+        (b"RIFF\x04\x00\x00\x00WEBP", Image, "not a whole WebP: it has no VP8"),
+        (b"%PDF-", Document, "not a whole PDF: its header has no version"),
+        (_cut(pdf(), len(pdf()) - 8), Document, r"not a whole PDF: it has no %%EOF"),
+    ],
+    ids=[
+        *("png-signature", "png-cut-in-ihdr", "png-cut-in-idat", "png-0x3", "png-ihdr-crc"),
+        *("jpeg-cut-in-header", "jpeg-cut-in-scan", "jpeg-0x480"),
+        *("gif-cut-in-screen", "gif-no-trailer", "webp-cut", "webp-no-frame"),
+        *("pdf-header", "pdf-cut"),
+    ],
+)
+def test_truncated_or_broken_files_are_refused_at_the_door(
+    data: bytes, kind: type[Image] | type[Document], expected: str
+) -> None:
+    with pytest.raises(ContentError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        kind(data=data)
+
+
+def test_files_with_bytes_after_their_end_are_taken() -> None:
+    # A PNG with bytes after IEND, a JPEG with a video after EOI (a motion photo), a
+    # PDF with a line after %%EOF: whole files all the same.
+    assert Image(data=png(5, 5) + b"\x00" * 100).width == 5
+    assert Image(data=jpeg(8, 9) + b"ftypmp42" + bytes(500)).height == 9
+    assert Document(data=pdf(pages=1) + b"\r\n").pages == 1
+
+
+def test_a_given_hash_is_checked_against_the_bytes() -> None:
+    with pytest.raises(ContentError, match="no known type"):
+        Image(data=b"definitely not an image", sha256="0" * 64)
+    data = png(4, 3)
+    with pytest.raises(
+        ContentError, match=r"image's sha256 says 0{8}\.\.\., its bytes' is [0-9a-f]{8}"
+    ):
+        Image(data=data, sha256="0" * 64)
+    with pytest.raises(ContentError, match="an image's sha256 is 64 hex digits"):
+        Image(data=data, sha256="abc")
+    good = Image(data=data, sha256=hashlib.sha256(data).hexdigest())
+    assert (good.width, good.height, good.size) == (4, 3, len(data))
+
+
+def test_restoring_a_stored_parts_bytes_hashes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A part is checked once, at the door: restoring its bytes from a store's blobs
+    # (or from a host's) hashes nothing again, however often it is done.
+    from fractor.actors import _parts
+    from fractor.actors._blobs import attach_parts, detach_parts
+
+    image = Image(data=big_png(100_000))
+    blobs: dict[str, bytes] = {}
+    (stored,) = detach_parts((image,), blobs)
+    hashed: list[int] = []
+    real = _parts.hashlib.sha256
+
+    def counting(data: bytes) -> object:
+        hashed.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(_parts.hashlib, "sha256", counting)
+    for _ in range(3):
+        (back,) = attach_parts((stored,), blobs)
+        assert back == image
+        assert back.data is image.data
+    assert hashed == []
+
+
+@pytest.mark.parametrize("label", ["application/octet-stream", "binary/octet-stream", ""])
+def test_a_generic_label_lets_the_bytes_decide(label: str) -> None:
+    from fractor.actors._parts import part_from_bytes
+
+    image = part_from_bytes(png(4, 3), label)
+    assert isinstance(image, Image)
+    assert (image.media_type, image.width) == ("image/png", 4)
+    document = part_from_bytes(pdf(pages=2), label, name="report.pdf")
+    assert isinstance(document, Document)
+    assert (document.media_type, document.pages, document.name) == (
+        "application/pdf",
+        2,
+        "report.pdf",
+    )
+    assert Image(data=png(), media_type=label).media_type == "image/png"
+    assert Document(data=pdf(), media_type=label).media_type == "application/pdf"
+    with pytest.raises(ContentError, match="no known type"):
+        part_from_bytes(b"\x00" * 100, label)
+
+
+def test_a_specific_label_is_kept_and_checked() -> None:
+    from fractor.actors._parts import part_from_bytes
+
+    with pytest.raises(
+        ContentError, match="must be PNG or JPEG or WebP or GIF, got bytes of application/pdf"
+    ):
+        part_from_bytes(pdf(), "image/png")
+    assert isinstance(part_from_bytes(pdf(), "Application/PDF; charset=binary"), Document)
