@@ -172,9 +172,10 @@ class ToolRunner:
 
         Tool calls run on at most ``concurrency`` workers that share one iterator
         over them (taking the next call never awaits), so the bound costs no lock
-        and no more tasks than it allows. Subagent calls need no worker: each is a
-        child actor in this step's task group (see ``Delegation``), at most
-        ``concurrency`` of them at once.
+        and no more tasks than it allows. A call waiting for a person's approval
+        holds no worker while it waits (``_start_holding``). Subagent calls need no
+        worker: each is a child actor in this step's task group (see
+        ``Delegation``), at most ``concurrency`` of them at once.
         """
         subagents = self.subagents
         if subagents and any(call.name in subagents for call in calls):
@@ -189,6 +190,12 @@ class ToolRunner:
         calls: list[tuple[int, ToolCall]],
         outcomes: list[ToolOutcome],
     ) -> None:
+        approve = self.approve
+        if approve is not None:
+            held = [(index, call) for index, call in calls if approve(call)]
+            if held:
+                self._start_holding(tg, calls, held, outcomes)
+                return
         pending = iter(calls)
         run_call = self.run_call
 
@@ -197,6 +204,46 @@ class ToolRunner:
                 outcomes[index] = await run_call(call)
 
         for _ in range(min(len(calls), self.concurrency)):
+            tg.start_soon(worker)
+
+    def _start_holding(
+        self,
+        tg: TaskGroup,
+        calls: list[tuple[int, ToolCall]],
+        held: list[tuple[int, ToolCall]],
+        outcomes: list[ToolOutcome],
+    ) -> None:
+        """``_start_workers`` for a step some of whose calls (``held``) wait for a
+        person: a wait for a person holds no worker. Each held call waits for its
+        decision in a task of its own, and once approved takes one of the
+        ``concurrency`` slots the other calls' workers take for each call they run
+        (a step with approvals to wait for is never a hot path: one semaphore)."""
+        slots = anyio.Semaphore(self.concurrency)
+        run_now = self._run_call_now
+        waiting = {index for index, _ in held}
+        pending = iter([(index, call) for index, call in calls if index not in waiting])
+        asked = iter(held)
+
+        async def worker() -> None:
+            for index, call in pending:
+                async with slots:
+                    outcomes[index] = await run_now(call)
+
+        async def holder() -> None:
+            # The first holder to run takes the first held call: the requests are
+            # opened in the step's order, whatever order the tasks start in.
+            index, call = next(asked)
+            decided = await self._decision(call)
+            if isinstance(decided, ToolOutcome):  # denied: it never runs
+                outcomes[index] = decided
+                return
+            async with slots:
+                outcome = await run_now(call)
+            outcomes[index] = msgspec.structs.replace(outcome, approval="approved", waited=decided)
+
+        for _ in held:
+            tg.start_soon(holder)
+        for _ in range(min(len(calls) - len(held), self.concurrency)):
             tg.start_soon(worker)
 
     async def _run_with_subagents(
@@ -271,6 +318,17 @@ class ToolRunner:
     async def _run_call_approved(self, call: ToolCall) -> ToolOutcome:
         """Hold ``call`` until a person decides (see ``_tools._approval``): run it approved,
         answer it denied. The wait ends with the execution, as any await does."""
+        decided = await self._decision(call)
+        if isinstance(decided, ToolOutcome):
+            return decided
+        outcome = await self._run_call_now(call)
+        return msgspec.structs.replace(outcome, approval="approved", waited=decided)
+
+    async def _decision(self, call: ToolCall) -> float | ToolOutcome:
+        """Ask a person about ``call`` and wait for the decision: the seconds waited
+        when it is approved, or the outcome that answers it denied (it never runs).
+        Everything before the wait is done at once (the request is open when the
+        first await begins)."""
         recorder = self.recorder
         approvals = approvals_of(self.context.runtime)
         forwarder = None
@@ -335,8 +393,7 @@ class ToolRunner:
                 # It never ran: its bar is its wait for the decision.
                 started=time.perf_counter() - waited - recorder.origin,
             )
-        outcome = await self._run_call_now(call)
-        return msgspec.structs.replace(outcome, approval="approved", waited=waited)
+        return waited
 
     def _run_call_now(self, call: ToolCall) -> Awaitable[ToolOutcome]:
         """Charge and run one tool call (see ``run_call``)."""

@@ -399,3 +399,30 @@ async def test_a_request_names_its_place_in_the_whole_tree_wherever_it_runs(host
     assert tuple(runtime_event.detail["path"]) == request.path
     assert request.depth == event.depth == runtime_event.depth == 3
     assert (request.agent, event.agent) == ("mailer", "mailer")
+
+
+async def test_a_call_waiting_for_a_person_holds_no_worker() -> None:
+    # Issue 40 item 17: with one worker, the step's other calls go on while a call
+    # waits for its approval, and it runs on that worker once approved.
+    model = ScriptedModel(
+        [
+            calls(
+                call("send_email", to="a"),
+                call("lookup", topic="x"),
+                call("lookup", topic="y"),
+            ),
+            reply("done"),
+        ]
+    )
+    agent = Agent("mailer", model, tools=[send_email, lookup], tool_concurrency=1)
+    async with Runtime() as rt:
+        ref = await rt.spawn(agent)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ref.ask, "go")
+            (request,) = await pending(ref)
+            # The lookups did not wait for the person.
+            assert [c.name for c in ref.progress().in_flight] == ["send_email"]
+            ref.approve(request.id)
+    contents = [r.content for r in results(model)]
+    assert contents == ["sent to a", "notes on x", "notes on y"]
+    assert RAN == ["a"]
