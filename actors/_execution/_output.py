@@ -56,6 +56,10 @@ _MODES = ("auto", "native", "tool", "text")
 _REF = "#/$defs/"
 _FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n?(.*?)```", re.DOTALL)
 _encoder = msgspec.json.Encoder()
+#: What is wrong with an answer nested deeper than the decoder reads (msgspec stops
+#: with a ``RecursionError`` some hundreds of levels down): an answer that cannot be
+#: used, sent back as any other is.
+_TOO_DEEP = "nested too deeply to be read: give it with fewer levels of nesting"
 _ACCEPTED = (
     "a msgspec Struct, a dataclass, a TypedDict or a scalar (str, int, float, bool), "
     "or lists, dicts, unions and Literals of those"
@@ -177,20 +181,23 @@ class OutputSpec:
         """The value an answer's text stands for, and "" ; or None and what was wrong.
 
         The whole text first; then JSON in a code fence or in prose; a ``str`` answer
-        that is no JSON string is the text itself."""
+        that is no JSON string is the text itself. JSON nested deeper than the
+        decoder reads is a problem like any other, never an exception."""
         try:
             return self._decoder.decode(text), ""
         except msgspec.ValidationError as exc:
             problem = str(exc)
         except msgspec.DecodeError as exc:
             problem = f"the answer is not JSON ({exc})" if text.strip() else "the answer is empty"
+        except RecursionError:
+            problem = f"the answer is {_TOO_DEEP}"
         for candidate in _candidates(text):
             try:
                 return self._decoder.decode(candidate), ""
             except msgspec.ValidationError as exc:
                 if problem.startswith(("the answer is not JSON", "the answer is empty")):
                     problem = str(exc)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 pass
         if self.type is str and text.strip():
             return text.strip(), ""
@@ -205,6 +212,8 @@ class OutputSpec:
             return None, str(exc)
         except msgspec.DecodeError as exc:
             return None, f"the arguments are not JSON ({exc})"
+        except RecursionError:
+            return None, f"the arguments are {_TOO_DEEP}"
         return (value.value if self._wrapped else value), ""
 
     def correction(self, problem: str) -> str:

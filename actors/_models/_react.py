@@ -148,6 +148,10 @@ def _decode(text: str, typed: bool = False) -> _Reply | _TypedReply:
         raise _Malformed(f"the JSON object does not have the expected shape: {exc}") from None
     except msgspec.DecodeError as exc:
         raise _Malformed(f"the reply is not valid JSON: {exc}") from None
+    except RecursionError:  # deeper than the decoder reads: a reply like any bad one
+        raise _Malformed(
+            "the reply is nested too deeply to be read: give it with fewer levels of nesting"
+        ) from None
 
 
 def _check(reply: _Reply | _TypedReply, tool_names: frozenset[str]) -> None:

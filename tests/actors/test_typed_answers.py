@@ -19,12 +19,14 @@ from fractor.actors import (
     AssistantMessage,
     FunctionModel,
     ModelRequest,
+    ModelResponse,
     OpenAIModel,
     OutputSchema,
     ReActModel,
     Result,
     ScriptedModel,
     SystemMessage,
+    ToolCall,
     ToolResultMessage,
     UserMessage,
     call,
@@ -477,3 +479,43 @@ async def test_a_function_model_sees_the_schema_it_is_asked_for() -> None:
 
     result = await ask(Agent("w", FunctionModel(answer), output_type=Weather))
     assert result.output == Weather(city="x", temp=1)
+
+
+@pytest.mark.parametrize("mode", ["native", "text", "tool"])
+async def test_an_answer_nested_too_deep_goes_back_like_any_unusable_answer(mode: str) -> None:
+    # Issue 40 item 18: JSON nested 1,000 deep is more than the decoder reads; the
+    # answer cannot be used, so it goes back to the model, which corrects it.
+    deep = '{"name": "n", "children": [' * 1000 + "]}" * 1000
+    good = '{"name": "root", "children": [{"name": "leaf"}]}'
+    if mode == "tool":
+        bad = ModelResponse(
+            tool_calls=(ToolCall(id="deep", name="final_answer", arguments=deep),),
+            finish_reason="tool_calls",
+        )
+        script = [bad, call("final_answer", name="root", children=[{"name": "leaf"}])]
+    else:
+        script = [reply(deep), reply(good)]
+    model = ScriptedModel(script)
+    agent = Agent("trees", model, output_type=Tree, output_mode=mode)  # type: ignore[arg-type]
+    result = await ask(agent)
+    assert result.status == "completed", result.stop_reason
+    assert result.output == Tree(name="root", children=[Tree(name="leaf")])
+    told = model.requests[1].messages[-1]
+    assert isinstance(told, UserMessage | ToolResultMessage)
+    assert "nested too deeply" in told.content
+
+
+async def test_a_react_final_nested_too_deep_goes_back_to_the_model() -> None:
+    deep = '{"name": "n", "children": [' * 1000 + "]}" * 1000
+    inner = ScriptedModel(
+        [
+            reply(f'{{"thought": "deep", "final": {deep}}}'),
+            reply('{"thought": "flat", "final": {"name": "root"}}'),
+        ]
+    )
+    result = await ask(Agent("trees", ReActModel(inner), output_type=Tree))
+    assert result.status == "completed", result.stop_reason
+    assert result.output == Tree(name="root")
+    told = inner.requests[1].messages[-1]
+    assert isinstance(told, UserMessage)
+    assert "nested too deeply" in told.content
