@@ -24,7 +24,7 @@ from fractor.runtime.lowlevel import Waiter, new_waiter, park, wake
 
 from .._messages import Result, Task, ToolCall, ToolOutcome, exception_text
 from .._observation._events import Spawn
-from .._parts import Media, named_parts
+from .._parts import ContentError, Media, named_parts
 from ._children import HostUnavailable, placer_of
 
 if TYPE_CHECKING:
@@ -46,7 +46,10 @@ class Delegation:
     answers, then stops). Its reply settles through a callback that records the
     outcome; the parent's task parks once and is woken when every child has
     answered or a slot frees for a call still waiting (at most ``tool_concurrency``
-    children run at once). Only final responses come back.
+    children run at once). Only final responses come back. The parts a task names
+    (see ``_parts.named_parts``) are checked against the child's own
+    ``content_limits`` first: a call handing a child more than it takes is refused
+    before the child starts, saying which limit.
 
     If the step is interrupted, the task group cancels the children; ``run`` then
     marks the nodes of those that have not answered with the parent's reason (no
@@ -168,6 +171,15 @@ class Delegation:
                 'Expected arguments: {"task": "<what the subagent should do>"}',
             )
             return True
+        parts = named_parts(task, self.visible()) if self.visible is not None else ()
+        if parts:
+            # The child's own limits, at its door (as ``AgentRef.ask`` checks a task's):
+            # the parts are handed by reference, so this is their one check here.
+            try:
+                subagent.content_limits.check(parts, f"the task for subagent {call.name!r}")
+            except ContentError as exc:
+                self.outcomes[index] = refused(call, f"subagent {call.name!r} not started: {exc}")
+                return True
         supervisor = self.supervisor
         parent = self.node
         try:
@@ -182,7 +194,6 @@ class Delegation:
         node.traces = parent.traces  # where its execution leaves itself
         began = time.perf_counter()
         recorder = self.recorder
-        parts = named_parts(task, self.visible()) if self.visible is not None else ()
         place = placer_of(self.context.runtime.hosts)  # None: everything runs here
         if place is not None:
             try:

@@ -262,3 +262,44 @@ async def test_tool_results_past_the_request_limit_leave_their_parts_out() -> No
     assert dropped.content.startswith("a picture\n[left out: [image 2x768 png, 3 KB, sha256:")
     assert "carry 6 KB of images and documents, more than the 5 KB allowed" in dropped.content
     assert "(content_limits.request)" in dropped.content
+
+
+async def test_a_subagents_own_content_limits_apply_to_the_parts_handed_to_it() -> None:
+    # A child that takes parts of at most 1 MB is handed a 5 MB image by name: the
+    # call is refused before the child starts, saying which limit; its model sees
+    # nothing. A part within its limits is handed as before.
+    image = Image(data=big_png(5_000_000))
+    small = Image(data=big_png(500_000, width=2))
+    seen: list[ModelRequest] = []
+
+    def worker(request: ModelRequest) -> Turn:
+        seen.append(request)
+        return reply("a picture")
+
+    child = Agent(
+        "worker",
+        FunctionModel(worker),
+        description="Looks at an image.",
+        content_limits=ContentLimits(part=1_000_000),
+    )
+    lead_model = ScriptedModel(
+        [
+            calls(
+                call("worker", task=f"Describe sha256:{image.sha256[:12]}."),
+                call("worker", task=f"Describe sha256:{small.sha256[:12]}."),
+            ),
+            reply("done"),
+        ]
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("lead", lead_model, subagents=[child]))
+        result = await ref.ask(["Describe these.", image, small])
+    assert result.ok
+    refused, handed = tool_results(lead_model.requests[1])
+    assert refused.is_error
+    assert refused.content.startswith("subagent 'worker' not started: [image 1024x768 png, 5.0 MB")
+    assert "more than the 1.0 MB a part may have (ContentLimits.part)" in refused.content
+    assert (handed.is_error, handed.content) == (False, "a picture")
+    (request,) = seen
+    (user,) = [m for m in request.messages if isinstance(m, UserMessage)]
+    assert user.parts == (small,)
