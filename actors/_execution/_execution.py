@@ -79,7 +79,7 @@ from .._observation._events import (
     StepStart,
 )
 from .._parts import Media, describe_part, size_text
-from .._tools._tool import EXECUTION_ORIGIN
+from .._tools._tool import EXECUTION_ORIGIN, own_failure
 from ._answering import Answers
 from ._calling import Interrupted, ToolRunner
 from ._recording import NOT_RUN, Recorder, bind_log_context, synthesize
@@ -473,8 +473,18 @@ class Execution:
                         response = await self.via(request, self._send_inner)
                 except BudgetExceeded as exc:
                     recorder.record_failed_request(exc)
-                    raise
+                    if node.stop_status is not None:
+                        raise  # the supervisor stopped this subtree: run reads why
+                    # No limit stopped it: the model raised it itself, its failure.
+                    self._stop("failed", f"model request failed: {exception_text(exc)}")
+                    return
                 except Exception as exc:
+                    recorder.record_failed_request(exc)
+                    self._stop("failed", f"model request failed: {exception_text(exc)}")
+                    return
+                except BaseException as exc:
+                    if not own_failure(exc):
+                        raise  # a cancellation, or the program's end
                     recorder.record_failed_request(exc)
                     self._stop("failed", f"model request failed: {exception_text(exc)}")
                     return
@@ -504,6 +514,10 @@ class Execution:
                         else:
                             value = await tool.fn(**kwargs)
                     except Exception as exc:
+                        outcomes = (tool.failed(calls[0], exc, start, 1),)
+                    except BaseException as exc:
+                        if not own_failure(exc):
+                            raise  # a cancellation, or the program's end
                         outcomes = (tool.failed(calls[0], exc, start, 1),)
                     else:
                         outcomes = (tool.succeeded(calls[0], value, start, 1),)

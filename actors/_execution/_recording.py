@@ -255,7 +255,7 @@ class Recorder:
             )
         return record
 
-    def record_failed_request(self, exc: Exception) -> None:
+    def record_failed_request(self, exc: BaseException) -> None:
         """Record the step in flight, whose model request failed with ``exc``."""
         self.steps.append(
             StepRecord(

@@ -14,7 +14,8 @@ Anything a schema cannot be built for fails right there, with ``ToolDefinitionEr
 ``Tool.invoke`` runs one ``ToolCall`` and always answers with a ``ToolOutcome``, never
 with an exception: bad JSON, arguments that do not match the schema, a tool that
 raises or times out all become error outcomes whose text tells the model what went
-wrong and what was expected. Cancellation is never swallowed. Async tools run in the
+wrong and what was expected (a tool's own ``BaseException`` too: ``own_failure``).
+Cancellation is never swallowed, nor what ends the program. Async tools run in the
 caller's task; sync tools run in a worker thread (a timed-out thread is abandoned,
 not killed: Python cannot stop a thread). Results are text: ``str`` as is, ``None`` as
 the empty string, anything else as JSON, cut to ``max_result_chars`` with a visible
@@ -56,6 +57,7 @@ __all__ = [
     "EXECUTION_ORIGIN",
     "Tool",
     "ToolDefinitionError",
+    "own_failure",
     "tool",
     "truncate",
 ]
@@ -73,6 +75,24 @@ _result_encoder = msgspec.json.Encoder()
 #: clock read more). None outside an execution (a tool invoked on its own): no
 #: ``started`` then.
 EXECUTION_ORIGIN: ContextVar[float | None] = ContextVar("fractor_execution_origin", default=None)
+
+
+#: What ends the program, never a call's failure.
+_ENDINGS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def own_failure(error: BaseException) -> bool:
+    """Whether ``error``, raised by a tool or a model, is its own failure: that call
+    fails (an error outcome, a failed request) and the tree goes on. Every
+    ``Exception`` is; so is a ``BaseException`` of the user's (``class
+    Abort(BaseException)``), or a group of such. Never a cancellation (the current
+    backend's: asyncio's or trio's), a ``KeyboardInterrupt``, a ``SystemExit`` or a
+    ``GeneratorExit``, alone or in a group: those go on, to end what they end."""
+    if isinstance(error, Exception):
+        return True
+    if isinstance(error, BaseExceptionGroup):
+        return all(map(own_failure, error.exceptions))
+    return not isinstance(error, (*_ENDINGS, anyio.get_cancelled_exc_class()))
 
 
 class Tool(Generic[P, R]):
@@ -287,6 +307,11 @@ class Tool(Generic[P, R]):
                         failure = None
                         continue
             except Exception as exc:
+                failure = exc
+                continue
+            except BaseException as exc:  # a user's Abort(BaseException): a failure too
+                if not own_failure(exc):
+                    raise  # a cancellation, or the program's end
                 failure = exc
                 continue
             return self.succeeded(call, value, start, attempt)

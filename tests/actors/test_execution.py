@@ -4,6 +4,7 @@ cancelled, ends through ``Execution.end`` exactly once (DESIGN.md invariant 2).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 from fractor.actors import (
     Agent,
     AssistantMessage,
+    FunctionModel,
+    ModelRequest,
     RestartPolicy,
     Result,
     ScriptedModel,
@@ -22,7 +25,8 @@ from fractor.actors import (
     reply,
 )
 from fractor.actors._execution._execution import Execution
-from fractor.runtime import MemoryStore, Runtime
+from fractor.actors._models._turns import Turn
+from fractor.runtime import BudgetExceeded, MemoryStore, Runtime
 
 from .tools import hanging, stepped
 
@@ -165,3 +169,31 @@ async def test_a_cancelled_tree_ends_each_execution_once(restarts: int, ends: li
     assert isinstance(ended["child"].last, UserMessage)
     assert actor.execution == []  # type: ignore[attr-defined]
     assert [trace.status for trace in actor.traces] == ["cancelled"]  # type: ignore[attr-defined]
+
+
+class Abort(BaseException):
+    """A user's exception that is not an ``Exception``."""
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(lambda: BudgetExceeded("tokens", 10, "elsewhere", "other"), id="budget"),
+        pytest.param(lambda: Abort("the model gave up"), id="base-exception"),
+    ],
+)
+async def test_a_model_raising_a_budget_error_or_a_base_exception_itself_fails(
+    error: Callable[[], BaseException],
+) -> None:
+    # Issue 40 item 19: the model's own failure, not a stop of the supervisor: the
+    # execution fails saying so (not "cancelled"), and the runtime goes on.
+    def raising(request: ModelRequest) -> Turn:
+        raise error()
+
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("a", FunctionModel(raising)))
+        result = await ref.ask("go")
+        again = await (await rt.spawn(Agent("b", ScriptedModel([reply("fine")])))).ask("go")
+    assert result.status == "failed", result.stop_reason
+    assert result.stop_reason.startswith("model request failed: ")
+    assert again.status == "completed"

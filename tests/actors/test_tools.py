@@ -1030,3 +1030,76 @@ async def test_a_step_awaiting_a_tool_itself_passes_its_arguments_as_invoke_does
         assert [content for content, _ in shown[:3]] == expected
         assert [error for _, error in shown] == [False, False, False, True, True]
         assert "invalid arguments for tool" in shown[3][0]
+
+
+class Abort(BaseException):
+    """A user's exception that is not an ``Exception``."""
+
+
+async def test_which_base_exceptions_are_a_calls_own_failure() -> None:
+    from fractor.actors._tools._tool import own_failure
+
+    assert own_failure(ValueError("x"))
+    assert own_failure(Abort("stop"))
+    assert own_failure(BaseExceptionGroup("g", [Abort(), ValueError()]))
+    caught: list[BaseException] = []
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await anyio.sleep(1)
+        except anyio.get_cancelled_exc_class() as exc:
+            caught.append(exc)
+            raise
+    for ending in (KeyboardInterrupt(), SystemExit(1), GeneratorExit(), *caught):
+        assert not own_failure(ending)
+        assert not own_failure(BaseExceptionGroup("g", [Abort(), ending]))
+    assert len(caught) == 1
+
+
+async def test_a_tool_raising_a_base_exception_fails_its_call_and_the_tree_goes_on() -> None:
+    # Issue 40 item 19: ``class Abort(BaseException)`` raised by a tool killed the
+    # whole runtime; it is the tool's failure: that call fails, the step goes on.
+    from fractor.actors import Agent, ScriptedModel, calls, reply
+    from fractor.actors import call as step_call
+    from fractor.runtime import Runtime
+
+    @tool
+    async def direct(why: str) -> str:
+        """Awaited by the step itself."""
+        raise Abort(why)
+
+    @tool(timeout=5, retries=1)
+    async def invoked(why: str) -> str:
+        """Run through invoke (a timeout and retries)."""
+        raise Abort(why)
+
+    @tool
+    def threaded(why: str) -> str:
+        """Run in a worker thread."""
+        raise Abort(why)
+
+    assert direct.direct
+    turns = [
+        step_call("direct", why="one"),
+        calls(step_call("invoked", why="two"), step_call("threaded", why="three")),
+        reply("done"),
+    ]
+    for observed in (False, True):
+        async with Runtime() as rt:
+            ref = await rt.spawn(
+                Agent("a", ScriptedModel(turns), tools=[direct, invoked, threaded])
+            )
+            with anyio.fail_after(10):
+                if observed:
+                    async with rt.events():
+                        result = await ref.ask("go")
+                else:
+                    result = await ref.ask("go")
+            (trace,) = await ref.trace()
+        assert result.status == "completed", result.stop_reason
+        contents = [o.content for step in trace.steps for o in step.outcomes]
+        assert contents == [
+            "tool 'direct' failed: Abort: one",
+            "tool 'invoked' failed: Abort: two (gave up after 2 attempts)",
+            "tool 'threaded' failed: Abort: three",
+        ]
