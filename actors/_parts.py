@@ -301,6 +301,12 @@ def _label(media_type: str) -> str:
     return "" if label in GENERIC_TYPES else label
 
 
+def generic_type(media_type: str) -> bool:
+    """Whether ``media_type`` says nothing of what bytes are (``GENERIC_TYPES``, in any
+    case, with or without parameters): then their bytes decide."""
+    return not _label(media_type)
+
+
 def part_from_bytes(data: bytes, media_type: str = "", *, name: str = "") -> Media:
     """The part of ``data`` that a source (a server, a file) labelled ``media_type``:
     an ``Image`` or a ``Document`` as the label says, checked against the bytes as

@@ -27,7 +27,9 @@ call sends a progress token: what the server reports on it becomes a
 result's text is what the model reads, and its images and documents are parts of
 the tool result (``ToolOutcome.parts``): an image block, or an embedded resource of
 an image type, becomes an ``Image``; an embedded resource that is a PDF becomes a
-``Document`` (named by its URI's last segment). Their bytes are checked as any
+``Document`` (named by its URI's last segment). A resource of a generic type (none,
+``application/octet-stream``: what ``server-filesystem`` says of a PDF) is what its
+bytes are. Their bytes are checked as any
 part's are: the media type read from the magic number (a block whose bytes are not
 what its ``mimeType`` says, or of no kind fractor takes, is refused), and the sizes
 against ``content_limits`` (``ContentLimits``; a part, and all of one result's). What
@@ -84,6 +86,7 @@ from .._parts import (
     Document,
     Image,
     Media,
+    generic_type,
     size_text,
     sniff,
 )
@@ -504,7 +507,7 @@ def _content(result: types.CallToolResult, limits: ContentLimits) -> tuple[str, 
                     media.add(resource.blob, mime, what, kind=Document, name=name)
                 elif mime in IMAGE_TYPES:
                     media.add(resource.blob, mime, what, kind=Image)
-                elif not mime:
+                elif generic_type(mime):  # none, application/octet-stream: the bytes decide
                     media.add(resource.blob, mime, what, kind=None, name=name)
                 elif mime.startswith("text/") and (said := _blob_text(resource.blob)) is not None:
                     lines.append(f"[{mime} resource {resource.uri}]")

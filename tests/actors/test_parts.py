@@ -267,7 +267,10 @@ def test_a_generic_label_lets_the_bytes_decide(label: str) -> None:
 
 
 def test_a_specific_label_is_kept_and_checked() -> None:
-    from fractor.actors._parts import part_from_bytes
+    from fractor.actors._parts import generic_type, part_from_bytes
+
+    assert generic_type("Application/Octet-Stream; charset=binary")
+    assert not generic_type("application/pdf")
 
     with pytest.raises(
         ContentError, match="must be PNG or JPEG or WebP or GIF, got bytes of application/pdf"

@@ -137,6 +137,18 @@ def media() -> CallToolResult:
 
 
 @server.tool()
+def read_media_file(path: str) -> CallToolResult:
+    """A file as ``server-filesystem`` serves it: a PDF (whatever the path), labelled
+    ``application/octet-stream``, the type it gives what it does not know."""
+    served = BlobResourceContents(
+        uri=f"file://{path}",
+        mime_type="application/octet-stream",
+        blob=base64.b64encode(PDF).decode(),
+    )
+    return CallToolResult(content=[EmbeddedResource(type="resource", resource=served)])
+
+
+@server.tool()
 async def slow(steps: int, ctx: Context) -> str:
     """Reports its progress at each of its steps."""
     for step in range(1, steps + 1):

@@ -126,7 +126,8 @@ async def test_stdio_tools_through_one_shared_session(
         async with Runtime() as rt:
             tools = await mcp_tools(rt, stdio, timeout=0.3)
             assert {t.name for t in tools} == {
-                *("add", "shout", "fail", "hang", "crash", "media", "slow", "whoami")
+                *("add", "shout", "fail", "hang", "crash", "media", "slow", "whoami"),
+                "read_media_file",
             }
             add = next(t for t in tools if t.name == "add")
             assert add.spec.description == "Add two integers."
@@ -521,6 +522,38 @@ async def test_an_mcp_image_reaches_the_model_as_an_image_part(stdio: MCPServer)
         describe_part(Document(data=PDF, name="scan")),
     ]
     assert "the model takes no audio" in message.content
+
+
+async def test_a_pdf_served_as_octet_stream_reaches_the_model_as_a_document(
+    stdio: MCPServer,
+) -> None:
+    """A server that labels a PDF ``application/octet-stream`` (as ``server-filesystem``
+    does): the label says nothing, the bytes decide, and the model gets the PDF."""
+    seen: list[ToolResultMessage] = []
+
+    def model(request: ModelRequest) -> ModelResponse:
+        results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+        if not results:
+            return call("read_media_file", path="/srv/docs/report.pdf")
+        seen.extend(results)
+        return reply("read")
+
+    with anyio.fail_after(20):
+        async with Runtime() as rt:
+            tools = stdio.tools(include=["read_media_file"])
+            agent = Agent("reader", FunctionModel(model), tools=[tools])
+            result = await (await rt.spawn(agent)).ask("read the report")
+    assert result.text == "read", result.stop_reason
+    (message,) = seen
+    (document,) = message.parts
+    assert isinstance(document, Document)
+    assert (document.media_type, document.data, document.name, document.pages) == (
+        "application/pdf",
+        PDF,
+        "report.pdf",
+        2,
+    )
+    assert "dropped" not in message.content
 
 
 async def test_tools_that_need_a_task_are_not_offered(stdio: MCPServer) -> None:
