@@ -107,3 +107,31 @@ def test_readme_example_runs_as_a_script(index: int, scripts: list[subprocess.Po
     assert "Traceback" not in err, err
     assert "Exception ignored" not in err, err
     check_promises(BLOCKS[index], out.splitlines())
+
+
+#: A path of the repository the README names, in backquotes or as a picture's link.
+_PATH = re.compile(r"(?:`|\]\()((?:actors|benchmarks|runtime|tests)/[^`)\s]*)")
+
+
+def test_every_path_the_readme_names_is_in_the_repository() -> None:
+    """A file or folder the README points a reader to is one a clone has, unless the
+    README says, just before it, that a run writes it there (a benchmark's results,
+    the browser tests' screenshots: files git ignores)."""
+    root = README.parent
+    listed = subprocess.run(
+        ["git", "ls-files"], cwd=root, capture_output=True, text=True, check=False
+    )
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.strip()}")
+    tracked = set(listed.stdout.splitlines())
+    folders = {f"{folder}/" for path in tracked for folder in pathlib.PurePosixPath(path).parents}
+    text = README.read_text()
+    missing = []
+    for found in _PATH.finditer(text):
+        path = found[1]
+        if path in tracked or path.rstrip("/") + "/" in folders:
+            continue
+        said = text[max(0, found.start() - 120) : found.start()]
+        if not re.search(r"\b(writes|written|leaves)\b", said):
+            missing.append(path)
+    assert missing == [], f"the README names paths a clone does not have: {missing}"

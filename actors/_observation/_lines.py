@@ -45,8 +45,12 @@ from ._events import (
     ToolStart,
 )
 
-__all__ = ["LatestLines", "ProgressLines", "part_lines"]
+__all__ = ["WAITING", "LatestLines", "ProgressLines", "part_lines"]
 
+#: The mark before a line of something waiting (an approval, a tool's progress) and
+#: the live tree's "waiting for budget": a character every default font has (a
+#: terminal's, the web view's), unlike ⧗ (U+29D7), a box in Debian's Chromium.
+WAITING = "…"
 #: How many characters of a tool call's arguments a step line shows.
 _ARGUMENTS_SHOWN = 80
 #: How many characters of an agent's latest streamed line the tree shows.
@@ -162,9 +166,9 @@ class LatestLines:
         else:
             match detail:
                 case ApprovalAsked(tool=tool, id=request_id):
-                    self._text[key] = f"\n⧗ waiting for approval: {tool} [{request_id}]"
+                    self._text[key] = f"\n{WAITING} waiting for approval: {tool} [{request_id}]"
                 case ToolProgress(tool=tool, call_id=call_id) as progress:
-                    self._text[key] = f"\n⧗ {tool}: {_progress(progress)}"
+                    self._text[key] = f"\n{WAITING} {tool}: {_progress(progress)}"
                     self._progress[key] = call_id
                 case _ if kind not in self._KNOWN:  # as it is
                     self._text[key] = "\n" + generic_line(detail)

@@ -14,7 +14,7 @@ from rich.tree import Tree
 
 from fractor.runtime import NodeSnapshot, NodeStatus, TreeSnapshot
 
-from ._lines import LatestLines
+from ._lines import WAITING, LatestLines
 
 __all__ = ["STATUS_STYLE", "PipeConsole", "own_steps", "render_tree", "tree_order"]
 
@@ -101,7 +101,7 @@ def _label(
     status = _status(node.status, frame)
     if node.waiting and node.status == "running":
         what = "a rate limit" if node.waiting.startswith("rate limit") else "budget"
-        status = Text(f"⧗ waiting for {what}", style="bold yellow")
+        status = Text(f"{WAITING} waiting for {what}", style="bold yellow")
     label = Text.assemble((node.name, "bold"), "  ", status, "  ")
     if node.host:  # a subtree placed on another host (Runtime(hosts=...))
         label = Text.assemble((node.name, "bold"), (f" @{node.host}", "cyan"), "  ", status, "  ")

@@ -59,6 +59,35 @@ async def until(check: Callable[[], T], what: str, seconds: float = 20.0) -> T:
     raise AssertionError(f"the page never showed {what} in {seconds} s (last: {value!r})")
 
 
+#: The characters of the page's text that no font on the machine has, each with the
+#: font it is set in: drawn on a canvas in that font, such a character gives the very
+#: pixels of U+E000 (private use: no font has it), the box of a missing glyph.
+MISSING_GLYPHS = r"""(() => {
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = 48;
+  const context = canvas.getContext("2d", { willReadFrequently: true });
+  const drawn = (text, font) => {
+    context.clearRect(0, 0, 48, 48);
+    context.font = font;
+    context.fillText(text, 4, 36);
+    return context.getImageData(0, 0, 48, 48).data.join(",");
+  };
+  const missing = new Map();
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const style = getComputedStyle(node.parentElement);
+    const font = `${style.fontStyle} ${style.fontWeight} 32px ${style.fontFamily}`;
+    const box = drawn("\uE000", font);
+    for (const character of new Set(node.textContent)) {
+      if (character.trim() && drawn(character, font) === box) {
+        missing.set(`${character} U+${character.codePointAt(0).toString(16).toUpperCase()}`, font);
+      }
+    }
+  }
+  return [...missing];
+})()"""
+
+
 async def test_the_page_shows_the_tree_live_and_decides_an_approval(
     anyio_backend: str, tmp_path: pathlib.Path
 ) -> None:
@@ -105,6 +134,17 @@ async def test_the_page_shows_the_tree_live_and_decides_an_approval(
                 )
                 assert f"spent {spent} · reserved 0 · left {50_000 - spent} of 50000" in numbers
                 assert "spent 0 · reserved 0 · left 5 of 5" in numbers  # tool_calls
+                line = await until(
+                    lambda: browser.evaluate(
+                        f"document.querySelector('li.node[data-id={json.dumps(node.id)}]"
+                        " > .line')?.textContent"
+                    ),
+                    "the mailer's line",
+                )
+                assert "waiting for approval: send_email" in line
+                # Every character drawn with a glyph of a font the machine has (⧗,
+                # U+29D7, was a box in Debian's Chromium: no font of it has one).
+                assert await anyio.to_thread.run_sync(browser.evaluate, MISSING_GLYPHS) == []
                 await anyio.to_thread.run_sync(
                     browser.screenshot, screenshot_path(f"live-tree-{anyio_backend}-waiting.png")
                 )
@@ -321,6 +361,7 @@ async def test_a_stored_timeline_shows_parallel_calls_and_a_step_s_usage_on_clic
                 "[...document.querySelectorAll('#details .call .asked')].map(e => e.textContent)",
             )
             assert asked == ['slow({"x":1})', 'slow({"x":2})']
+            assert await anyio.to_thread.run_sync(browser.evaluate, MISSING_GLYPHS) == []
             path = await anyio.to_thread.run_sync(
                 browser.screenshot, screenshot_path("timeline.png")
             )
@@ -410,6 +451,7 @@ async def test_the_sweep_chart_grows_in_the_page_and_marks_its_knee(
                 browser.evaluate, "document.getElementById('bar').value"
             )
             assert done == 4 * 20
+            assert await anyio.to_thread.run_sync(browser.evaluate, MISSING_GLYPHS) == []
             path = await anyio.to_thread.run_sync(browser.screenshot, screenshot_path("sweep.png"))
             assert path.stat().st_size > 1_000
             for route in ["/", "/api/sweep"]:

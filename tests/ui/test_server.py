@@ -166,7 +166,7 @@ async def test_the_json_tree_matches_rt_tree_with_its_budget_bars() -> None:
             mailer = next(n for n in view.nodes if n.agent == "mailer")
             assert mailer.status == "running"
             assert mailer.bars == ()  # its budget is the root's, drawn from there
-            assert mailer.line == f"⧗ waiting for approval: send_email [{request.id}]"
+            assert mailer.line == f"… waiting for approval: send_email [{request.id}]"
             (approval,) = view.approvals
             assert (approval.id, approval.tool, approval.path) == (
                 request.id,

@@ -278,7 +278,7 @@ def test_a_node_waiting_for_budget_says_so_and_why() -> None:
     )
     tree = TreeSnapshot(nodes=(*snapshot(fanout=0).nodes, waiting))
     out = render(tree)
-    assert "r0  ⧗ waiting for budget  " in out
+    assert "r0  … waiting for budget  " in out
     assert why in out
     assert "lead  ⠋ running" in out  # the others run as before
 
@@ -290,7 +290,7 @@ def test_a_node_waiting_for_a_rate_limit_says_so_and_which_lane() -> None:
     )
     tree = TreeSnapshot(nodes=(*snapshot(fanout=0).nodes, waiting))
     out = render(tree)
-    assert "r0  ⧗ waiting for a rate limit  " in out
+    assert "r0  … waiting for a rate limit  " in out
     assert why in out
 
 
@@ -428,7 +428,7 @@ def test_an_approval_shows_in_the_lines_and_under_the_agent() -> None:
     assert lines.line(decided) == "[  2.00s] mailer: send_email denied: no"
     latest = LatestLines()
     latest.feed(asked)
-    assert latest.line("e") == "⧗ waiting for approval: send_email [approval-1]"
+    assert latest.line("e") == "… waiting for approval: send_email [approval-1]"
     latest.feed(decided)
     assert latest.line("e") == ""
 
@@ -473,8 +473,8 @@ def test_a_tools_progress_shows_in_the_lines_and_under_the_agent() -> None:
     latest = LatestLines()
     latest.feed(text_event("e", "calling slow"))
     latest.feed(event)
-    assert latest.line("e") == "⧗ slow: 2/4 (50%): step 2"
+    assert latest.line("e") == "… slow: 2/4 (50%): step 2"
     latest.feed(an_event("e", ToolEnd(tool="other", call_id="o1")))  # another call's end
-    assert latest.line("e") == "⧗ slow: 2/4 (50%): step 2"
+    assert latest.line("e") == "… slow: 2/4 (50%): step 2"
     latest.feed(an_event("e", ToolEnd(tool="slow", call_id="s1")))
     assert latest.line("e") == ""
