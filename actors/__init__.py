@@ -126,6 +126,7 @@ from ._tools._tool import ToolDefinitionError as ToolDefinitionError
 from ._tools._tool import tool as tool
 from ._tools._toolbox import Toolbox as Toolbox
 from ._tools._toolbox import Toolset as Toolset
+from ._tools._toolbox import ToolsUnavailable as ToolsUnavailable
 from ._version import VERSION as _VERSION
 from .cli._live import watch as watch
 from .providers import AnthropicModel as AnthropicModel
@@ -245,6 +246,7 @@ __all__ = [
     "ToolSpec",
     "ToolStart",
     "Toolbox",
+    "ToolsUnavailable",
     "Toolset",
     "Usage",
     "UserMessage",

@@ -100,7 +100,7 @@ def test_actors_surface_names() -> None:
         # placing subtrees on hosts, asked of what hosts can do
         "ChildReply", "Placement", "Placer",
         # tools known once a runtime runs (an MCP server's)
-        "Toolset",
+        "Toolset", "ToolsUnavailable",
         # the agent layer's kinds of events, one class each (and a tool's progress streamed)
         "ApprovalAsked", "ApprovalDecision", "BudgetResume", "BudgetWait", "CompactionEnd",
         "DeadlineReached", "ExecutionEnd", "ExecutionStart", "LimitReached", "ModelText",

@@ -63,6 +63,7 @@ from .._observation._events import Refused, Restart
 from .._observation._stream import withdrawn
 from .._observation._traces import TRACE_KIND, trace_from_record, trace_record
 from .._tools._approval import approvals_of
+from .._tools._toolbox import ToolsUnavailable
 from ._definition import AgentDefinition, with_toolsets
 from ._persistence import AgentState, decode_state, encode_state
 from ._ref import Decide, GetApprovals, GetConversation, GetProgress, GetTrace
@@ -123,11 +124,13 @@ class AgentActor(Actor):
         ``actors._agent._persistence``). A stored state that cannot be read fails the spawn
         with ``StoreError``: starting over would overwrite it at the next save. A cost
         limit over models with no price fails it too, before any request. The
-        agent's toolsets (``Toolset``: an MCP server's tools) are resolved first.
+        agent's toolsets (``Toolset``: an MCP server's tools) are resolved first; one
+        that cannot list its tools now (``ToolsUnavailable``) does not fail the spawn:
+        each execution lists them again first (``_unlisted``).
         """
         context = self.context
         if self.agent.toolsets:
-            self.agent = await with_toolsets(self.agent, context.runtime)
+            await self._list_tools()
         budget = context.runtime.budget
         _check_prices(self.agent, context.runtime.supervisor.prices, budget)
         for model in models_of(self.agent):  # the runtime closes them as it exits
@@ -151,11 +154,39 @@ class AgentActor(Actor):
             self.messages[:] = messages
             self.summarized = state.summarized
 
+    async def _list_tools(self) -> str:
+        """Resolve the agent's toolsets: "", or why their tools cannot be listed now
+        (they stay unresolved, and are listed again at the next execution)."""
+        try:
+            self.agent = await with_toolsets(self.agent, self.context.runtime)
+        except ToolsUnavailable as exc:
+            log.warning("tools_unavailable", agent_id=self.context.id, error=str(exc))
+            return str(exc)
+        return ""
+
+    async def _unlisted(self, task: Task) -> Result | None:
+        """Before an execution, the toolsets the spawn could not list, listed again:
+        None once they are; else the task's answer, ``failed`` with the reason (its
+        node, a parent's, closed so), kept out of the conversation."""
+        reason = await self._list_tools()
+        if not reason:
+            return None
+        if task.node:
+            supervisor = self.context.runtime.supervisor
+            supervisor.close(supervisor.get(task.node), "failed", reason)
+        return Result(
+            text=f"[failed] The task was not started: {reason}.",
+            status="failed",
+            stop_reason=reason,
+            usage=Usage(),
+            agent_id=self.context.id,
+        )
+
     def receive(self, message: Task | GetConversation | GetTrace) -> Coroutine[Any, Any, Any]:
         """Handle one message. Not a coroutine of its own: a task hands back
         ``execute``'s, one frame less for every agent a cancellation unwinds."""
         if isinstance(message, Task):
-            if message.node and not self.agent.restart.max_restarts:
+            if message.node and not self.agent.restart.max_restarts and not self.agent.toolsets:
                 return self._delegated(message).run()
             return self.execute(message)
         return self._look(message)
@@ -230,6 +261,8 @@ class AgentActor(Actor):
         return self._sections()
 
     async def execute(self, task: Task) -> Result:
+        if self.agent.toolsets and (unlisted := await self._unlisted(task)) is not None:
+            return unlisted
         agent = self.agent
         context = self.context
         supervisor = context.runtime.supervisor

@@ -4,13 +4,17 @@ tool (an unknown name is an error result the model reads, never an exception).
 ``Toolset``: tools known only once a runtime runs (an MCP server's, say), listed in
 an agent's ``tools`` next to its own; the agent's actor resolves them when it is
 spawned, once per runtime and definition (``AgentActor.on_start``, with
-``actors._agent._definition.with_toolsets``).
+``actors._agent._definition.with_toolsets``). A toolset that cannot list its tools
+now raises ``ToolsUnavailable``: the spawn goes on, and each execution lists them
+again first, failing with the reason while they still cannot be.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from fractor.runtime import FractorError
 
 from .._messages import ToolCall, ToolOutcome, ToolSpec
 from ._tool import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError, tool, truncate
@@ -19,7 +23,14 @@ if TYPE_CHECKING:
     from fractor.runtime import Runtime
 
 
-__all__ = ["Toolbox", "Toolset", "is_toolset"]
+__all__ = ["Toolbox", "ToolsUnavailable", "Toolset", "is_toolset"]
+
+
+class ToolsUnavailable(FractorError, ConnectionError):
+    """A ``Toolset`` cannot list its tools now (its server cannot be reached, is gone,
+    or answered an error): says which toolset, and why. Not a mistake of the
+    definition: an agent spawned with it starts, and its executions fail saying so
+    until the tools can be listed."""
 
 
 @runtime_checkable

@@ -44,7 +44,12 @@ is connected again (a stdio server started again) for the calls after it: at mos
 ``RECONNECTS`` times within ``RECONNECT_WINDOW`` seconds, each attempt after a short
 backoff; past that, every later call says the server is gone, and why. The call that
 saw it go is not sent again (it may have done part of its work): its result says so,
-and the model decides.
+and the model decides. An HTTP server that answers 404 for the session no longer
+knows it (it restarted, or ended it) and did not handle the request: a new session
+is started at once, and the request sent again on it (once). Tools that cannot be
+listed raise ``ToolsUnavailable`` naming the server and why: an agent whose
+``MCPToolset`` raises it is spawned all the same, and fails each execution saying
+so until the tools can be listed (``AgentActor``).
 
 The tools are bound to the runtime that listed them: build the agent inside the
 runtime block. They cannot be shipped to another host.
@@ -56,13 +61,15 @@ import base64
 import binascii
 import posixpath
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from time import perf_counter
 from typing import Any, Literal
 
 import anyio
+import httpx2
 import msgspec
 import pydantic
 import structlog
@@ -74,7 +81,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 
-from fractor.runtime import Runtime
+from fractor.runtime import FractorError, Runtime
 
 from .._execution._calling import ProgressReporter, progress_reporter
 from .._messages import ToolCall, ToolOutcome, ToolSpec, exception_text
@@ -91,6 +98,7 @@ from .._parts import (
     sniff,
 )
 from .._tools._tool import DEFAULT_MAX_RESULT_CHARS, Tool, ToolDefinitionError
+from .._tools._toolbox import ToolsUnavailable
 from .._version import VERSION
 
 __all__ = ["MCPServer", "MCPTool", "MCPToolset", "mcp_tools"]
@@ -195,8 +203,14 @@ class MCPServer:
         )
 
     @asynccontextmanager
-    async def connect(self) -> AsyncIterator[ClientSession]:
-        """A session with this server, initialized (the server started, for stdio)."""
+    async def connect(
+        self, *, on_expired: Callable[[], None] | None = None
+    ) -> AsyncIterator[ClientSession]:
+        """A session with this server, initialized (the server started, for stdio).
+
+        ``on_expired`` is called when an HTTP server answers a request of the session
+        with 404: it no longer knows the session (it restarted, or ended it), and did
+        not handle the request; the spec's answer is a new session."""
         async with AsyncExitStack() as stack:
             if self.transport == "stdio":
                 parameters = StdioServerParameters(
@@ -204,13 +218,33 @@ class MCPServer:
                 )
                 read, write = await stack.enter_async_context(stdio_client(parameters))
             else:
-                read, write = await stack.enter_async_context(streamable_http_client(self.url))
+                hooks: list[Callable[..., Any]] = []
+                if on_expired is not None:
+                    hooks.append(partial(_expired_hook, on_expired))
+                client = await stack.enter_async_context(
+                    httpx2.AsyncClient(timeout=_HTTP_TIMEOUT, event_hooks={"response": hooks})
+                )
+                read, write = await stack.enter_async_context(
+                    streamable_http_client(self.url, http_client=client)
+                )
             session = await stack.enter_async_context(
                 ClientSession(read, write, client_info=CLIENT_INFO)
             )
             with anyio.fail_after(CONNECT_TIMEOUT):
                 await session.initialize()
             yield session
+
+
+#: The SDK's own timeouts for its HTTP client: 30 s, and 300 s to read (a server may
+#: hold a stream open).
+_HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+_SESSION_HEADER = "mcp-session-id"
+
+
+async def _expired_hook(on_expired: Callable[[], None], response: httpx2.Response) -> None:
+    """A 404 to a request that named a session: the server does not know it any more."""
+    if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
+        on_expired()
 
 
 class _Link:
@@ -232,9 +266,14 @@ class _Link:
         self.gone = ""
         #: Set when the runtime closes the link: ``_keep`` ends its session, and stops.
         self.closing = False
+        #: The last session the server answered 404 (it no longer knows it): a request
+        #: of it that failed so was not handled, and is sent again on the next session.
+        self.expired: ClientSession | None = None
         self._lost = anyio.Event()
         self._changed = anyio.Event()
         self._reconnects: list[float] = []
+        #: Counts connections: a 404 noted by an earlier one says nothing of this one.
+        self._epoch = 0
 
     @classmethod
     @asynccontextmanager
@@ -257,15 +296,23 @@ class _Link:
         delay = RECONNECT_DELAY
         why = ""
         while True:
+            self._epoch += 1
+            at_once = False
             try:
-                async with self.server.connect() as session:
+                expired = partial(self._expire, self._epoch)
+                async with self.server.connect(on_expired=expired) as session:
                     self._up(session)
                     if first:
                         task_status.started()
                         first = False
                     delay = RECONNECT_DELAY
                     await self._lost.wait()
-                    why = "its connection closed"
+                    self._epoch += 1  # the 404 its DELETE may get is no news
+                    if self.expired is session:  # the server is there: no backoff
+                        at_once = True
+                        why = "it no longer knew the session (HTTP 404)"
+                    else:
+                        why = "its connection closed"
             except Exception as exc:  # connecting failed, or the dead session's exit did
                 if first:
                     raise
@@ -283,9 +330,17 @@ class _Link:
                 self._notify()
                 return
             self._reconnects.append(now)
-            await anyio.sleep(delay)
-            delay *= 2
+            if not at_once:
+                await anyio.sleep(delay)
+                delay *= 2
             why = ""
+
+    def _expire(self, epoch: int) -> None:
+        """The server answered 404 to a request of connection ``epoch``'s session."""
+        session = self.session
+        if epoch == self._epoch and session is not None:
+            self.expired = session
+            self.lost(session)
 
     def _up(self, session: ClientSession) -> None:
         self.session = session
@@ -417,17 +472,34 @@ class MCPTool(Tool[..., Any]):
             )
         link = self.link
         session = None
+        resent = False
         progress = _Progress(progress_reporter())
         try:
             with anyio.move_on_after(self.timeout) as scope:
-                session = await link.current()
-                if session is None:
-                    text = f"tool {self.name!r} failed: the MCP server {self.server} is gone: "
-                    return self._finish(call, text + link.gone, 0, start)
-                result = await session.call_tool(
-                    self.remote_name, arguments, progress_callback=progress
-                )
+                while True:
+                    session = await link.current()
+                    if session is None:
+                        text = f"tool {self.name!r} failed: the MCP server {self.server} is gone: "
+                        return self._finish(call, text + link.gone, 0, start)
+                    try:
+                        result = await session.call_tool(
+                            self.remote_name, arguments, progress_callback=progress
+                        )
+                        break
+                    except MCPError:
+                        # A session the server no longer knows: the call was not handled,
+                        # and goes again on a new session (once).
+                        if link.expired is not session or resent:
+                            raise
+                        resent = True
         except MCPError as exc:
+            if link.expired is session and session is not None:
+                text = (
+                    f"tool {self.name!r} failed: the MCP server {self.server} did not know "
+                    "the session, a new one either (HTTP 404), and did not handle the call; "
+                    "it is connected again for later calls"
+                )
+                return self._finish(call, text, 0, start)
             if exc.error.code == CONNECTION_CLOSED and session is not None:
                 link.lost(session)
                 text = (
@@ -611,6 +683,44 @@ def _decoded_size(data: str) -> int:
     return len(data.rstrip("=")) * 3 // 4
 
 
+async def _listed(link: _Link) -> list[types.Tool]:
+    """Every tool the server lists, page by page. A session the server no longer
+    knows (HTTP 404) is replaced, and the listing starts again on the new one, once."""
+    resent = False
+    while True:
+        session = await link.current()
+        if session is None:
+            raise ToolsUnavailable(
+                f"cannot list the tools of the MCP server {link.server}: it is gone: {link.gone}"
+            )
+        listed: list[types.Tool] = []
+        cursor: str | None = None
+        try:
+            while True:
+                params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                page = await session.list_tools(params=params)
+                listed.extend(page.tools)
+                cursor = page.next_cursor
+                if not cursor:
+                    return listed
+        except MCPError as exc:
+            if exc.error.code == CONNECTION_CLOSED:
+                link.lost(session)  # connected again for whoever lists or calls next
+            if link.expired is not session or resent:
+                raise
+            resent = True
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    """The errors an exception group holds, however nested (the error itself if not
+    a group): what the SDK's task groups wrap a failed connection in."""
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
+
+
 async def mcp_tools(
     runtime: Runtime,
     server: MCPServer,
@@ -628,25 +738,31 @@ async def mcp_tools(
     have is an error naming those it has); ``prefix`` goes before every name the model
     sees; ``timeout`` bounds each call, in seconds; ``max_result_chars`` caps a
     result's text; ``content_limits`` bounds its images and documents (by default
-    ``ContentLimits()``: 20 MB a part, 50 MB a result).
+    ``ContentLimits()``: 20 MB a part, 50 MB a result). A server that cannot be
+    reached, is gone, or answers the listing with an error (or not within
+    ``CONNECT_TIMEOUT``) raises ``ToolsUnavailable``.
     """
     if not isinstance(server, MCPServer):
         raise TypeError(f"server is an MCPServer, got {type(server).__qualname__}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
-    link: _Link = await runtime.enter((MCPServer, server), lambda: _Link.open(server))
-    session = await link.current()
-    if session is None:
-        raise ConnectionError(f"the MCP server {server} is gone: {link.gone}")
-    listed: list[types.Tool] = []
-    cursor: str | None = None
-    while True:
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        page = await session.list_tools(params=params)
-        listed.extend(page.tools)
-        cursor = page.next_cursor
-        if not cursor:
-            break
+    unlisted = f"cannot list the tools of the MCP server {server}"
+    try:
+        link: _Link = await runtime.enter((MCPServer, server), lambda: _Link.open(server))
+    except Exception as exc:  # RuntimeClosed is the caller's mistake, not the server's
+        if isinstance(exc, FractorError):
+            raise
+        why = "; ".join(exception_text(leaf) for leaf in _leaves(exc))
+        raise ToolsUnavailable(f"{unlisted}: connecting failed ({why})") from exc
+    try:
+        with anyio.fail_after(CONNECT_TIMEOUT):
+            listed = await _listed(link)
+    except TimeoutError as exc:
+        raise ToolsUnavailable(f"{unlisted}: no answer within {CONNECT_TIMEOUT:g} s") from exc
+    except (MCPError, pydantic.ValidationError, OSError) as exc:
+        if isinstance(exc, ToolsUnavailable):
+            raise
+        raise ToolsUnavailable(f"{unlisted}: {exception_text(exc)}") from exc
     task_only = [t.name for t in listed if t.execution and t.execution.task_support == "required"]
     if include is not None:
         wanted = [include] if isinstance(include, str) else list(include)

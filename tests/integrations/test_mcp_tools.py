@@ -30,6 +30,7 @@ from fractor.actors import (
     ToolCall,
     ToolProgress,
     ToolResultMessage,
+    UserMessage,
     call,
     calls,
     describe_part,
@@ -636,3 +637,91 @@ async def test_closing_the_runtime_ends_the_http_session(tmp_path: pathlib.Path)
 
 def _lines(path: pathlib.Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@SDK_HTTP_TRIO_LEAK
+async def test_an_http_server_restarted_between_two_calls_gets_a_new_session() -> None:
+    """Stopped and started again on the same port with no call between: the next call
+    is answered 404 for the old session, which means a new session (the spec): the
+    call goes again on it and succeeds, and so does listing the tools at a spawn."""
+    port = _free_port()
+    server = MCPServer.http(f"http://127.0.0.1:{port}/mcp")
+    with anyio.fail_after(60):
+        process = await _serve_http(port)
+        try:
+            async with Runtime() as rt:
+                (add,) = await mcp_tools(rt, server, include=["add"])
+                first = await add.invoke(ToolCall(id="1", name="add", arguments='{"a": 1, "b": 2}'))
+                process.kill()
+                await process.wait()
+                process = await _serve_http(port)
+                again = await add.invoke(ToolCall(id="2", name="add", arguments='{"a": 2, "b": 2}'))
+                later = await add.invoke(ToolCall(id="3", name="add", arguments='{"a": 3, "b": 2}'))
+                process.kill()
+                await process.wait()
+                process = await _serve_http(port)
+                agent = Agent(
+                    "shouter",
+                    ScriptedModel([call("shout", {"text": "hi"}), reply("done")]),
+                    tools=[server.tools(include=["shout"])],
+                )
+                ref = await rt.spawn(agent)
+                result = await ref.ask("go")
+                (trace,) = await ref.trace()
+        finally:
+            process.kill()
+            await process.wait()
+    assert (first.content, first.is_error) == ("3", False)
+    assert (again.content, again.is_error) == ("4", False)
+    assert (later.content, later.is_error) == ("5", False)
+    assert result.ok, result.stop_reason
+    assert trace.steps[0].outcomes[0].content == "HI"
+
+
+@SDK_HTTP_TRIO_LEAK
+async def test_tools_that_cannot_be_listed_fail_the_ask_not_the_spawn() -> None:
+    """A server not there when the agent is spawned: the spawn succeeds, the ask is
+    ``failed`` naming the server and why, out of the conversation; a subagent's call
+    is an error result its parent's model reads; once the server is up, the next ask
+    lists the tools and runs."""
+    port = _free_port()
+    server = MCPServer.http(f"http://127.0.0.1:{port}/mcp")
+    shouter = Agent(
+        "shouter",
+        ScriptedModel([call("shout", {"text": "hi"}), reply("done")]),
+        tools=[server.tools(include=["shout"])],
+    )
+    lead = Agent(
+        "lead",
+        ScriptedModel([call("shouter", task="shout"), reply("the shouter failed")]),
+        subagents=[shouter],
+    )
+    with anyio.fail_after(60):
+        async with Runtime() as rt:
+            ref = await rt.spawn(shouter)
+            failed = await ref.ask("go")
+            led = await (await rt.spawn(lead)).ask("go")
+            process = await _serve_http(port)
+            try:
+                result = await ref.ask("go again")
+                conversation = await ref.conversation()
+            finally:
+                process.kill()
+                await process.wait()
+    assert failed.status == "failed"
+    assert failed.stop_reason.startswith(
+        f"cannot list the tools of the MCP server {server}: connecting failed (ConnectError"
+    )
+    assert led.ok
+    outcome = lead.model.requests[1].messages[-1]  # type: ignore[attr-defined]
+    assert isinstance(outcome, ToolResultMessage)
+    assert outcome.is_error
+    assert f"cannot list the tools of the MCP server {server}" in outcome.content
+    assert result.ok, result.stop_reason
+    assert [m.content for m in conversation.messages if isinstance(m, UserMessage)] == ["go again"]
