@@ -7,10 +7,14 @@ model of the chain; it goes to the next one when the one before cannot answer it
   larger than its rate limit allows at all ("too_large"), or carries an image or a
   document that model does not take ("content": a text-only endpoint): at once;
 - its server failed or was unreachable, after that model's retries (the agent's
-  ``RetryPolicy``): a server error, a timeout, a lost connection;
-- its rate limit would make it wait longer than ``max_wait`` seconds (a 429's
-  Retry-After, or the pause of the model's lane in the runtime) or than the
-  execution's deadline leaves.
+  ``RetryPolicy``): a server error, a timeout (a stream that stalls past it too), a
+  connection refused or lost, a stream that broke off part-way, an answer that is
+  not the wire format's (a 200 with an HTML page);
+- its rate limit would make it wait longer than ``max_wait`` seconds or than the
+  execution's deadline leaves: what the server asked (a 429's Retry-After, or the
+  reset of a count its headers say is spent), the pause of the model's lane, or the
+  limits declared for it (``Runtime(rate_limits=...)``: a window that has no room
+  for the request before then, or a concurrency that frees no slot in time).
 
 Anything else (a rejected request, a bad key, a budget that is spent) is the
 answer, as with one model. Each attempt is its own request for the supervisor: its
@@ -36,7 +40,18 @@ __all__ = ["FALLBACK_KINDS", "FallbackModel", "falls_back"]
 #: The kinds of provider errors (``ProviderError.kind``) that go to the next model of
 #: the chain at once, and those that go there once the model's retries are spent.
 FALLBACK_KINDS = frozenset({"context_length", "too_large", "content"})
-_AFTER_RETRIES = frozenset({"server", "busy", "rate_limited", "timeout", "connection"})
+_AFTER_RETRIES = frozenset(
+    {
+        "server",
+        "busy",
+        "rate_limited",
+        "timeout",
+        "unreachable",
+        "connection",
+        "broken",
+        "malformed",
+    }
+)
 
 
 class FallbackModel:

@@ -48,9 +48,13 @@ from ._estimates import estimate_output_tokens
 __all__ = ["AnthropicStreamReader"]
 
 #: The types of a stream's ``error`` event worth sending the request again for.
-_RETRYABLE_ERRORS = frozenset(
-    {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
-)
+#: The error events of a stream that may pass, each with its ``ProviderError.kind``.
+_RETRYABLE_ERRORS = {
+    "overloaded_error": "busy",
+    "api_error": "server",
+    "rate_limit_error": "rate_limited",
+    "timeout_error": "timeout",
+}
 _json_encoder = msgspec.json.Encoder()
 
 
@@ -310,6 +314,7 @@ class AnthropicStreamReader:
             ),
             model=self._model.model,
             retryable=retryable,
+            kind=_RETRYABLE_ERRORS.get(kind, "rejected"),
         ).spent(self.usage())
 
     def response(self, status: int) -> ModelResponse:

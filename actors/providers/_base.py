@@ -528,6 +528,7 @@ class ProviderModel:
             model=self._model,
             status=status,
             retryable=True,
+            kind="broken",
         )
 
     def malformed(self, status: int, detail: str) -> ProviderError:

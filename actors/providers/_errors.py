@@ -29,7 +29,7 @@ import msgspec
 from fractor.runtime import FractorError
 
 from .._messages import ServerLimits, Usage
-from ._ratelimits import retry_after_in, server_limits
+from ._ratelimits import retry_after_in, server_limits, spent_until
 
 __all__ = [
     "REDACTED",
@@ -87,9 +87,13 @@ class ProviderError(FractorError):
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
-        #: What kind of failure it is, when the status said (``KINDS``): what a
-        #: model that falls back to another reads ("context_length", "too_large",
-        #: "rate_limited", "server", ...); "" when not known.
+        #: What kind of failure it is: what a model that falls back to another
+        #: reads. From the status: "context_length", "too_large", "rate_limited",
+        #: "busy", "server", "auth", "not_found", "quota", "rejected"; without one
+        #: or past it: "unreachable" (no connection was made: nothing was sent),
+        #: "connection" (the connection was lost), "timeout", "broken" (a stream
+        #: that broke off), "malformed" (an answer that is not the wire format's),
+        #: "content" (a part the endpoint does not take); "" when not known.
         self.kind = kind
         self.what = shown
         self.advice = advice
@@ -201,13 +205,20 @@ def status_error(
     base_url: str,
 ) -> ProviderError:
     """The ``ProviderError`` for an HTTP error status, classified for ``RetryPolicy``,
-    with what its headers said of the rate limits (``limits``; an OpenAI 429's
-    "Please try again in 644ms." is its ``retry_after`` when no header said one)."""
+    with what its headers said of the rate limits (``limits``). A 429's
+    ``retry_after`` is its ``retry-after`` header, else the wait its message asks for
+    (OpenAI's "Please try again in 644ms."), else the reset of a count its headers say
+    nothing is left of (``x-ratelimit-remaining-requests: 0``)."""
     message, code = _error_fields(body)
     said = f"{code}: {message}" if code and message else message or code
     limits = server_limits(headers) if headers else None
     if status == 429 and (limits is None or limits.retry_after is None):
+        # No retry-after header: the wait its message asks for, or else the reset of
+        # the count its headers say is spent (a server that says when to come back is
+        # waited for, in whichever way it says it).
         asked = retry_after_in(message)
+        if asked is None and limits is not None:
+            asked = spent_until(limits)
         if asked is not None:
             limits = (
                 ServerLimits(retry_after=asked)
@@ -326,13 +337,14 @@ def translate_sdk_error(
             key_hint=key_hint,
             base_url=base_url,
         )
-    if isinstance(exc, sdk.APITimeoutError):
-        return timed_out(provider, model, timeout)
     if isinstance(exc, sdk.APIConnectionError):
         cause = exc.__cause__ or exc
+        unsent = _unsent(cause)
+        if isinstance(exc, sdk.APITimeoutError) and not unsent:
+            return timed_out(provider, model, timeout)
         return ProviderError(
             provider,
-            f"could not reach {base_url}",
+            f"could not reach {base_url}" if unsent else f"lost the connection to {base_url}",
             detail=f"{type(cause).__name__}: {cause}",
             advice=(
                 "retryable (the agent's RetryPolicy decides how often); check the base "
@@ -340,10 +352,24 @@ def translate_sdk_error(
             ),
             model=model,
             retryable=True,
+            kind="unreachable" if unsent else "connection",
         )
     if isinstance(exc, sdk.APIResponseValidationError):
         return malformed(provider, model, error.status_code, str(exc))
     return None
+
+
+#: The transport's exceptions (httpx's) for a connection that was never made: a
+#: refused connection, a name that does not resolve, a connect that timed out.
+_NOT_CONNECTED = frozenset({"ConnectError", "ConnectTimeout"})
+
+
+def _unsent(cause: BaseException) -> bool:
+    """Whether a transport's exception says no connection was made, so the request
+    never reached a server (nothing sent, nothing billed)."""
+    if isinstance(cause, ConnectionRefusedError):
+        return True
+    return any(cls.__name__ in _NOT_CONNECTED for cls in type(cause).__mro__)
 
 
 def timed_out(
@@ -364,6 +390,7 @@ def timed_out(
         model=model,
         status=status,
         retryable=True,
+        kind="timeout",
     )
 
 
@@ -380,4 +407,5 @@ def malformed(provider: str, model: str, status: int | None, detail: str) -> Pro
         model=model,
         status=status,
         retryable=True,
+        kind="malformed",
     )

@@ -303,6 +303,7 @@ class OpenAIStreamReader:
             ),
             model=self._model.model,
             retryable=not refused,
+            kind="rejected" if refused else "server",
         )
 
     def response(self, status: int) -> ModelResponse:

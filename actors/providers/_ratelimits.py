@@ -17,7 +17,8 @@ read:
 Every header is optional and may be nonsense (Azure sends ``-1`` and ``0``): a value
 that does not read, or is negative, is left out field by field; nothing here raises.
 ``retry_after_in`` reads the wait an OpenAI 429's message asks for ("Please try again
-in 644ms."), used when no header said one.
+in 644ms."), used when no header said one; ``spent_until``, the reset of a count the
+headers say nothing is left of (a 429 that says when to come back that way only).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from .._messages import ServerLimits
 
-__all__ = ["parse_duration", "retry_after_in", "server_limits"]
+__all__ = ["parse_duration", "retry_after_in", "server_limits", "spent_until"]
 
 #: Header name -> (``ServerLimits`` field, how its value reads).
 _COUNT, _DURATION, _TIMESTAMP = 0, 1, 2
@@ -159,3 +160,25 @@ def server_limits(headers: Mapping[str, str], *, now: float | None = None) -> Se
         if seconds is not None:
             fields["retry_after"] = seconds
     return ServerLimits(**fields) if fields else None
+
+
+#: Each count of ``ServerLimits``: (what is left of it, the seconds until it resets).
+_COUNTS = tuple(
+    (f"{count}_remaining", f"{count}_reset")
+    for count in ("requests", "tokens", "input_tokens", "output_tokens")
+)
+
+
+def spent_until(limits: ServerLimits) -> float | None:
+    """The seconds until every count that ``limits`` say nothing is left of has reset
+    (``x-ratelimit-remaining-requests: 0`` with ``x-ratelimit-reset-requests: 1.5s``,
+    or Anthropic's ``anthropic-ratelimit-*-remaining`` and ``-reset``): when a server
+    that refused a request without a ``retry-after`` would take the next one. None
+    when no count is spent, or none that is says when it resets."""
+    until: float | None = None
+    for remaining, reset in _COUNTS:
+        left = getattr(limits, remaining)
+        seconds = getattr(limits, reset)
+        if left is not None and left <= 0 and seconds is not None:
+            until = seconds if until is None else max(until, seconds)
+    return until

@@ -29,7 +29,7 @@ from fractor.actors import (
 from fractor.actors._models._protocol import Turn
 from fractor.runtime import Budget, Event, Price, RateLimit, Runtime
 
-from .loopback import LoopbackServer, json_reply
+from .loopback import LoopbackServer, json_reply, sse_reply, text_reply
 
 PRICES = {
     "primary": Price(input_per_million=10_000, output_per_million=30_000),
@@ -212,7 +212,7 @@ def test_a_chain_needs_two_models_that_answer_themselves() -> None:
 
 async def test_a_cost_budget_over_a_chain_reads_each_links_price() -> None:
     # Issue 40: the price was looked up under the chain's name ("primary | fallback").
-    primary, calls = failing(server_error(), times=1)
+    primary, _calls = failing(server_error(), times=1)
     agent = Agent("a", FallbackModel(primary, answering()))
     async with Runtime(prices=PRICES) as rt:
         with anyio.fail_after(10):
@@ -225,3 +225,60 @@ async def test_a_cost_budget_over_a_chain_reads_each_links_price() -> None:
         ref = await rt.spawn(unpriced)
         with pytest.raises(ValueError, match=r"no price is known for model 'unpriced'"):
             await ref.ask("Go.", budget=Budget(cost=1.0))
+
+
+# -- a primary whose server cannot answer, past the status line (issue 40) ------------------
+
+
+def _chunk(text: str) -> dict[str, object]:
+    """A chunk of an OpenAI chat completion stream carrying ``text``."""
+    choices = [{"index": 0, "delta": {"content": text}, "finish_reason": None}]
+    return {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": choices}
+
+
+def _primary(server: LoopbackServer, **options: object) -> OpenAIModel:
+    return OpenAIModel(
+        "small",
+        base_url=f"{server.url}/v1",
+        api_key="sk-test",
+        timeout=options.pop("timeout", 5.0),  # type: ignore[arg-type]
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def test_a_stream_that_breaks_off_falls_back_after_its_retries(
+    server: LoopbackServer,
+) -> None:
+    cut = sse_reply([_chunk("The first "), _chunk("try")], complete=False)
+    server.queue(cut, cut)
+    primary = _primary(server)
+    async with primary:
+        (result, trace), events = await ask(FallbackModel(primary, answering("large")), retries=1)
+    assert (result.status, result.text) == ("completed", "from the fallback"), result.stop_reason
+    assert len(server.requests) == 2  # its first try and its one retry
+    assert trace.steps[-1].model == "large"
+    ends = [e.detail for e in events if isinstance(e.detail, RequestEnd)]
+    assert [end.model for end in ends] == ["openai:small", "openai:small", "large"]
+
+
+async def test_a_stream_that_stalls_past_its_timeout_falls_back(server: LoopbackServer) -> None:
+    server.queue(sse_reply([_chunk("Thinking")], hang=30))
+    primary = _primary(server, timeout=0.5)
+    async with primary:
+        (result, trace), _ = await ask(FallbackModel(primary, answering("large")), retries=0)
+    assert (result.status, result.text) == ("completed", "from the fallback"), result.stop_reason
+    assert len(server.requests) == 1
+    assert trace.steps[-1].model == "large"
+
+
+async def test_an_answer_that_is_not_json_falls_back_after_its_retries(
+    server: LoopbackServer,
+) -> None:
+    page = text_reply("<html><body>Welcome to nginx!</body></html>", content_type="text/html")
+    server.queue(page, page)
+    primary = _primary(server, stream=False)
+    async with primary:
+        (result, trace), _ = await ask(FallbackModel(primary, answering("large")), retries=1)
+    assert (result.status, result.text) == ("completed", "from the fallback"), result.stop_reason
+    assert len(server.requests) == 2
+    assert trace.steps[-1].model == "large"

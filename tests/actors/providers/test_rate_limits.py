@@ -17,6 +17,7 @@ limits) and replies tiny.
 from __future__ import annotations
 
 import bisect
+import datetime
 import math
 import time
 from typing import Any
@@ -42,7 +43,15 @@ from fractor.runtime import Budget, RateLimit, Runtime
 from ..loopback import LoopbackServer, json_reply
 from . import bucket_server
 from .bucket_server import Arrival, BucketServer
-from .wires import OPENAI, Provider, Wire, completion, openai_error, openai_model
+from .wires import (
+    OPENAI,
+    Provider,
+    Wire,
+    anthropic_error,
+    completion,
+    openai_error,
+    openai_model,
+)
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -316,6 +325,42 @@ async def test_a_429_asking_to_try_again_in_0ms_waits_in_line_not_one_of_the_ret
             async with model, Runtime() as rt:
                 ref = await rt.spawn(Agent("one", model))
                 result = await ref.ask("Say ok.")
+                statistics = rt.statistics()
+        sent = len(server.requests)
+    assert result.ok, result.stop_reason
+    assert result.text == "ok"
+    assert sent == 2
+    assert result.usage.requests == 1  # the refusal was not counted
+    assert statistics.rate_refused == 1
+
+
+def _spent_count(wire: Wire) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """A 429 whose only word on when to come back is a count with nothing left and
+    its reset (no retry-after, no "try again in" in its message)."""
+    if wire.provider == "openai":
+        body = openai_error("Rate limit reached for requests", "rate_limit_exceeded")
+        return body, [
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "200ms"),
+        ]
+    reset = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=0.5)
+    return anthropic_error("rate_limit_error", "Rate limited"), [
+        ("anthropic-ratelimit-requests-remaining", "0"),
+        ("anthropic-ratelimit-requests-reset", reset.isoformat()),
+    ]
+
+
+async def test_a_429_saying_when_a_spent_count_resets_is_waited_for(wire: Wire) -> None:
+    # Issue 40: a 429 with no retry-after but x-ratelimit-remaining-requests: 0 and a
+    # reset (or Anthropic's anthropic-ratelimit-requests-*) failed an agent with no
+    # retries at once, where the same 429 with retry-after waited and succeeded.
+    body, headers = _spent_count(wire)
+    with LoopbackServer() as server:
+        server.queue(json_reply(body, status=429, headers=headers), json_reply(wire.reply("ok")))
+        model = wire.model(server, stream=False)
+        with anyio.fail_after(10):
+            async with model, Runtime() as rt:
+                result = await (await rt.spawn(Agent("one", model))).ask("Say ok.")
                 statistics = rt.statistics()
         sent = len(server.requests)
     assert result.ok, result.stop_reason
