@@ -132,12 +132,17 @@ async def _named(sending: Awaitable[ModelResponse], model: Model) -> ModelRespon
 
 
 class _Paused(Exception):
-    """A model's lane is paused longer than a fallback chain waits: the next one."""
+    """A model's rate limit would make a request wait longer than its fallback chain
+    waits (or than the deadline leaves): the next model is asked."""
 
     kind = "rate_limited"
 
-    def __init__(self, lane: str, seconds: float) -> None:
-        super().__init__(f"the rate limit of {lane} is paused {seconds:.3g} s")
+    def __init__(self, why: str, patience: float, seconds: float | None = None) -> None:
+        waits = f"the {max(patience, 0.0):.3g} s the fallback chain waits"
+        if seconds is None:
+            super().__init__(f"{why}: no room within {waits}")
+        else:
+            super().__init__(f"{why}: it would wait {seconds:.3g} s, longer than {waits}")
 
 
 async def _send(
@@ -154,8 +159,9 @@ async def _send(
 
     Every attempt is charged (``recorder.charged`` adds them up): a failed one what
     the error reported or its input estimate, a cancelled one its input estimate.
-    A reply cut at a cap that the budget's sharing set (not the request's own) is
-    asked again with room for at least twice as much, waiting for it if needed;
+    A reply cut at a cap that the budget set (its sharing, or the default reserved
+    for a request that names no cap: ``Reservation.again``), not the request's own,
+    is asked again with room for at least twice as much, waiting for it if needed;
     if the settled usage has no room for that, the budget is spent and says so.
 
     ``once``: one attempt and no more, for optional work (a summarization, sent only
@@ -186,13 +192,11 @@ async def _send(
     # the deadline leaves) for its rate limit: past that, the next one is asked.
     falling = wait is None or wait != math.inf
     while True:
-        if falling:
-            paused = lane.paused_until - supervisor.now()
-            if paused > 0 and paused > _patience(wait, node.deadline - supervisor.now()):
-                raise _Paused(name, paused)
         admitted = _try_admit(supervisor, rates, node, lane, estimate, wanted, name, at_least)
         if isinstance(admitted, str):  # the lane or the budget has no room now: wait
-            admitted = await _admit(recorder, lane, estimate, wanted, name, at_least, admitted)
+            admitted = await _admit(
+                recorder, lane, estimate, wanted, name, at_least, admitted, wait
+            )
         reservation, taken = admitted
         sent = request
         if reservation.max_tokens != wanted:
@@ -240,10 +244,15 @@ async def _send(
         except Exception as exc:
             error = exc
             used = call.used if call is not None else None
-            if _refused(exc) and used is None:
-                # The server refused it (a rate limit): not billed, not counted; the
-                # lane pauses as the server asked, for every request of the model.
-                rates.refused(taken, retry_after(exc) or None)
+            refused = _refused(exc)
+            if used is None and (refused or _unsent(exc)):
+                # The server refused it (a rate limit), or it never reached a server
+                # (no connection was made): not billed, not counted. A refusal pauses
+                # the lane as the server asked, for every request of the model.
+                if refused:
+                    rates.refused(taken, retry_after(exc) or None)
+                else:
+                    rates.refund(taken)
                 if rates.count_refused:  # an attempt, if the user counts them
                     _charge(recorder, reservation, _ATTEMPT, name, lazy)
                 else:
@@ -282,17 +291,25 @@ async def _send(
             else:
                 spent = recorder.charged
                 recorder.charged = charged if spent is EMPTY_USAGE else spent + charged
-                if once or response.finish_reason != "length" or reservation.limited_by is None:
+                if once or response.finish_reason != "length":
                     return response
-                # Cut by the budget's sharing, not by its own cap: ask again.
-                at_least = min(reservation.wanted, 2 * reservation.output)
+                # Cut by the budget (its sharing, or the default reserved for a request
+                # that names no cap), not by its own cap: ask again with more room.
+                grown = reservation.again(response.usage.output_tokens, wanted is not None)
+                if grown is None:
+                    return response
+                at_least = grown
                 if recorder.observed:
+                    why = (
+                        "by the budget shared with requests in flight"
+                        if reservation.limited_by is not None
+                        else "reserved for a request that names no max_tokens"
+                    )
                     recorder.emit(
                         Retry(
                             attempt=attempt + 1,
-                            error=f"reply cut at {reservation.output} tokens by the budget "
-                            f"shared with requests in flight; asking again with room for "
-                            f"{at_least}",
+                            error=f"reply cut at {reservation.output} tokens {why}; "
+                            f"asking again with room for {at_least}",
                             delay=0.0,
                         )
                     )
@@ -534,20 +551,25 @@ async def _admit(
     model: str,
     at_least: int | None,
     blocked: Literal["lane", "budget"],
+    wait: float | None = math.inf,
 ) -> tuple[Reservation, Pass]:
     """Room for one request in its model's rate limits, then in the budget: waiting
     for either, and never holding budget while it waits for the rate limit (a
     request that must wait for budget gives its place in the lane back, and takes
     one again once it has the budget, or lets the budget go and waits in line).
     ``blocked``: what ``_try_admit`` found without room (nothing held), where the
-    wait begins."""
+    wait begins. ``wait``: how long a model of a fallback chain waits for its rate
+    limit (``_patience``; inf: as long as it takes), past which ``_Paused``."""
     supervisor = recorder.supervisor
     rates = supervisor.rates
     node = recorder.node
     output = wanted if wanted is not None else supervisor.default_max_tokens
     while True:
         if blocked == "lane":
-            taken = await wait_for_rate(recorder, lane, estimate, output)
+            if wait is None or wait != math.inf:
+                taken = await _wait_for_rate_within(recorder, lane, estimate, output, wait)
+            else:
+                taken = await wait_for_rate(recorder, lane, estimate, output)
             reservation = _reserve(
                 supervisor, rates, node, taken, estimate, wanted, model, at_least
             )
@@ -562,6 +584,25 @@ async def _admit(
         if not isinstance(admitted, str):
             return admitted
         blocked = admitted
+
+
+async def _wait_for_rate_within(
+    recorder: Recorder, lane: Lane, estimate: int, output: int, wait: float | None
+) -> Pass:
+    """``wait_for_rate`` for a model of a fallback chain, which waits for its rate
+    limit no longer than the chain does (``_patience``): at once ``_Paused`` when
+    the lane says the request could not go before then (a pause the server asked
+    for, a declared window with no room until later), and when a wait it could not
+    tell the end of (a slot to free, requests ahead in line) outlasts it."""
+    supervisor = recorder.supervisor
+    now = supervisor.now()
+    patience = _patience(wait, recorder.node.deadline - now)
+    delay = lane.delay(estimate, output, now)
+    if delay != math.inf and delay > patience:
+        raise _Paused(supervisor.rates.why(lane, estimate, output), patience, delay)
+    with anyio.move_on_after(max(patience, 0.0)):
+        return await wait_for_rate(recorder, lane, estimate, output)
+    raise _Paused(supervisor.rates.why(lane, estimate, output), patience)
 
 
 async def wait_for_rate(
@@ -594,6 +635,12 @@ def _refused(error: Exception) -> bool:
     Retry-After): nothing was billed."""
     status = getattr(error, "status", None)
     return status == 429 or (status in (503, 529) and bool(retry_after(error)))
+
+
+def _unsent(error: Exception) -> bool:
+    """Whether the request never reached a server (a provider error of kind
+    "unreachable": no connection was made): nothing was sent, nothing billed."""
+    return getattr(error, "kind", "") == "unreachable"
 
 
 def _tokens(usage: Usage | None, reservation: Reservation) -> tuple[int, int]:

@@ -282,3 +282,72 @@ async def test_an_answer_that_is_not_json_falls_back_after_its_retries(
     assert (result.status, result.text) == ("completed", "from the fallback"), result.stop_reason
     assert len(server.requests) == 2
     assert trace.steps[-1].model == "large"
+
+
+# -- a primary whose declared rate limit would make it wait too long (issue 40) -------------
+
+
+async def _ask_twice(
+    chain: FallbackModel, limit: RateLimit, budget: Budget | None = None
+) -> tuple[Result, Result]:
+    """Two asks in turn: the first takes what the primary's declared limit allows."""
+    agent = Agent("a", chain)
+    async with Runtime(rate_limits={"primary": limit}) as rt:
+        ref = await rt.spawn(agent)
+        with anyio.fail_after(10):
+            first = await ref.ask("Go.", budget=budget)
+            second = await ref.ask("Go.", budget=budget)
+    return first, second
+
+
+async def test_a_declared_window_with_no_room_within_max_wait_falls_back_at_once() -> None:
+    primary, calls = failing(server_error(), times=0)
+    chain = FallbackModel(primary, answering(), max_wait=0.3)
+    first, second = await _ask_twice(chain, RateLimit(requests_per_minute=1, period=60))
+    assert (first.status, first.text) == ("completed", "late")
+    assert (second.status, second.text) == ("completed", "from the fallback"), second.stop_reason
+    assert len(calls) == 1  # the primary was not asked again
+
+
+async def test_a_declared_window_with_no_room_before_the_deadline_falls_back() -> None:
+    primary, calls = failing(server_error(), times=0)
+    chain = FallbackModel(primary, answering())  # max_wait=None: as the deadline leaves
+    first, second = await _ask_twice(
+        chain, RateLimit(requests_per_minute=1, period=60), Budget(seconds=5)
+    )
+    assert (first.status, first.text) == ("completed", "late")
+    assert (second.status, second.text) == ("completed", "from the fallback"), second.stop_reason
+    assert len(calls) == 1
+
+
+async def test_a_declared_concurrency_with_no_slot_within_max_wait_falls_back() -> None:
+    release = anyio.Event()
+    entered: list[int] = []
+
+    async def holding(request: ModelRequest) -> Turn:
+        entered.append(1)
+        await release.wait()
+        return reply("late")
+
+    primary = FunctionModel(holding, name="primary")
+    chain = FallbackModel(primary, answering(), max_wait=0.3)
+    results: list[Result] = []
+    async with Runtime(rate_limits={"primary": RateLimit(concurrent=1)}) as rt:
+        holder = await rt.spawn(Agent("holder", chain))
+        other = await rt.spawn(Agent("other", chain))
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+
+                async def hold() -> None:
+                    results.append(await holder.ask("Go."))
+
+                tg.start_soon(hold)
+                while not entered:  # the holder's request takes the only slot
+                    await anyio.wait_all_tasks_blocked()
+                results.append(await other.ask("Go."))
+                release.set()
+    assert [(r.status, r.text) for r in results] == [
+        ("completed", "from the fallback"),
+        ("completed", "late"),
+    ]
+    assert len(entered) == 1

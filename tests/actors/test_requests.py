@@ -7,6 +7,7 @@ waited: the execution ends ``timed_out`` at once, without the retry.
 
 from __future__ import annotations
 
+import socket
 import time
 
 import anyio
@@ -112,3 +113,28 @@ def test_what_the_server_asked_is_read_from_the_error() -> None:
     assert retry_after(ValueError("no ask")) == 0.0
     for nonsense in (None, -1.0, float("nan"), float("inf"), True, "3"):
         assert retry_after(_Asked(nonsense)) == 0.0
+
+
+def _closed_port() -> int:
+    """A port of 127.0.0.1 that nothing listens on (a connection to it is refused)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+async def test_a_request_that_never_reached_a_server_is_not_billed() -> None:
+    # Issue 40: a refused connection was charged the input estimate and a request
+    # for each attempt (24 tokens, 3 requests), though nothing was sent.
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    model = OpenAIModel("llama3.2", base_url=url, api_key="sk-test", timeout=5.0)
+    agent = Agent("a", model, retry=RetryPolicy(retries=2, initial_delay=0.01))
+    for count_refused, requests in ((False, 0), (True, 3)):
+        async with model, Runtime(count_refused=count_refused) as rt:
+            with anyio.fail_after(10):
+                result = await (await rt.spawn(agent)).ask("Hello")
+        assert result.status == "failed"
+        assert "could not reach" in result.stop_reason
+        # Each attempt counts only as the refusals a server makes do (count_refused).
+        assert (result.usage.requests, result.usage.input_tokens) == (requests, 0)
+        assert result.usage.cost == 0
