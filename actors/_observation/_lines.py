@@ -366,7 +366,8 @@ class ProgressLines:
             f"{end.tokens:,} tokens"
         )
         if status in ("failed", "cancelled"):
-            text += f": {end.reason}"
+            # Cut short, as a retry's error is: the result says it whole, once.
+            text += f": {_clip(end.reason, _GENERIC_SHOWN)}"
         return text
 
     def _step(self, agent: str, execution_id: str, step: StepEnd) -> str:

@@ -131,7 +131,10 @@ def show(event: Event, out: TextIO | None = None) -> None:
                 print(f"with: {part}", file=out)
         case Finished(result=result, streamed=streamed):
             usage = result.usage
-            print(f"status: {result.status} ({result.stop_reason})", file=out)
+            # (A text that says its stop reason already, a failure's, says it once.)
+            reason = result.stop_reason
+            said = not streamed and bool(reason) and reason in result.text
+            print(f"status: {result.status}" + ("" if said else f" ({reason})"), file=out)
             if not streamed:
                 print(result.text, file=out)
             for media in result.parts:

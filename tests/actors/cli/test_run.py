@@ -10,6 +10,7 @@ import contextlib
 import io
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -449,3 +450,21 @@ def test_fractor_run_with_ui_announces_its_web_view_once(
     urls = re.findall(r"http://127\.0\.0\.1:\d+/\?token=[\w-]{40,}", captured.err)
     assert len(urls) == 1, captured.err
     assert "The answer is 42." in captured.out
+
+
+def test_fractor_run_against_no_server_bills_nothing_and_says_why_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Issue 40: a refused connection was billed (24 tokens, 3 requests) and its long
+    # error printed three times (the progress line, the status line, the answer).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once it is closed
+    url = f"http://127.0.0.1:{port}/v1"
+    assert main(["run", "--model", "openai:llama3.2", "--base-url", url, "Hello"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("check the base URL, the network and that the server is running") == 1
+    assert "status: failed\n" in out
+    assert out.rstrip().endswith(
+        "0 input tokens (0 cached), 0 output tokens, 0 request(s), 0 tool call(s)"
+    )
