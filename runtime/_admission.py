@@ -18,7 +18,10 @@ every node of a request's chain that has a budget, in this order:
    it yet; all of it for an execution alone under its budget; never less than the
    minimum.
    Children started together thus share what is left instead of the first one
-   taking it all and the others waiting for it.
+   taking it all and the others waiting for it. A reply cut by that sharing, or
+   at the default of a request that names no cap (sent uncapped without a
+   budget), is asked again with room for twice as much (``Reservation.again``):
+   the default is where a reservation starts, never a bound on the reply.
 
 ``Admission`` holds the requests waiting for headroom (a line per node, first come
 first served) and does the waiting (``reserve``), the charging (``settle``) and the
@@ -127,7 +130,8 @@ class Reservation:
     ``max_tokens`` is what the request may ask for (None: no output limit applies and
     the request named none). ``limited_by`` names the node (and ``limit`` the field)
     whose headroom made it smaller than ``wanted``: a reply cut at that cap was cut
-    by the budget's sharing, not by the request's own cap. ``requests`` is how many
+    by the budget's sharing, not by the request's own cap (``again`` says what a
+    reply cut short is asked again with). ``requests`` is how many
     requests the call has counted: 1, and one more for each request a model built on
     another had admitted during the call (``Supervisor.charge(requests=1)``).
     """
@@ -170,6 +174,30 @@ class Reservation:
             f"<Reservation input={self.input} output={self.output} cost={self.cost:g} "
             f"max_tokens={self.max_tokens}>"
         )
+
+    def again(self, output_tokens: int, own: bool) -> int | None:
+        """The output to ask again with for a reply cut short (``finish_reason=
+        "length"``) after ``output_tokens``, or None when the cut was not the budget's.
+
+        ``own``: whether the request named a ``max_tokens`` of its own. A cut is the
+        budget's when its sharing set the cap (``limited_by``): room for twice as much,
+        up to what the request wants. It is the budget's too when the request named no
+        cap and the reply ran into the output reserved for it (the admission's
+        ``default_max_tokens``, or what it was asked again with after such a cut):
+        without a budget it is sent uncapped, so it is asked again with room for twice
+        as much, with no bound of its own (what settled usage leaves, and the fair
+        share, bound it as any request's). A reply that stopped short of that cap was
+        cut by the model itself (a provider's own output limit), as it is without a
+        budget: it is not asked again.
+        """
+        cap = self.max_tokens
+        if cap is None:
+            return None
+        if self.limited_by is not None:
+            return 2 * self.output if not own else min(self.wanted, 2 * self.output)
+        if not own and output_tokens >= cap:
+            return 2 * cap
+        return None
 
 
 def requests_room(node: Node, extra: int) -> tuple[int, tuple[Node, int, int] | None]:
@@ -586,6 +614,8 @@ class Admission:
         self.prices = prices
         #: The output cap reserved for a request that names none, when a limit applies:
         #: reserving a whole budget's headroom for one request would starve its siblings.
+        #: A reply cut there is asked again with room for twice as much (and so on):
+        #: a budget that fits never caps a reply below what it gets without one.
         self.default_max_tokens = default_max_tokens
         #: The least output a request is sent with (capped by its own max_tokens).
         self.min_output_tokens = min_output_tokens
@@ -634,8 +664,16 @@ class Admission:
         at_least: int | None = None,
     ) -> Need:
         """What one request needs at least: its input estimate and a minimum output
-        (``at_least``, or ``min_output_tokens``; never more than it wants)."""
-        wanted = max_tokens if max_tokens is not None else self.default_max_tokens
+        (``at_least``, or ``min_output_tokens``; never more than it wants). A request
+        that names no ``max_tokens`` wants ``default_max_tokens``, or ``at_least`` when
+        that is more: a reply cut at the default is asked again with room for more
+        (``Reservation.again``)."""
+        if max_tokens is not None:
+            wanted = max_tokens
+        elif at_least is not None and at_least > self.default_max_tokens:
+            wanted = at_least
+        else:
+            wanted = self.default_max_tokens
         minimum = self.min_output_tokens if at_least is None else at_least
         price = self.prices.get(model) if self.prices else None
         need = Need(max(input_estimate, 0), min(minimum, wanted), wanted, price, model)

@@ -197,6 +197,51 @@ async def test_a_reply_cut_by_its_share_is_asked_again_not_a_stop() -> None:
     assert result.usage.total_tokens <= 3_200
 
 
+def many_workers(count: int) -> tuple[Agent, FunctionModel]:
+    """A lead whose first reply calls ``count`` workers at once (far more output than
+    the 4,096 tokens reserved for a request that names no max_tokens), then answers."""
+
+    async def lead(request: ModelRequest) -> Turn:
+        if any(isinstance(m, ToolResultMessage) for m in request.messages):
+            return reply("All done.")
+        return calls(*(call("worker", task=f"look into topic number {i}") for i in range(count)))
+
+    model = FunctionModel(lead, name="lead-model")
+    worker = Agent("worker", FunctionModel(lambda request: reply("done"), name="worker-model"))
+    return Agent("lead", model, subagents=[worker]), model
+
+
+async def test_a_generous_budget_does_not_cut_a_reply_the_tree_gets_without_one() -> None:
+    # A lead calling 1,000 workers writes some 12,000 output tokens in one reply. With
+    # no budget the request goes uncapped and the tree completes; under ten times that
+    # demand it was sent capped at the default reservation (4,096) and ended
+    # "completed" with "the model stopped (length) without text".
+    count = 1_000
+    async with Runtime() as rt:
+        agent, _ = many_workers(count)
+        free = await (await rt.spawn(agent)).ask("go")
+    assert (free.status, free.text) == ("completed", "All done."), free.stop_reason
+    demand = free.usage.total_tokens
+    events: list[Event] = []
+    async with Runtime(budget=Budget(tokens=10 * demand)) as rt:
+        agent, model = many_workers(count)
+        async with rt.events() as subscription:
+            result = await (await rt.spawn(agent)).ask("go")
+            while (event := subscription.receive_nowait()) is not None:
+                events.append(event)
+        workers = [n for n in rt.tree().nodes if n.name == "worker"]
+    assert (result.status, result.text) == ("completed", "All done."), result.stop_reason
+    assert [n.status for n in workers] == ["completed"] * count
+    assert result.usage.total_tokens <= 10 * demand
+    # The cut replies were asked again with room for twice as much each time (4,096,
+    # 8,192, then 16,384, which holds it), and said so.
+    sent = [r.max_tokens for r in model.requests]
+    assert sent[:3] == [4_096, 8_192, 16_384]
+    cut = [e for e in events if e.kind == "retry" and "cut at" in str(e.detail["error"])]
+    assert len(cut) == 2
+    assert "names no max_tokens" in str(cut[0].detail["error"])
+
+
 # -- every request goes through the supervisor ------------------------------------------
 
 

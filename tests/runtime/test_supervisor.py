@@ -339,6 +339,34 @@ async def test_a_lone_request_may_take_all_the_free_headroom_up_to_what_it_wants
     assert sup2.reserve_nowait(sup2.root, input_estimate=1, max_tokens=64).limited_by is None
 
 
+async def test_a_reply_cut_at_the_default_of_a_request_with_no_cap_is_asked_again_larger() -> None:
+    # Without a budget a request that names no max_tokens goes uncapped; under one it
+    # starts at the default (4,096): a reply cut there is the budget's cut, asked
+    # again with room for twice as much, each time, as far as settled usage leaves.
+    sup = started(Budget(tokens=20_000))
+    first = sup.reserve_nowait(sup.root, input_estimate=100, max_tokens=None)
+    assert (first.max_tokens, first.limited_by) == (4_096, None)
+    assert first.again(4_096, own=False) == 8_192
+    sup.settle(sup.root, first, Usage(input_tokens=100, output_tokens=4_096, requests=1))
+    second = sup.reserve_nowait(sup.root, input_estimate=100, max_tokens=None, at_least=8_192)
+    assert (second.max_tokens, second.wanted, second.limited_by) == (8_192, 8_192, None)
+    assert second.again(8_192, own=False) == 16_384
+    sup.settle(sup.root, second, Usage(input_tokens=100, output_tokens=8_192, requests=1))
+    # 20,000 - 12,488 settled - 100 input leaves 7,412: what is left, and limited.
+    third = sup.reserve_nowait(sup.root, input_estimate=100, max_tokens=None, at_least=16_384)
+    assert (third.max_tokens, third.limited_by, third.limit) == (7_412, sup.root, "tokens")
+    # Not the budget's cut: a request's own cap, a model that stopped short of the cap
+    # (its own output limit), a request with no budget on its chain.
+    assert first.again(4_000, own=False) is None
+    other = started(Budget(tokens=20_000))
+    own = other.reserve_nowait(other.root, input_estimate=100, max_tokens=500)
+    assert own.again(500, own=True) is None
+    plain = started()
+    free = plain.reserve_nowait(plain.root, input_estimate=1, max_tokens=None)
+    assert free.max_tokens is None
+    assert free.again(100_000, own=False) is None
+
+
 async def test_concurrent_requests_share_the_headroom_instead_of_stopping() -> None:
     # The case: five concurrent children under 10,000 tokens, 4,096 each by
     # default. Each request takes one part of what is free for each running
