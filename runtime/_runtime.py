@@ -107,7 +107,8 @@ class Runtime:
     output a model request is sent with under a budget (capped by the request's own
     ``max_tokens``): a budget whose settled usage leaves less than that plus the
     input estimate is spent; ``default_max_tokens`` is what a request that names no
-    ``max_tokens`` reserves at most (see ``Supervisor``). ``caps`` bound any tree,
+    ``max_tokens`` reserves first (a reply cut there is asked again with room for
+    twice as much; see ``Supervisor``). ``caps`` bound any tree,
     budget or not (depth 8, 10,000 executions per top-level execution, 200 steps per
     execution by default; see ``Caps``): ``caps=None`` removes them. ``hosts`` are
     other processes where subtrees of the tree may run (see ``Hosts`` and

@@ -489,7 +489,8 @@ class Supervisor:
 
     @property
     def default_max_tokens(self) -> int:
-        """The output cap reserved for a request that names none, when a limit applies."""
+        """The output cap first reserved for a request that names none, when a limit
+        applies (a reply cut there is asked again with more: ``Reservation.again``)."""
         return self.admission.default_max_tokens
 
     @property
@@ -562,7 +563,7 @@ class Supervisor:
             depth=node.depth,
             name=node.name,
             actor_id=node.actor_id,
-            status=node.status,
+            status=node.shown_status(),
             stop_reason=node.stop_reason,
             waiting=node.waiting,
             usage=node.usage(),

@@ -31,7 +31,7 @@ from fractor.actors import (
     tool,
 )
 from fractor.actors._models._protocol import Turn
-from fractor.runtime import Budget, Caps, Event, Price, Runtime
+from fractor.runtime import Budget, Caps, Event, OutputSharing, Price, Runtime
 
 from .loopback import LoopbackServer, Reply, json_reply, sse_reply
 
@@ -113,7 +113,7 @@ async def test_five_concurrent_children_complete_under_a_runtime_budget_and_it_s
         second = await ref.ask("Once more, briefly.")
         root = rt.tree().node("root")
     assert second.status == "completed", second.stop_reason
-    assert root.status == "running"
+    assert root.status == "idle"  # the runtime, with nothing running under it
     assert workers.most_at_once == 5
     within(root.usage, budget)
 
@@ -211,7 +211,10 @@ def many_workers(count: int) -> tuple[Agent, FunctionModel]:
     return Agent("lead", model, subagents=[worker]), model
 
 
-async def test_a_generous_budget_does_not_cut_a_reply_the_tree_gets_without_one() -> None:
+@pytest.mark.parametrize("sharing", ["fair", "whole"])
+async def test_a_generous_budget_does_not_cut_a_reply_the_tree_gets_without_one(
+    sharing: OutputSharing,
+) -> None:
     # A lead calling 1,000 workers writes some 12,000 output tokens in one reply. With
     # no budget the request goes uncapped and the tree completes; under ten times that
     # demand it was sent capped at the default reservation (4,096) and ended
@@ -223,7 +226,7 @@ async def test_a_generous_budget_does_not_cut_a_reply_the_tree_gets_without_one(
     assert (free.status, free.text) == ("completed", "All done."), free.stop_reason
     demand = free.usage.total_tokens
     events: list[Event] = []
-    async with Runtime(budget=Budget(tokens=10 * demand)) as rt:
+    async with Runtime(budget=Budget(tokens=10 * demand), output_sharing=sharing) as rt:
         agent, model = many_workers(count)
         async with rt.events() as subscription:
             result = await (await rt.spawn(agent)).ask("go")
