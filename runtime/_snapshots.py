@@ -17,7 +17,8 @@ from ._budget import Budget, Usage
 __all__ = ["EndStatus", "NodeSnapshot", "NodeStatus", "TreeSnapshot"]
 
 EndStatus = Literal["completed", "budget_exceeded", "timed_out", "cancelled", "failed"]
-NodeStatus = Literal["running"] | EndStatus
+#: ``idle`` is the root's alone (the runtime, with no execution running under it).
+NodeStatus = Literal["idle", "running"] | EndStatus
 
 
 class NodeSnapshot(msgspec.Struct, frozen=True, kw_only=True):

@@ -192,6 +192,14 @@ class Node:
         #: subtree, whether or not anyone subscribes to the runtime's events.
         self.watch: Callable[[Event], None] | None = None if parent is None else parent.watch
 
+    def shown_status(self) -> NodeStatus:
+        """The status a snapshot shows: the node's own, but for the root. The root is
+        the runtime itself, which never ends (the supervisor never closes it): it
+        shows ``running`` while an execution runs under it, ``idle`` when none does."""
+        if self.parent is not None:
+            return self.status
+        return "running" if self.children else "idle"
+
     def chain(self) -> Iterator[Node]:
         """This node, then each ancestor up to the root."""
         node: Node | None = self

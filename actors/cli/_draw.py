@@ -20,6 +20,7 @@ __all__ = ["STATUS_STYLE", "PipeConsole", "own_steps", "render_tree", "tree_orde
 
 #: Icon and style of each status in the live tree and the usage table.
 STATUS_STYLE: dict[str, tuple[str, str]] = {
+    "idle": ("◌", "dim"),  # the root alone: the runtime, nothing running under it
     "running": ("●", "bold cyan"),
     "completed": ("✔", "green"),
     "budget_exceeded": ("⊘", "bold dark_orange"),

@@ -182,9 +182,10 @@ def tree_view(
         shown = _NO_BARS if node.limits is None else bars(node, held.get(node.id))
         line = lines(node.id) if lines is not None else ""
         status = node.status
-        # A running node's seconds tick at every view: left out of what says it changed
-        # (the stop reason changes with the status, the host never).
-        ended = node.seconds if status != "running" else -1.0
+        # A running node's seconds (and the idle root's) tick at every view: left out
+        # of what says it changed (the stop reason changes with the status, the host
+        # never).
+        ended = node.seconds if status != "running" and status != "idle" else -1.0
         rev = hash((status, node.waiting, node.steps, node.agents, ended, node.usage, shown, line))
         rev &= _MASK
         nodes.append(

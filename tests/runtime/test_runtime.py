@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from anyio import wait_all_tasks_blocked
 
@@ -16,6 +17,7 @@ from fractor.runtime import (
     DuplicateActor,
     Runtime,
     RuntimeClosed,
+    TreeSnapshot,
 )
 
 from .helpers import Gate, Recorder, Sleeper
@@ -208,6 +210,29 @@ async def test_the_runtime_knows_which_ids_it_made_up_and_skips_those_given() ->
     assert ref.id.startswith("rec-")
     assert [actor.context.named for actor in given] == [True, True]
     assert not made.context.named
+
+
+async def test_the_trees_root_is_the_runtime_idle_when_nothing_runs_under_it() -> None:
+    """The root of ``rt.tree()`` is the runtime itself, which never ends: ``idle`` with
+    no execution under it, ``running`` while one runs, ``idle`` again once every one
+    has ended (each keeping its own end status); a snapshot round-trips as it is."""
+    async with Runtime() as rt:
+        supervisor = rt.supervisor
+        before = rt.tree()
+        first = supervisor.open(supervisor.root, name="job", limits=None)
+        second = supervisor.open(supervisor.root, name="job", limits=None)
+        running = rt.tree()
+        supervisor.close(first, "completed")
+        one_left = rt.tree()
+        supervisor.close(second, "failed", "no")
+        after = rt.tree()
+    assert before.node("root").status == "idle"
+    assert running.node("root").status == "running"
+    assert one_left.node("root").status == "running"
+    assert after.node("root").status == "idle"
+    assert [after.node(n.id).status for n in (first, second)] == ["completed", "failed"]
+    for codec in (msgspec.json, msgspec.msgpack):
+        assert codec.decode(codec.encode(after), type=TreeSnapshot) == after
 
 
 async def test_an_actor_instance_is_spawned_once() -> None:
