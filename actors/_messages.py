@@ -208,7 +208,13 @@ class Result(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     status: Status
     stop_reason: str
     usage: Usage
+    #: The id of the agent's actor that ran the task: ``ref.id`` of an agent spawned
+    #: with ``rt.spawn``; a subagent's actor lives for its one task and is named by
+    #: that execution (there it equals ``execution_id``, unique across hosts). One
+    #: meaning wherever an agent id is named: ``ApprovalRequest.agent_id``,
+    #: ``Event.agent_id``, ``NodeSnapshot.actor_id`` in ``rt.tree()``.
     agent_id: str
+    #: The id of the execution: its node in ``rt.tree()``, its trace in the store.
     execution_id: str = ""
     steps: int = 0
     #: The typed answer of an agent with an ``output_type`` (``text`` is its JSON);

@@ -28,6 +28,8 @@ class NodeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     parent_id: str | None
     depth: int
     name: str
+    #: The id of the actor running it (an event's and a result's ``agent_id``); ""
+    #: for the root.
     actor_id: str
     status: NodeStatus
     stop_reason: str

@@ -59,8 +59,11 @@ class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     ``path`` names the agents from the top of the tree down to the one that asked
     (``("lead", "researcher")``), ``depth`` its depth in the tree (1: a top-level
-    agent), ``execution_id`` its execution; ``at`` is when it was asked (seconds
-    since the runtime started).
+    agent), ``agent`` its name and ``agent_id`` the id of its actor, as
+    ``Result.agent_id`` means it (a top-level agent's ``ref.id``; a subagent's actor
+    is named by its one execution), ``execution_id`` its execution (its node in
+    ``rt.tree()``); ``at`` is when it was asked (seconds since the runtime started).
+    It is decided through the top-level agent's ref (``ref.approve(request)``).
     """
 
     id: str

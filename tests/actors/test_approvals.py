@@ -426,3 +426,51 @@ async def test_a_call_waiting_for_a_person_holds_no_worker() -> None:
     contents = [r.content for r in results(model)]
     assert contents == ["sent to a", "notes on x", "notes on y"]
     assert RAN == ["a"]
+
+
+async def test_agent_id_has_one_meaning_in_requests_results_events_and_the_tree() -> None:
+    """``agent_id`` is the id of the agent's actor wherever it is named: a request, a
+    result, an event, and ``actor_id`` in ``rt.tree()``; ``execution_id`` is the
+    execution's node. For the top-level agent it is ``ref.id``, not its execution's
+    id; a subagent's actor is named by its one execution."""
+
+    def mailer_turns(request: ModelRequest) -> Turn:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return reply("mailed")
+        return call("send_email", to="team")
+
+    mailer = Agent("mailer", FunctionModel(mailer_turns), tools=[send_email])
+    lead = Agent(
+        "lead",
+        ScriptedModel([calls(call("mailer", task="mail"), call("send_email", to="me")),
+                       reply("ok")]),
+        subagents=[mailer],
+        tools=[send_email],
+    )  # fmt: skip
+    listed: dict[str, ApprovalRequest] = {}
+    async with Runtime() as rt, rt.events() as subscription:
+        ref = await rt.spawn(lead)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+
+                async def decide() -> None:
+                    while len(listed) < 2:
+                        for request in await pending(ref, 2 - len(listed)):
+                            listed[request.agent] = request
+                            ref.approve(request)
+
+                group.start_soon(decide)
+                result = await ref.ask("go")
+        tree = rt.tree()
+        events = []
+        while (event := subscription.receive_nowait()) is not None:
+            events.append(event)
+    assert result.text == "ok"
+    top, sub = listed["lead"], listed["mailer"]
+    assert top.agent_id == result.agent_id == ref.id
+    assert top.execution_id == result.execution_id != ref.id
+    for request in (top, sub):
+        assert tree.node(request.execution_id).actor_id == request.agent_id
+    for event in events:
+        if event.execution_id:
+            assert tree.node(event.execution_id).actor_id == event.agent_id, event
