@@ -12,11 +12,12 @@ directory is importable, as for ``python -m``). Over stdio (the default) the
 process is the server an MCP client starts: stdout carries the protocol, anything
 else goes to stderr. With ``--http HOST:PORT`` it serves streamable HTTP at
 ``http://HOST:PORT/mcp`` (port 0: one the system picks) and prints that URL on
-stderr once it accepts connections, until interrupted. Each call spawns the agent
-afresh in the server's one ``Runtime``, under the agent's budget and the
-``--budget-*`` options (per call). The command runs on asyncio (the HTTP server is
-uvicorn). Exit status 2 for bad usage: no such module or attribute, not an Agent,
-a bad address, the ``mcp`` extra missing.
+stderr once it accepts connections. Ctrl-C or SIGTERM stops either: each call in
+flight is answered with an error, and the command exits 0 after one line saying
+so. Each call spawns the agent afresh in the server's one ``Runtime``, under the
+agent's budget and the ``--budget-*`` options (per call). The command runs on
+asyncio (the HTTP server is uvicorn). Exit status 2 for bad usage: no such module
+or attribute, not an Agent, a bad address, the ``mcp`` extra missing.
 """
 
 from __future__ import annotations
@@ -119,8 +120,7 @@ async def mcp_serve_command(args: argparse.Namespace) -> int:
     budget = Budget(**limits) if any(v is not None for v in limits.values()) else None
     if address is None:
         print(f"fractor mcp-serve: serving agent {agent.name!r} over stdio", file=sys.stderr)
-        await mcp_serve.serve_stdio(agent, budget=budget)
-        return 0
+        return _stopped(await mcp_serve.serve_stdio(agent, budget=budget))
     try:
         sock = mcp_serve.bind(*address)
     except OSError as exc:
@@ -132,5 +132,18 @@ async def mcp_serve_command(args: argparse.Namespace) -> int:
         sys.stderr.flush()
 
     with sock:
-        await mcp_serve.serve_http(agent, sock, budget=budget, ready=ready)
+        return _stopped(await mcp_serve.serve_http(agent, sock, budget=budget, ready=ready))
+
+
+def _stopped(stopped: Any) -> int:
+    """The exit status of a server that stopped (``mcp_serve.Stopped``): 0, after one
+    line on stderr when a signal stopped it, saying how many calls it answered so."""
+    if stopped.signal:
+        count = stopped.calls
+        answered = (
+            f"; {count} call{'s' if count != 1 else ''} in flight answered with an error"
+            if count
+            else ""
+        )
+        print(f"fractor mcp-serve: stopped ({stopped.signal}){answered}", file=sys.stderr)
     return 0

@@ -4,10 +4,15 @@ Their models are ``FunctionModel``\\ s answering from the request, so each call 
 actor on every one) gets the same script, with no network: ``echo`` calls its tool
 ``shout`` on the task and answers with the result; ``greedy`` asks for ``shout`` twice
 in each step, under a budget of one tool call, so its tree is stopped; ``painter``
-answers with a PNG and a PDF beside its text.
+answers with a PNG and a PDF beside its text; ``sleeper`` never answers (it prints
+``asleep`` on stderr once its model is asked, so a test knows the call is in flight).
 """
 
 from __future__ import annotations
+
+import sys
+
+import anyio
 
 from fractor.actors import (
     Agent,
@@ -69,5 +74,14 @@ painter = Agent(
     model=FunctionModel(lambda request: reply("Here it is.", parts=(PAINTING, REPORT))),
     description="Paints what it is asked for.",
 )
+
+
+async def _asleep(request: ModelRequest) -> ModelResponse:
+    print("asleep", file=sys.stderr, flush=True)
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+sleeper = Agent(name="sleeper", model=FunctionModel(_asleep), description="Never answers.")
 
 not_an_agent = 42

@@ -22,6 +22,7 @@ import anyio
 import mcp.types as types
 import msgspec
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -333,3 +334,116 @@ def test_bad_usage_exits_2_saying_what_is_wrong(
 def test_a_bad_address_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mcp-serve", f"{AGENTS}:echo", "--http", "localhost"]) == 2
     assert "expected HOST:PORT" in capsys.readouterr().err
+
+
+# -- stopped by a signal ----------------------------------------------------------------
+
+SIGNALS = pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+IN_FLIGHT = pytest.mark.parametrize("in_flight", [False, True], ids=["idle", "in_flight"])
+SLEEPER = [sys.executable, "-m", "fractor.actors.cli", "mcp-serve", f"{AGENTS}:sleeper"]
+
+
+def _said_when_stopped(signum: signal.Signals, in_flight: bool) -> str:
+    name = signal.Signals(signum).name
+    answered = "; 1 call in flight answered with an error" if in_flight else ""
+    return f"fractor mcp-serve: stopped ({name}){answered}"
+
+
+async def _line(stream: BufferedByteReceiveStream) -> str:
+    return (await stream.receive_until(b"\n", 1_000_000)).decode()
+
+
+async def _request(stdin: Any, message: dict[str, Any]) -> None:
+    await stdin.send(msgspec.json.encode({"jsonrpc": "2.0", **message}) + b"\n")
+
+
+@SIGNALS
+@IN_FLIGHT
+async def test_stdio_a_signal_answers_the_call_in_flight_and_exits_0_with_one_line(
+    signum: signal.Signals, in_flight: bool
+) -> None:
+    """Ctrl-C or SIGTERM on ``fractor mcp-serve``: the call in flight (if any) is
+    answered with an error saying the server stopped, and the command exits 0
+    after one line (no traceback)."""
+    with anyio.fail_after(LIMIT):
+        async with await anyio.open_process(SLEEPER, cwd=ROOT) as process:
+            assert process.stdin is not None
+            assert process.stdout is not None
+            assert process.stderr is not None
+            out = BufferedByteReceiveStream(process.stdout)
+            err = BufferedByteReceiveStream(process.stderr)
+            assert "serving agent 'sleeper' over stdio" in await _line(err)
+            params = {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "test", "version": "0"},
+            }
+            await _request(process.stdin, {"id": 1, "method": "initialize", "params": params})
+            assert '"id":1' in await _line(out)
+            await _request(process.stdin, {"method": "notifications/initialized"})
+            await _request(process.stdin, {"id": 2, "method": "tools/list"})
+            assert '"sleeper"' in await _line(out)
+            if in_flight:
+                call = {"name": "sleeper", "arguments": {"task": "rest"}}
+                await _request(process.stdin, {"id": 3, "method": "tools/call", "params": call})
+                assert await _line(err) == "asleep"
+            process.send_signal(signum)
+            if in_flight:
+                answer = msgspec.json.decode(await _line(out))
+                assert answer["id"] == 3
+                assert answer["result"]["isError"] is True
+                name = signal.Signals(signum).name
+                assert answer["result"]["content"][0]["text"] == (
+                    f"sleeper: cancelled: the server stopped ({name}) before the agent answered"
+                )
+            status = await process.wait()
+            rest = b"".join([chunk async for chunk in err]).decode()
+            await process.stdin.aclose()
+    assert status == 0
+    assert rest.splitlines() == [_said_when_stopped(signum, in_flight)]
+
+
+@SIGNALS
+@IN_FLIGHT
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the SDK's HTTP client: see above
+async def test_http_a_signal_answers_the_call_in_flight_and_exits_0_with_one_line(
+    signum: signal.Signals, in_flight: bool
+) -> None:
+    """The same over HTTP: the client in flight gets the error answer (not a cut
+    stream), its event stream ends, and the command exits 0 after one line."""
+    answers: list[types.CallToolResult] = []
+    with anyio.fail_after(LIMIT):
+        async with await anyio.open_process(
+            [*SLEEPER, "--http", "127.0.0.1:0"], cwd=ROOT, stderr=subprocess.PIPE
+        ) as process:
+            assert process.stderr is not None
+            err = BufferedByteReceiveStream(process.stderr)
+            url = (await _line(err)).split(" at ", 1)[1].strip()
+            async with (
+                streamable_http_client(url) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                assert [t.name for t in (await session.list_tools()).tools] == ["sleeper"]
+                if in_flight:
+
+                    async def ask() -> None:
+                        answers.append(await session.call_tool("sleeper", {"task": "rest"}))
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(ask)
+                        assert await _line(err) == "asleep"
+                        process.send_signal(signum)
+                else:
+                    process.send_signal(signum)
+                status = await process.wait()
+            rest = b"".join([chunk async for chunk in err]).decode()
+    assert status == 0
+    assert rest.splitlines() == [_said_when_stopped(signum, in_flight)]
+    if in_flight:
+        (answer,) = answers
+        assert answer.is_error
+        name = signal.Signals(signum).name
+        assert _text(answer) == (
+            f"sleeper: cancelled: the server stopped ({name}) before the agent answered"
+        )
