@@ -273,7 +273,9 @@ def check_tree(
                 f"4: {where}: {node.id} (host {node.host!r}) started at {node.started:.6f}, "
                 f"before its parent {parent.id} (host {parent.host!r}) at {parent.started:.6f}"
             )
-        if node.status not in STATUSES and node.status != "running":
+        # The root is the runtime itself: idle while nothing runs under it.
+        idle = node.status == "idle" and node.parent_id is None
+        if node.status not in STATUSES and node.status != "running" and not idle:
             found.append(f"4: {where}: {node.id} has status {node.status!r}")
         if caps is not None and caps.depth is not None and node.depth > caps.depth:
             found.append(f"4: {where}: {node.id} at depth {node.depth}, cap {caps.depth}")
