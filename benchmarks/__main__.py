@@ -20,7 +20,17 @@ from collections.abc import Awaitable, Callable
 import anyio
 import msgspec
 
-from . import budget, memory, multimodal, scale, w1_fanout, w2_steps, w3_subagents, w4_mailbox
+from . import (
+    budget,
+    memory,
+    multimodal,
+    scale,
+    sweep,
+    w1_fanout,
+    w2_steps,
+    w3_subagents,
+    w4_mailbox,
+)
 from ._harness import RESULTS, Row, print_rows, write_results
 
 Workload = tuple[str, Callable[[bool], Awaitable[list[Row]]]]
@@ -80,6 +90,7 @@ WORKLOADS: list[Workload] = [
     ("Budget", lambda quick: budget.run(quick=quick)),
     ("Memory", lambda quick: memory.run(quick=quick)),
     ("Multimodal", lambda quick: multimodal.run(quick=quick)),
+    ("Tool sweep", lambda quick: sweep.run(quick=quick)),
     ("Provider path", _provider),
     ("Rate limits", _ratelimits),
     ("Scale-out on Ray", _scaleout),

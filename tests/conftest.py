@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+
+from fractor.runtime import MemoryStore, SQLiteStore, Store
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -36,3 +39,18 @@ def early_readme_scripts(
 
     with started(STARTING_RAY, tmp_path_factory) as processes:
         yield processes
+
+
+#: Makes a store (see ``make_store``).
+MakeStore = Callable[[], Store]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> MakeStore:
+    """Makes a store, each time the same one as if it were a file: one ``MemoryStore``,
+    or a ``SQLiteStore`` on one file of the test's own (a second store made is
+    another process's view of the same data)."""
+    if request.param == "memory":
+        shared = MemoryStore()
+        return lambda: shared
+    return lambda: SQLiteStore(tmp_path / "store.db")

@@ -5,7 +5,7 @@ kind's name (``ToolStart`` is ``"tool_start"``), its fields typed; the kernel
 defines the envelope (``fractor.runtime.Event``), the base (``EventDetail``) and its
 own kinds (``ActorStop``), and knows none of these. The stream, OpenTelemetry, the
 live view and ``fractor run`` dispatch on these classes, and
-``tests/actors/test_events.py`` fails when one of them does not say what it does
+``tests/actors/observation/test_events.py`` fails when one of them does not say what it does
 with a kind (handles it, or ignores it on purpose).
 
 ``agent_event`` is the one place an agent's event is built (the execution's ``emit``
@@ -13,7 +13,7 @@ calls it), from a kind's name and its fields or from a detail made already.
 
 Adding a kind: its class here (and in ``DETAILS``), its emit site
 (``execution.emit(TheKind(...))``), and what the stream does with it (``SHOWN`` or
-``IGNORED`` in ``_stream``: its items are public types; ``tests/actors/test_events.py``
+``IGNORED`` in ``_stream``: its items are public types; ``tests/actors/observation/test_events.py``
 fails until it says). OpenTelemetry and the command line's lines show a kind they have
 no handler for from its fields (a span event ``fractor.<kind>``; ``kind field=value``).
 """

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from . import sample_tools
 from .loopback import LoopbackServer
 
 
@@ -25,3 +26,9 @@ def hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
         *("ANTHROPIC_PROFILE", "ANTHROPIC_CUSTOM_HEADERS"),
     ):
         monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def nothing_sent() -> None:
+    """``sample_tools.send_email`` starts each test having sent nothing."""
+    sample_tools.RAN.clear()

@@ -14,14 +14,6 @@ from fractor.runtime import MemoryStore, Record, SQLiteStore, Store, StoreError
 MakeStore = Callable[[], Store]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> MakeStore:
-    """Makes a store; for SQLite, every store made by one test shares one file."""
-    if request.param == "memory":
-        return MemoryStore
-    return lambda: SQLiteStore(tmp_path / "store.db")
-
-
 @pytest.fixture
 async def store(make_store: MakeStore) -> AsyncIterator[Store]:
     made = make_store()

@@ -29,7 +29,7 @@ from fractor.actors.providers._anthropic import check_event_loop
 from fractor.runtime import Budget, Runtime
 
 from ..loopback import LoopbackServer, json_reply
-from ..tools import add, get_weather
+from ..sample_tools import add, get_weather
 from .wires import ANTHROPIC_KEY as KEY
 from .wires import ANTHROPIC_TRIO_UNSUPPORTED as TRIO_UNSUPPORTED
 from .wires import anthropic_model as model_for

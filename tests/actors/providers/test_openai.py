@@ -26,7 +26,7 @@ from fractor.actors import (
 from fractor.runtime import Budget, Runtime
 
 from ..loopback import LoopbackServer, Received, Reply, json_reply
-from ..tools import add, get_weather
+from ..sample_tools import add, get_weather
 from .wires import OPENAI_KEY as KEY
 from .wires import completion, wire_call
 from .wires import openai_error as error_body

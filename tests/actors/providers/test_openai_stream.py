@@ -34,7 +34,7 @@ from fractor.actors.providers._estimates import estimate_output_tokens
 from fractor.runtime import Runtime
 
 from ..loopback import LoopbackServer, Received, Reply, json_reply, sse_reply, text_reply
-from ..tools import add
+from ..sample_tools import add
 from .wires import OPENAI_KEY as KEY
 from .wires import completion, wire_call
 from .wires import openai_model as model_for

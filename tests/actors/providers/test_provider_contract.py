@@ -22,7 +22,7 @@ from fractor.actors import Agent, ModelRequest, ProviderError, RetryPolicy, User
 from fractor.runtime import Budget, Runtime
 
 from ..loopback import LoopbackServer, json_reply, text_reply
-from ..tools import ask_once
+from ..sample_tools import ask_once
 from .wires import Wire
 
 REQUEST = ModelRequest(messages=(UserMessage(content="x"),))
