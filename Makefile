@@ -16,11 +16,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/fractor demo
 
-# mypy (about a minute on a fresh clone, before its cache exists) runs beside pytest,
-# on the machine's other core: its report follows pytest's, and either failing fails.
+# The suite runs in parallel (pytest-xdist): most of its tests wait (on servers,
+# subprocesses, Ray, a browser), so it runs more workers than the machine has cores;
+# tests that share something costly (a Ray instance, a browser, a module's server)
+# run on one worker each (tests/conftest.py). mypy (about a minute on a fresh clone,
+# before its cache exists) runs beside it: its report follows pytest's, and either
+# failing fails. `make test JOBS=1` runs the suite in one process.
+JOBS ?= 4
+PYTEST_JOBS = $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --durations=10)
+
 test: lint compiled
 	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & types=$$!; \
-	$(BIN)/pytest; tests=$$?; \
+	$(BIN)/pytest $(PYTEST_JOBS); tests=$$?; \
 	wait $$types; typed=$$?; \
 	echo "mypy:"; cat $(VENV)/mypy.log; \
 	exit $$(( tests || typed ))
@@ -33,7 +40,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) compiled
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_JOBS)
 
 # The package's bytecode, written once: the suite starts Python processes that import
 # fractor hundreds of times (the CLI, MCP servers, crash-loop workers, Ray workers),
@@ -47,6 +54,7 @@ bench: $(STAMP)
 stress: $(STAMP)
 	$(BIN)/python -m tests.stress.crash --kills 100 --backend both
 	$(BIN)/python -m tests.stress.fuzz --trees 2000 --backend both
+	FRACTOR_STRESS=1 $(BIN)/pytest -n $(JOBS) tests/actors/hosts/test_lease_properties.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis

@@ -15,7 +15,7 @@ import time
 
 import anyio
 
-from fractor.actors.ui._sweep import sweep
+from fractor.actors.ui import sweep
 
 from ._harness import Row, judged, summarize
 

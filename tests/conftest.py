@@ -54,3 +54,29 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> MakeStore:
         shared = MemoryStore()
         return lambda: shared
     return lambda: SQLiteStore(tmp_path / "store.db")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``) the tests that share something costly
+    run on one worker, which starts it once: the Ray tests of a module share the
+    worker's Ray instance (~5 s and ~1 GiB each), the browser tests run one Chromium
+    at a time (two at once on two cores make both slow), and a module whose fixture
+    starts its component once for the module (the README's scripts, the wheel, an
+    MCP server) runs whole on one worker instead of starting it on each."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec is not None else {}
+        names = getattr(item, "fixturenames", ())
+        module = item.path.stem
+        if module in WHOLE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
+        elif "ray_instance" in names or params.get("make_hosts") == "ray":
+            # Two Ray instances at most: the property tests' long runs beside the rest.
+            group = "ray-properties" if module == "test_lease_properties" else "ray"
+            item.add_marker(pytest.mark.xdist_group(group))
+        elif module in ("test_browser", "test_browser_big"):
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
+#: Modules with a module-scoped fixture that starts something for all their tests.
+WHOLE_MODULES = frozenset({"test_readme", "test_packaging", "test_mcp_tools", "test_spreading"})

@@ -17,6 +17,7 @@ from ._server import SweepView as SweepView
 from ._server import serve_stored as serve_stored
 from ._server import serve_sweep as serve_sweep
 from ._server import serve_ui as serve_ui
+from ._sweep import sweep as sweep
 from ._view import ApprovalView as ApprovalView
 from ._view import Bar as Bar
 from ._view import Held as Held
@@ -39,5 +40,6 @@ __all__ = [
     "serve_stored",
     "serve_sweep",
     "serve_ui",
+    "sweep",
     "tree_view",
 ]

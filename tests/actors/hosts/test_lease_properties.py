@@ -83,6 +83,7 @@ every broken property of that example with its numbers.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -117,6 +118,16 @@ QUICK = settings(
     database=None,
     phases=[Phase.explicit, Phase.generate],
     suppress_health_check=SUPPRESSED,
+)
+#: The tests that run on Ray too (``make_hosts``) run their fixed trees (``@example``)
+#: in the suite; ``make stress`` (``FRACTOR_STRESS=1``) draws random trees beside
+#: them. Each run of a tree starts its hosts (a Ray actor each: about a second), and
+#: random trees on LocalHosts and without hosts are drawn by the tests below anyway.
+ON_HOSTS = settings(
+    QUICK,
+    phases=[Phase.explicit, Phase.generate]
+    if os.environ.get("FRACTOR_STRESS")
+    else [Phase.explicit],
 )
 
 
@@ -393,7 +404,7 @@ WIDE = Tree(
 
 
 @example(tree=WIDE, honest=Case("output_tokens", "runtime"), short=Case("cost", "lead", 50))
-@settings(QUICK, max_examples=1)
+@settings(ON_HOSTS, max_examples=1)
 @given(tree=trees(), honest=GENEROUS, short=SCARCE)
 async def test_budgets_on_hosts_spend_the_demand_or_nearly_all_of_the_limit(
     make_hosts: MakeHosts, tree: Tree, honest: Case, short: Case
@@ -424,7 +435,7 @@ CAPPING = ("tokens", *SHARED)
 
 
 @example(tree=WIDE, field="output_tokens", place="runtime")
-@settings(QUICK, max_examples=1)
+@settings(ON_HOSTS, max_examples=1)
 @given(tree=trees(), field=st.sampled_from(CAPPING), place=st.sampled_from(PLACES))
 async def test_whole_output_sharing_spends_the_demand_of_output_and_cost_limits(
     make_hosts: MakeHosts, tree: Tree, field: str, place: str
@@ -445,7 +456,7 @@ WIDE_TIMED = Tree(hosts=4, plans=tuple(replace(p, delay=3) for p in WIDE.plans))
 
 
 @example(tree=WIDE_TIMED, field="tokens", place="runtime")
-@settings(QUICK, max_examples=1)
+@settings(ON_HOSTS, max_examples=1)
 @given(tree=trees(delay=3), field=st.sampled_from(CAPPING), place=st.sampled_from(PLACES))
 async def test_with_models_that_take_time_whole_sharing_spends_the_demand_exactly(
     make_hosts: MakeHosts, tree: Tree, field: str, place: str
