@@ -56,6 +56,7 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> MakeStore:
     return lambda: SQLiteStore(tmp_path / "store.db")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``--dist loadgroup``) the tests that share something costly
     run on one worker, which starts it once: the Ray tests of a module share the
