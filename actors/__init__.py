@@ -6,6 +6,8 @@ tool calls in an ephemeral execution buffer, one ``Result`` back, and only the f
 answer kept in the conversation.
 """
 
+import typing as _typing
+
 from ._agent._actor import AgentActor as AgentActor
 from ._agent._agent import Agent as Agent
 from ._agent._persistence import AgentState as AgentState
@@ -91,21 +93,7 @@ from ._observation._events import ToolEnd as ToolEnd
 from ._observation._events import ToolProgress as ToolProgress
 from ._observation._events import ToolStart as ToolStart
 from ._observation._stream import AgentStream as AgentStream
-from ._observation._stream import ApprovalDecided as ApprovalDecided
-from ._observation._stream import ApprovalRequested as ApprovalRequested
-from ._observation._stream import BudgetResumed as BudgetResumed
-from ._observation._stream import BudgetWaiting as BudgetWaiting
-from ._observation._stream import Compacted as Compacted
-from ._observation._stream import Restarted as Restarted
-from ._observation._stream import Retrying as Retrying
-from ._observation._stream import Stopped as Stopped
-from ._observation._stream import StreamEvent as StreamEvent
-from ._observation._stream import SubagentFinished as SubagentFinished
-from ._observation._stream import SubagentStarted as SubagentStarted
-from ._observation._stream import TextDelta as TextDelta
-from ._observation._stream import ToolCallFinished as ToolCallFinished
-from ._observation._stream import ToolCallProgress as ToolCallProgress
-from ._observation._stream import ToolCallStarted as ToolCallStarted
+from ._observation._stream import old_name as _old_name
 from ._observation._traces import collect_trace_tree as collect_trace_tree
 from ._observation._traces import export_traces as export_traces
 from ._observation._traces import load_traces as load_traces
@@ -147,19 +135,14 @@ __all__ = [
     "AgentStream",
     "AnthropicModel",
     "ApprovalAsked",
-    "ApprovalDecided",
     "ApprovalDecision",
     "ApprovalError",
     "ApprovalPolicy",
     "ApprovalRequest",
-    "ApprovalRequested",
     "AssistantMessage",
     "BudgetResume",
-    "BudgetResumed",
     "BudgetWait",
-    "BudgetWaiting",
     "ChildReply",
-    "Compacted",
     "Compaction",
     "CompactionEnd",
     "ContentError",
@@ -207,11 +190,9 @@ __all__ = [
     "RequestStart",
     "Restart",
     "RestartPolicy",
-    "Restarted",
     "Result",
     "Retry",
     "RetryPolicy",
-    "Retrying",
     "ScriptExhausted",
     "ScriptedModel",
     "ServerLimits",
@@ -222,22 +203,14 @@ __all__ = [
     "StepRecord",
     "StepStart",
     "StopCondition",
-    "Stopped",
-    "StreamEvent",
     "Streamed",
     "StreamingModel",
-    "SubagentFinished",
-    "SubagentStarted",
     "SummaryRecord",
     "SystemMessage",
     "Task",
     "Text",
-    "TextDelta",
     "Tool",
     "ToolCall",
-    "ToolCallFinished",
-    "ToolCallProgress",
-    "ToolCallStarted",
     "ToolDefinitionError",
     "ToolEnd",
     "ToolOutcome",
@@ -267,3 +240,10 @@ __all__ = [
     "tool",
     "watch",
 ]
+
+if not _typing.TYPE_CHECKING:  # (a type checker says an old name is gone: nothing to warn)
+
+    def __getattr__(name: str) -> object:
+        """The old names of the stream's events (``TextDelta``, ...), until the next
+        release, each with a ``DeprecationWarning`` naming its new class."""
+        return _old_name("fractor.actors", name)
