@@ -69,29 +69,8 @@ from ._models._turns import calls as calls
 from ._models._turns import fail as fail
 from ._models._turns import reply as reply
 from ._models._turns import streamed as streamed
-from ._observation._events import ApprovalAsked as ApprovalAsked
-from ._observation._events import ApprovalDecision as ApprovalDecision
-from ._observation._events import BudgetResume as BudgetResume
-from ._observation._events import BudgetWait as BudgetWait
-from ._observation._events import CompactionEnd as CompactionEnd
-from ._observation._events import DeadlineReached as DeadlineReached
-from ._observation._events import ExecutionEnd as ExecutionEnd
-from ._observation._events import ExecutionStart as ExecutionStart
-from ._observation._events import LimitReached as LimitReached
-from ._observation._events import ModelText as ModelText
-from ._observation._events import RateResume as RateResume
-from ._observation._events import RateWait as RateWait
-from ._observation._events import Refused as Refused
-from ._observation._events import RequestEnd as RequestEnd
-from ._observation._events import RequestStart as RequestStart
-from ._observation._events import Restart as Restart
-from ._observation._events import Retry as Retry
-from ._observation._events import Spawn as Spawn
-from ._observation._events import StepEnd as StepEnd
-from ._observation._events import StepStart as StepStart
-from ._observation._events import ToolEnd as ToolEnd
-from ._observation._events import ToolProgress as ToolProgress
-from ._observation._events import ToolStart as ToolStart
+from ._observation import _events
+from ._observation._events import *  # noqa: F403 (every kind of event, one class each: its __all__)
 from ._observation._stream import AgentStream as AgentStream
 from ._observation._stream import old_name as _old_name
 from ._observation._traces import collect_trace_tree as collect_trace_tree
@@ -134,27 +113,19 @@ __all__ = [
     "AgentState",
     "AgentStream",
     "AnthropicModel",
-    "ApprovalAsked",
-    "ApprovalDecision",
     "ApprovalError",
     "ApprovalPolicy",
     "ApprovalRequest",
     "AssistantMessage",
-    "BudgetResume",
-    "BudgetWait",
     "ChildReply",
     "Compaction",
-    "CompactionEnd",
     "ContentError",
     "ContentLimits",
     "Conversation",
     "CycleModel",
-    "DeadlineReached",
     "Decide",
     "DigestMessage",
     "Document",
-    "ExecutionEnd",
-    "ExecutionStart",
     "ExecutionTrace",
     "FallbackModel",
     "FinishReason",
@@ -165,14 +136,12 @@ __all__ = [
     "GetTrace",
     "HostUnavailable",
     "Image",
-    "LimitReached",
     "LocalHosts",
     "MalformedAction",
     "Message",
     "Model",
     "ModelRequest",
     "ModelResponse",
-    "ModelText",
     "OpenAIModel",
     "OutputMode",
     "OutputSchema",
@@ -181,27 +150,17 @@ __all__ = [
     "Placer",
     "Progress",
     "ProviderError",
-    "RateResume",
-    "RateWait",
     "ReActModel",
-    "Refused",
     "RemoteHosts",
-    "RequestEnd",
-    "RequestStart",
-    "Restart",
     "RestartPolicy",
     "Result",
-    "Retry",
     "RetryPolicy",
     "ScriptExhausted",
     "ScriptedModel",
     "ServerLimits",
     "Sink",
-    "Spawn",
     "Status",
-    "StepEnd",
     "StepRecord",
-    "StepStart",
     "StopCondition",
     "Streamed",
     "StreamingModel",
@@ -212,12 +171,9 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolDefinitionError",
-    "ToolEnd",
     "ToolOutcome",
-    "ToolProgress",
     "ToolResultMessage",
     "ToolSpec",
-    "ToolStart",
     "Toolbox",
     "ToolsUnavailable",
     "Toolset",
@@ -240,6 +196,7 @@ __all__ = [
     "tool",
     "watch",
 ]
+__all__ += _events.__all__  # the kinds of events
 
 if not _typing.TYPE_CHECKING:  # (a type checker says an old name is gone: nothing to warn)
 

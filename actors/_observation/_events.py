@@ -30,15 +30,15 @@ from fractor.runtime import ActorStop, Event, EventDetail
 
 from .._messages import Message, ModelResponse, Status
 
+#: The kinds, one class each: what ``fractor.actors`` exports of this module (its
+#: ``DETAILS``, ``Details``, ``WireEvent`` and ``agent_event`` are the package's own).
 __all__ = [
-    "DETAILS",
     "ApprovalAsked",
     "ApprovalDecision",
     "BudgetResume",
     "BudgetWait",
     "CompactionEnd",
     "DeadlineReached",
-    "Details",
     "ExecutionEnd",
     "ExecutionStart",
     "LimitReached",
@@ -56,8 +56,6 @@ __all__ = [
     "ToolEnd",
     "ToolProgress",
     "ToolStart",
-    "WireEvent",
-    "agent_event",
 ]
 
 
