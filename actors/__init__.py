@@ -6,6 +6,8 @@ tool calls in an ephemeral execution buffer, one ``Result`` back, and only the f
 answer kept in the conversation.
 """
 
+import typing as _typing
+
 from ._agent._actor import AgentActor as AgentActor
 from ._agent._agent import Agent as Agent
 from ._agent._persistence import AgentState as AgentState
@@ -67,45 +69,10 @@ from ._models._turns import calls as calls
 from ._models._turns import fail as fail
 from ._models._turns import reply as reply
 from ._models._turns import streamed as streamed
-from ._observation._events import ApprovalAsked as ApprovalAsked
-from ._observation._events import ApprovalDecision as ApprovalDecision
-from ._observation._events import BudgetResume as BudgetResume
-from ._observation._events import BudgetWait as BudgetWait
-from ._observation._events import CompactionEnd as CompactionEnd
-from ._observation._events import DeadlineReached as DeadlineReached
-from ._observation._events import ExecutionEnd as ExecutionEnd
-from ._observation._events import ExecutionStart as ExecutionStart
-from ._observation._events import LimitReached as LimitReached
-from ._observation._events import ModelText as ModelText
-from ._observation._events import RateResume as RateResume
-from ._observation._events import RateWait as RateWait
-from ._observation._events import Refused as Refused
-from ._observation._events import RequestEnd as RequestEnd
-from ._observation._events import RequestStart as RequestStart
-from ._observation._events import Restart as Restart
-from ._observation._events import Retry as Retry
-from ._observation._events import Spawn as Spawn
-from ._observation._events import StepEnd as StepEnd
-from ._observation._events import StepStart as StepStart
-from ._observation._events import ToolEnd as ToolEnd
-from ._observation._events import ToolProgress as ToolProgress
-from ._observation._events import ToolStart as ToolStart
+from ._observation import _events
+from ._observation._events import *  # noqa: F403 (every kind of event, one class each: its __all__)
 from ._observation._stream import AgentStream as AgentStream
-from ._observation._stream import ApprovalDecided as ApprovalDecided
-from ._observation._stream import ApprovalRequested as ApprovalRequested
-from ._observation._stream import BudgetResumed as BudgetResumed
-from ._observation._stream import BudgetWaiting as BudgetWaiting
-from ._observation._stream import Compacted as Compacted
-from ._observation._stream import Restarted as Restarted
-from ._observation._stream import Retrying as Retrying
-from ._observation._stream import Stopped as Stopped
-from ._observation._stream import StreamEvent as StreamEvent
-from ._observation._stream import SubagentFinished as SubagentFinished
-from ._observation._stream import SubagentStarted as SubagentStarted
-from ._observation._stream import TextDelta as TextDelta
-from ._observation._stream import ToolCallFinished as ToolCallFinished
-from ._observation._stream import ToolCallProgress as ToolCallProgress
-from ._observation._stream import ToolCallStarted as ToolCallStarted
+from ._observation._stream import old_name as _old_name
 from ._observation._traces import collect_trace_tree as collect_trace_tree
 from ._observation._traces import export_traces as export_traces
 from ._observation._traces import load_traces as load_traces
@@ -146,32 +113,19 @@ __all__ = [
     "AgentState",
     "AgentStream",
     "AnthropicModel",
-    "ApprovalAsked",
-    "ApprovalDecided",
-    "ApprovalDecision",
     "ApprovalError",
     "ApprovalPolicy",
     "ApprovalRequest",
-    "ApprovalRequested",
     "AssistantMessage",
-    "BudgetResume",
-    "BudgetResumed",
-    "BudgetWait",
-    "BudgetWaiting",
     "ChildReply",
-    "Compacted",
     "Compaction",
-    "CompactionEnd",
     "ContentError",
     "ContentLimits",
     "Conversation",
     "CycleModel",
-    "DeadlineReached",
     "Decide",
     "DigestMessage",
     "Document",
-    "ExecutionEnd",
-    "ExecutionStart",
     "ExecutionTrace",
     "FallbackModel",
     "FinishReason",
@@ -182,14 +136,12 @@ __all__ = [
     "GetTrace",
     "HostUnavailable",
     "Image",
-    "LimitReached",
     "LocalHosts",
     "MalformedAction",
     "Message",
     "Model",
     "ModelRequest",
     "ModelResponse",
-    "ModelText",
     "OpenAIModel",
     "OutputMode",
     "OutputSchema",
@@ -198,53 +150,30 @@ __all__ = [
     "Placer",
     "Progress",
     "ProviderError",
-    "RateResume",
-    "RateWait",
     "ReActModel",
-    "Refused",
     "RemoteHosts",
-    "RequestEnd",
-    "RequestStart",
-    "Restart",
     "RestartPolicy",
-    "Restarted",
     "Result",
-    "Retry",
     "RetryPolicy",
-    "Retrying",
     "ScriptExhausted",
     "ScriptedModel",
     "ServerLimits",
     "Sink",
-    "Spawn",
     "Status",
-    "StepEnd",
     "StepRecord",
-    "StepStart",
     "StopCondition",
-    "Stopped",
-    "StreamEvent",
     "Streamed",
     "StreamingModel",
-    "SubagentFinished",
-    "SubagentStarted",
     "SummaryRecord",
     "SystemMessage",
     "Task",
     "Text",
-    "TextDelta",
     "Tool",
     "ToolCall",
-    "ToolCallFinished",
-    "ToolCallProgress",
-    "ToolCallStarted",
     "ToolDefinitionError",
-    "ToolEnd",
     "ToolOutcome",
-    "ToolProgress",
     "ToolResultMessage",
     "ToolSpec",
-    "ToolStart",
     "Toolbox",
     "ToolsUnavailable",
     "Toolset",
@@ -267,3 +196,11 @@ __all__ = [
     "tool",
     "watch",
 ]
+__all__ += _events.__all__  # the kinds of events
+
+if not _typing.TYPE_CHECKING:  # (a type checker says an old name is gone: nothing to warn)
+
+    def __getattr__(name: str) -> object:
+        """The old names of the stream's events (``TextDelta``, ...), until the next
+        release, each with a ``DeprecationWarning`` naming its new class."""
+        return _old_name("fractor.actors", name)

@@ -6,7 +6,8 @@ subclasses, a tagged union on ``kind``). A kind is defined once, as its class: t
 kernel defines the envelope, the base of every detail and the kinds it emits itself
 (``ActorStop``); the agent layer defines its own (``fractor.actors``: ``ToolStart``,
 ``StepEnd``, ...). The kernel knows no agent kind: what it needs to know of one is a
-property of its class (``EventDetail.asks``). ``event.kind`` is the kind's name
+property of its class (``EventDetail.asks``), and so is what a stream of one subtree
+shows of it (``EventDetail.streamed``). ``event.kind`` is the kind's name
 (``"tool_start"``); observers dispatch on the detail's class::
 
     match event.detail:
@@ -46,7 +47,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Set
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Literal, TypeAlias
 
 import anyio
 import msgspec
@@ -62,6 +63,7 @@ __all__ = [
     "EventBus",
     "EventDetail",
     "EventKind",
+    "Streamed",
     "Subscription",
     "detail_class",
     "detail_classes",
@@ -72,6 +74,15 @@ __all__ = [
 #: (``EventDetail.kind``), a ``str``. Once a ``Literal`` listing every kind, agent
 #: kinds included; now any kind a detail class defines (``detail_classes()``).
 EventKind: TypeAlias = Annotated[str, "the name of a kind of event"]
+
+#: Which events of a kind a stream of one subtree shows (``EventDetail.streamed``):
+#: ``"never"``; ``"asked"``, those of the subtree's top (the execution asked, in an
+#: agent's stream), and of the nodes below it when the stream asks for everything
+#: (``AgentRef.stream(subagents=True)``); ``"subagents"``, those of the nodes below
+#: the top only, whatever the stream asks (a subagent's start and end: the top's are
+#: the stream's own beginning and end); ``"always"``, those of every node of the
+#: subtree (an approval asked deep in the tree, which someone must answer).
+Streamed: TypeAlias = Literal["never", "asked", "subagents", "always"]
 
 log = structlog.get_logger("fractor.events")
 
@@ -123,6 +134,11 @@ class EventDetail(
     #: must answer or the tree waits forever (a tool call waiting for a person's
     #: decision): every overflow policy reads it, and never drops such an event.
     asks: ClassVar[bool] = False
+    #: Which events of this kind a stream of one subtree yields (``Streamed``: never,
+    #: the execution asked's, its subagents' only, always): ``AgentRef.stream`` reads
+    #: it, and yields the events themselves, the same ``Event`` the bus carries. A kind
+    #: of your own says so too (``streamed = "asked"``) to be streamed.
+    streamed: ClassVar[Streamed] = "never"
 
     #: The host the event happened on, when it came from one ("": here).
     host: str = ""
@@ -165,6 +181,8 @@ class EventDetail(
 
 class ActorStop(EventDetail, frozen=True, kw_only=True, tag="stop"):
     """An actor stopped (the kernel's own event): why, in words."""
+
+    streamed = "never"
 
     reason: str
 

@@ -17,12 +17,22 @@ puts them under ``fractor/``; an editable install puts ``.package`` on the path.
 Both are set in one place, ``pyproject.toml`` (``[tool.hatch.build.targets.wheel]``).
 """
 
+import typing as _typing
+
 from . import actors as actors
 from . import runtime as runtime
 from .actors import *  # noqa: F403 (the agents' public names, as __all__ lists them)
+from .actors._observation._stream import old_name as _old_name
 from .runtime import *  # noqa: F403 (the kernel's)
 
 #: The installed distribution's version.
 __version__: str = actors.__version__
 
 __all__ = sorted({*actors.__all__, *runtime.__all__})
+
+if not _typing.TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        """The old names of the agents' layer (``fractor.TextDelta``), until the next
+        release, each with a ``DeprecationWarning`` naming its new one."""
+        return _old_name("fractor", name)

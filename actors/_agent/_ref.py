@@ -115,11 +115,12 @@ class AgentRef:
     ) -> AgentStream:
         """Give the agent a task and watch it run: ``async with ref.stream(text) as
         run: async for event in run: ...``, then ``run.result`` (the ``Result`` that
-        ``ask`` would return). ``subagents=True`` also streams what subagents do
-        (their text, tool calls, waits), not only their start and finish. At most
-        ``buffer`` events wait for a slow consumer (see ``actors._observation._stream``).
-        Leaving the block before the answer stops the execution. ``resume``: as
-        for ``ask``."""
+        ``ask`` would return). Each event is the runtime's ``Event`` of this tree (as
+        ``rt.events()`` gives it: match on ``event.detail``). ``subagents=True`` also
+        streams what subagents do (their text, tool calls, waits), not only their
+        start and finish. At most ``buffer`` events wait for a slow consumer (see
+        ``actors._observation._stream``). Leaving the block before the answer stops
+        the execution. ``resume``: as for ``ask``."""
         task = self._handed(self._task(text, budget, resume))
         return AgentStream(self._ref, task, subagents=subagents, buffer=buffer)
 

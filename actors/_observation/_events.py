@@ -3,19 +3,21 @@
 Each class is a kind of event an execution of an agent emits, tagged with the
 kind's name (``ToolStart`` is ``"tool_start"``), its fields typed; the kernel
 defines the envelope (``fractor.runtime.Event``), the base (``EventDetail``) and its
-own kinds (``ActorStop``), and knows none of these. The stream, OpenTelemetry, the
-live view and ``fractor run`` dispatch on these classes, and
-``tests/actors/observation/test_events.py`` fails when one of them does not say what it does
-with a kind (handles it, or ignores it on purpose).
+own kinds (``ActorStop``), and knows none of these. It is the one vocabulary: the bus
+carries these classes, a stream of an ask yields the bus's events themselves (which
+kinds, each class says: ``streamed``), the wire from a host decodes them (``Details``),
+and OpenTelemetry, the live view's and the web view's lines and ``fractor run``
+dispatch on them; ``tests/actors/observation/test_events.py`` sends one event of every kind of
+``Details`` through each of them.
 
 ``agent_event`` is the one place an agent's event is built (the execution's ``emit``
 calls it), from a kind's name and its fields or from a detail made already.
 
-Adding a kind: its class here (and in ``DETAILS``), its emit site
-(``execution.emit(TheKind(...))``), and what the stream does with it (``SHOWN`` or
-``IGNORED`` in ``_stream``: its items are public types; ``tests/actors/observation/test_events.py``
-fails until it says). OpenTelemetry and the command line's lines show a kind they have
-no handler for from its fields (a span event ``fractor.<kind>``; ``kind field=value``).
+Adding a kind: its class here (saying whether a stream yields it, ``streamed``; in
+``Details`` and ``__all__``: ``fractor.actors`` exports what ``__all__`` lists), and
+its emit site (``execution.emit(TheKind(...))``), and a test. Every consumer shows a
+kind it has no words for from its fields (a span event ``fractor.<kind>``; a line
+``kind field=value``; ``fractor run``'s note ``[kind field=value]``).
 """
 
 from __future__ import annotations
@@ -28,15 +30,15 @@ from fractor.runtime import ActorStop, Event, EventDetail
 
 from .._messages import Message, ModelResponse, Status
 
+#: The kinds, one class each: what ``fractor.actors`` exports of this module (its
+#: ``DETAILS``, ``Details``, ``WireEvent`` and ``agent_event`` are the package's own).
 __all__ = [
-    "DETAILS",
     "ApprovalAsked",
     "ApprovalDecision",
     "BudgetResume",
     "BudgetWait",
     "CompactionEnd",
     "DeadlineReached",
-    "Details",
     "ExecutionEnd",
     "ExecutionStart",
     "LimitReached",
@@ -54,13 +56,13 @@ __all__ = [
     "ToolEnd",
     "ToolProgress",
     "ToolStart",
-    "WireEvent",
-    "agent_event",
 ]
 
 
 class ExecutionStart(EventDetail, frozen=True, kw_only=True, tag="execution_start"):
     """An execution starts: its task (the first 200 characters)."""
+
+    streamed = "subagents"
 
     task: str
     #: The key of the task handed in from outside, when it was (``EventBus.on_task``).
@@ -72,6 +74,8 @@ class ExecutionStart(EventDetail, frozen=True, kw_only=True, tag="execution_star
 class ExecutionEnd(EventDetail, frozen=True, kw_only=True, tag="execution_end"):
     """An execution ended: how, after how many steps and tokens, with what answer
     (the first 200 characters)."""
+
+    streamed = "subagents"
 
     status: Status
     reason: str
@@ -85,6 +89,8 @@ class ExecutionEnd(EventDetail, frozen=True, kw_only=True, tag="execution_end"):
 class Refused(EventDetail, frozen=True, kw_only=True, tag="refused"):
     """A task refused before it started (a depth or agents limit)."""
 
+    streamed = "never"
+
     reason: str
     caller: str = ""
 
@@ -92,11 +98,15 @@ class Refused(EventDetail, frozen=True, kw_only=True, tag="refused"):
 class StepStart(EventDetail, frozen=True, kw_only=True, tag="step_start"):
     """A step (a model request and the tool calls it asks for) starts."""
 
+    streamed = "never"
+
     step: int
 
 
 class StepEnd(EventDetail, frozen=True, kw_only=True, tag="step_end"):
     """A step ended: the tools it called, its tokens and seconds."""
+
+    streamed = "never"
 
     step: int
     tool_calls: tuple[str, ...] = ()
@@ -111,12 +121,16 @@ class StepEnd(EventDetail, frozen=True, kw_only=True, tag="step_end"):
 class ModelText(EventDetail, frozen=True, kw_only=True, tag="text"):
     """A piece of the model's text (a stream's delta, or a response's whole text)."""
 
+    streamed = "asked"
+
     text: str
     step: int = 0
 
 
 class RequestStart(EventDetail, frozen=True, kw_only=True, tag="request_start"):
     """A model request is sent (attempt 1, 2, ...)."""
+
+    streamed = "never"
 
     step: int
     attempt: int
@@ -129,6 +143,8 @@ class RequestStart(EventDetail, frozen=True, kw_only=True, tag="request_start"):
 
 class RequestEnd(EventDetail, frozen=True, kw_only=True, tag="request_end"):
     """A model request answered (or failed: ``error``)."""
+
+    streamed = "never"
 
     model: str
     input_tokens: int = 0
@@ -151,6 +167,8 @@ class RequestEnd(EventDetail, frozen=True, kw_only=True, tag="request_end"):
 class ToolStart(EventDetail, frozen=True, kw_only=True, tag="tool_start"):
     """A tool call starts: its JSON arguments (the first 200 characters)."""
 
+    streamed = "asked"
+
     tool: str
     call_id: str
     arguments: str = ""
@@ -159,6 +177,8 @@ class ToolStart(EventDetail, frozen=True, kw_only=True, tag="tool_start"):
 class ToolProgress(EventDetail, frozen=True, kw_only=True, tag="tool_progress"):
     """What a running tool reported of its progress (an MCP server's progress
     notifications), between its ``ToolStart`` and its ``ToolEnd``."""
+
+    streamed = "asked"
 
     tool: str
     call_id: str
@@ -169,6 +189,8 @@ class ToolProgress(EventDetail, frozen=True, kw_only=True, tag="tool_progress"):
 
 class ToolEnd(EventDetail, frozen=True, kw_only=True, tag="tool_end"):
     """A tool call ended: its result (the first 200 characters)."""
+
+    streamed = "asked"
 
     tool: str
     call_id: str
@@ -184,6 +206,8 @@ class ToolEnd(EventDetail, frozen=True, kw_only=True, tag="tool_end"):
 class Spawn(EventDetail, frozen=True, kw_only=True, tag="spawn"):
     """A subagent call starts its child (``host``: where, if on a host)."""
 
+    streamed = "never"
+
     child: str
     child_id: str
     call_id: str = ""
@@ -192,6 +216,8 @@ class Spawn(EventDetail, frozen=True, kw_only=True, tag="spawn"):
 
 class Retry(EventDetail, frozen=True, kw_only=True, tag="retry"):
     """A model request (or an answer that did not parse) is tried again."""
+
+    streamed = "asked"
 
     attempt: int
     error: str
@@ -202,6 +228,8 @@ class Restart(EventDetail, frozen=True, kw_only=True, tag="restart"):
     """A failed execution runs again (``digest``: it reads a digest of the earlier
     attempts), or a lost host's subtree is placed again (``host``)."""
 
+    streamed = "asked"
+
     reason: str
     restarts: int
     digest: bool = False
@@ -209,6 +237,8 @@ class Restart(EventDetail, frozen=True, kw_only=True, tag="restart"):
 
 class CompactionEnd(EventDetail, frozen=True, kw_only=True, tag="compaction"):
     """The agent folded old turns into its summary (``ok``), or failed to (``error``)."""
+
+    streamed = "asked"
 
     ok: bool
     turns: int
@@ -221,17 +251,23 @@ class CompactionEnd(EventDetail, frozen=True, kw_only=True, tag="compaction"):
 class BudgetWait(EventDetail, frozen=True, kw_only=True, tag="budget_wait"):
     """A request waits for budget others hold."""
 
+    streamed = "asked"
+
     reason: str
 
 
 class BudgetResume(EventDetail, frozen=True, kw_only=True, tag="budget_resume"):
     """A request that waited for budget goes on, after ``seconds``."""
 
+    streamed = "asked"
+
     seconds: float
 
 
 class RateWait(EventDetail, frozen=True, kw_only=True, tag="rate_wait"):
     """A request waits for room in its model's rate limits (``lane``: the model)."""
+
+    streamed = "never"
 
     lane: str
     reason: str
@@ -240,6 +276,8 @@ class RateWait(EventDetail, frozen=True, kw_only=True, tag="rate_wait"):
 class RateResume(EventDetail, frozen=True, kw_only=True, tag="rate_resume"):
     """A request that waited for a rate limit goes on, after ``seconds``."""
 
+    streamed = "never"
+
     lane: str
     seconds: float
 
@@ -247,11 +285,19 @@ class RateResume(EventDetail, frozen=True, kw_only=True, tag="rate_resume"):
 class LimitReached(EventDetail, frozen=True, kw_only=True, tag="budget_exceeded"):
     """A budget limit stopped the execution."""
 
+    streamed = "asked"
+    #: What the execution ends as.
+    status: ClassVar[Status] = "budget_exceeded"
+
     reason: str
 
 
 class DeadlineReached(EventDetail, frozen=True, kw_only=True, tag="deadline"):
     """The deadline stopped the execution."""
+
+    streamed = "asked"
+    #: What the execution ends as.
+    status: ClassVar[Status] = "timed_out"
 
     reason: str
 
@@ -259,6 +305,8 @@ class DeadlineReached(EventDetail, frozen=True, kw_only=True, tag="deadline"):
 class ApprovalAsked(EventDetail, frozen=True, kw_only=True, tag="approval_request"):
     """A tool call waits for a person's decision (``ApprovalRequest``): it asks
     something of whoever observes, so no observer ever drops it."""
+
+    streamed = "always"
 
     asks: ClassVar[bool] = True
 
@@ -276,6 +324,8 @@ class ApprovalAsked(EventDetail, frozen=True, kw_only=True, tag="approval_reques
 
 class ApprovalDecision(EventDetail, frozen=True, kw_only=True, tag="approval_decision"):
     """A held tool call was approved or denied, after ``waited`` seconds."""
+
+    streamed = "always"
 
     id: str
     tool: str

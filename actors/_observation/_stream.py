@@ -5,27 +5,28 @@
 
     async with ref.stream("What's the weather in Paris?") as run:
         async for event in run:
-            match event:
-                case TextDelta(text=text, depth=1):
+            match event.detail:
+                case ModelText(text=text) if event.depth == 1:
                     print(text, end="", flush=True)
-                case ToolCallStarted(tool=name):
+                case ToolStart(tool=name):
                     print(f"\\n[{name}...]")
     print(run.result.status)
 
-The stream yields typed events (frozen Structs, a tagged union on ``kind``):
-``TextDelta`` (the model's text as it is generated), ``ToolCallStarted``,
-``ToolCallProgress`` (what a running tool reports of its progress: an MCP server's)
-and ``ToolCallFinished``, ``SubagentStarted`` and ``SubagentFinished``, ``BudgetWaiting``
-and ``BudgetResumed``, ``Retrying`` (text after it starts over), ``Restarted`` (a
-failed execution runs again), ``Compacted`` (old turns folded into the summary
-first), ``Stopped`` (a budget limit or the deadline), and ``ApprovalRequested`` /
-``ApprovalDecided`` (a tool call held for a person's decision: see ``_tools._approval``).
-Each names its agent, its execution and its ``depth`` in the tree, counted from the
-top as the tree counts it everywhere (``rt.tree()``, the runtime's events, an
-``ApprovalRequest``): 1 for the agent asked (a top-level agent), 2 for its
-subagents, and so on, wherever they run. By default the events of subagents are
-their start and finish and their approvals only; ``subagents=True`` adds their
-text, tool calls, waits and stops. The iteration ends once the execution has
+The stream yields the runtime's own events (``fractor.Event``, as ``rt.events()``
+does), those of this tree only: one vocabulary, one class per kind of event
+(``_events``), whether it is read from the bus, a stream, the wire from a host or a
+log. Which kinds it yields is a property of each class (``EventDetail.streamed``):
+the model's text as it is generated (``ModelText``; a ``Retry`` or a ``Restart``
+means the text starts over), a tool call's start, progress and end, a budget wait
+and its end, a compaction, a stop (``LimitReached``, ``DeadlineReached``), of the
+execution asked; its subagents' start and end (``ExecutionStart``, ``ExecutionEnd``
+below it); and the approvals asked and decided at every depth (``ApprovalAsked``:
+see ``_tools._approval``). Each event names its agent, its execution and its
+``depth`` in the tree, counted from the top as the tree counts it everywhere
+(``rt.tree()``, an ``ApprovalRequest``): 1 for the agent asked (a top-level agent),
+2 for its subagents, and so on, wherever they run. ``subagents=True`` adds the
+subagents' events of the kinds the execution asked shows (``streamed == "asked"``):
+their text, tool calls, waits and stops. The iteration ends once the execution has
 answered; ``run.result`` is the same ``Result`` that ``ask`` returns.
 
 How it works: the ask carries the name of a watcher (``Task.watch``); the execution's
@@ -33,10 +34,10 @@ node takes it, and every node opened below inherits it (``runtime.Node.watch``),
 the events of this tree, and only these, reach the stream, whether or not anyone
 subscribes to the runtime's events. They wait in a bounded buffer: a slow consumer
 never stalls the agents. While the consumer is behind, consecutive text pieces of one
-execution merge into one event (no text is lost); once the buffer is full, other
-events are dropped and counted in ``run.missed``, except those that ask something
-of the consumer (``runtime.Event.asks``: an ``ApprovalRequested``), which are
-always shown.
+execution's step merge into one event (no text is lost); once the buffer is full,
+other events are dropped and counted in ``run.missed`` (and, as a subscriber's are,
+in the ``missed`` of the next event yielded), except those that ask something of the
+consumer (``runtime.Event.asks``: an ``ApprovalAsked``), which are always shown.
 
 Leaving the block before the answer stops the execution (and its subtree), and
 waits briefly for its answer: ``run.result`` then says so (``cancelled``). A task
@@ -46,22 +47,30 @@ runtime's ``watchers`` with the task, so whichever of the two comes first decide
 ``run.result`` is then at once the answer ``withdrawn`` makes (``cancelled``: "The
 task was not started"), and nothing of the task joins the conversation, the traces
 or the store.
+
+Until the next release, the stream's classes of before (``TextDelta``,
+``ToolCallStarted``, ... ``StreamEvent``) are old names (``RENAMED``), each with a
+``DeprecationWarning`` naming its new class: ``isinstance(event, TextDelta)`` holds
+for an event whose detail is a ``ModelText``, ``case TextDelta(text=text, depth=1)``
+matches it, and an event a stream yields reads its detail's fields as its own
+(``event.text``, as the old classes were flat), with a ``DeprecationWarning`` too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from collections import deque
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
 
-from fractor.runtime import ActorStop, Event, EventDetail, Usage
+from fractor.runtime import Event, EventDetail, Usage
 
-from .._messages import Result, Status, Task
+from .._messages import Result, Task
 from ._events import (
     ApprovalAsked,
     ApprovalDecision,
@@ -73,196 +82,28 @@ from ._events import (
     ExecutionStart,
     LimitReached,
     ModelText,
-    RateResume,
-    RateWait,
-    Refused,
-    RequestEnd,
-    RequestStart,
     Restart,
     Retry,
-    Spawn,
-    StepEnd,
-    StepStart,
     ToolEnd,
     ToolProgress,
     ToolStart,
+    WireEvent,
 )
 
 if TYPE_CHECKING:
     from fractor.runtime import ActorRef, PendingReply
 
-__all__ = [
-    "AgentStream",
-    "ApprovalDecided",
-    "ApprovalRequested",
-    "BudgetResumed",
-    "BudgetWaiting",
-    "Compacted",
-    "Restarted",
-    "Retrying",
-    "Stopped",
-    "StreamEvent",
-    "SubagentFinished",
-    "SubagentStarted",
-    "TextDelta",
-    "ToolCallFinished",
-    "ToolCallProgress",
-    "ToolCallStarted",
-    "withdrawn",
-]
+__all__ = ["RENAMED", "AgentStream", "old_name", "withdrawn"]
 
 #: How long leaving a stream early waits for the stopped execution's answer.
 _STOP_WAIT = 5.0
 _keys = itertools.count(1)
-
-
-class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
-    #: The agent whose execution this is about.
-    agent: str
-    execution_id: str
-    #: Its depth in the tree, from the top as the tree counts it: 1 for the agent
-    #: asked (a top-level agent), 2 for its subagents...
-    depth: int
-    #: Seconds since the runtime started.
-    at: float
-
-
-class TextDelta(_Base, frozen=True, kw_only=True, tag="text"):
-    """A piece of the model's text, as it is generated (``step``: which step's
-    request; the text of a step that calls tools is trace, not the answer)."""
-
-    text: str
-    step: int = 0
-
-
-class ToolCallStarted(_Base, frozen=True, kw_only=True, tag="tool_start"):
-    tool: str
-    call_id: str
-    #: The call's JSON arguments (the first 200 characters).
-    arguments: str = ""
-
-
-class ToolCallProgress(_Base, frozen=True, kw_only=True, tag="tool_progress"):
-    """What a running tool reported of its progress (an MCP server's progress
-    notifications): ``progress`` out of ``total`` (None: not known), and a message."""
-
-    tool: str
-    call_id: str
-    progress: float
-    total: float | None = None
-    message: str = ""
-
-
-class ToolCallFinished(_Base, frozen=True, kw_only=True, tag="tool_end"):
-    tool: str
-    call_id: str
-    is_error: bool
-    #: The result (the first 200 characters).
-    result: str = ""
-    seconds: float = 0.0
-    #: The images and documents it returned, a line each (``describe_part``).
-    parts: tuple[str, ...] = ()
-
-
-class SubagentStarted(_Base, frozen=True, kw_only=True, tag="subagent_start"):
-    """A subagent's execution began (``parent_id``: the execution that called it)."""
-
-    parent_id: str
-    task: str = ""
-
-
-class SubagentFinished(_Base, frozen=True, kw_only=True, tag="subagent_end"):
-    status: Status
-    reason: str = ""
-
-
-class BudgetWaiting(_Base, frozen=True, kw_only=True, tag="budget_wait"):
-    """A model request waits for headroom that requests in flight hold."""
-
-    reason: str
-
-
-class BudgetResumed(_Base, frozen=True, kw_only=True, tag="budget_resume"):
-    seconds: float
-
-
-class Retrying(_Base, frozen=True, kw_only=True, tag="retry"):
-    """A model request is sent again; its text streams again from the start."""
-
-    attempt: int
-    error: str
-    delay: float = 0.0
-
-
-class ApprovalRequested(_Base, frozen=True, kw_only=True, tag="approval_request"):
-    """A tool call waits for a person's decision: answer it with the ref of the agent
-    asked, ``ref.approve(id)`` or ``ref.deny(id, reason)``. Shown at every depth.
-    ``path`` names the agents from the top-level agent down to the one that asked,
-    as its ``ApprovalRequest`` does (and ``depth`` is its ``depth``)."""
-
-    id: str
-    tool: str
-    call_id: str
-    arguments: str = ""
-    path: tuple[str, ...] = ()
-
-
-class ApprovalDecided(_Base, frozen=True, kw_only=True, tag="approval_decision"):
-    id: str
-    tool: str
-    call_id: str
-    approved: bool
-    reason: str = ""
-    waited: float = 0.0
-
-
-class Restarted(_Base, frozen=True, kw_only=True, tag="restart"):
-    """The execution failed and runs again (``RestartPolicy``): its text starts over;
-    ``digest``: the new attempt reads a digest of the earlier ones."""
-
-    restarts: int
-    reason: str
-    digest: bool = False
-
-
-class Compacted(_Base, frozen=True, kw_only=True, tag="compaction"):
-    """The agent folded its oldest turns into its summary before this execution
-    (``Agent(memory=...)``); ``ok`` False: nothing was folded, ``error`` says why."""
-
-    ok: bool
-    turns: int
-    covered: int
-    error: str = ""
-
-
-class Stopped(_Base, frozen=True, kw_only=True, tag="stopped"):
-    """A budget limit or the deadline stopped this execution."""
-
-    status: Literal["budget_exceeded", "timed_out"]
-    reason: str
-
-
-StreamEvent: TypeAlias = (
-    ApprovalDecided
-    | ApprovalRequested
-    | TextDelta
-    | ToolCallStarted
-    | ToolCallProgress
-    | ToolCallFinished
-    | SubagentStarted
-    | SubagentFinished
-    | BudgetWaiting
-    | BudgetResumed
-    | Retrying
-    | Restarted
-    | Compacted
-    | Stopped
-)
+_replace = msgspec.structs.replace
 
 
 class AgentStream:
-    """One streamed ask: an async context manager, then an async iterator of
-    ``StreamEvent``; ``result`` once the iteration has ended (see the module)."""
+    """One streamed ask: an async context manager, then an async iterator of the
+    tree's ``Event``s; ``result`` once the iteration has ended (see the module)."""
 
     __slots__ = (
         "_buffer",
@@ -291,7 +132,7 @@ class AgentStream:
         self._task = msgspec.structs.replace(task, watch=self._key)
         self._subagents = subagents
         self._buffer = buffer
-        self._events: deque[StreamEvent] = deque()
+        self._events: deque[Event] = deque()
         self._wake: anyio.Event | None = None
         self._reply: PendingReply | None = None
         self._result: Result | None = None
@@ -368,13 +209,13 @@ class AgentStream:
     def __aiter__(self) -> AgentStream:
         return self
 
-    async def __anext__(self) -> StreamEvent:
+    async def __anext__(self) -> Event:
         reply = self._reply
         if reply is None:
             raise RuntimeError("use the stream as an async context manager first (async with)")
         while True:
             if self._events:
-                return self._events.popleft()
+                return _flat(self._events.popleft())
             if reply.done():
                 self._take(reply)
                 if self._error is not None:
@@ -395,56 +236,41 @@ class AgentStream:
                 return
         if self._closed:
             return
-        converted = self._convert(event)
-        if converted is None:
+        detail = event.detail
+        shown = detail.streamed
+        if shown == "never":
             return
+        if event.depth > self._root_depth:  # a subagent's
+            if shown == "asked" and not self._subagents:
+                return
+        elif shown == "subagents":
+            return  # the execution asked's own start or end: the stream's own
         events = self._events
-        if type(converted) is TextDelta and events:
+        if type(detail) is ModelText and events:
             last = events[-1]
+            before = last.detail
             if (
-                type(last) is TextDelta
-                and last.execution_id == converted.execution_id
-                and last.step == converted.step
+                type(before) is ModelText
+                and last.execution_id == event.execution_id
+                and before.step == detail.step
             ):
-                events[-1] = msgspec.structs.replace(last, text=last.text + converted.text)
+                merged = _replace(before, text=before.text + detail.text)
+                events[-1] = _replace(last, detail=merged)
                 return
         if (
             len(events) >= self._buffer
-            and (type(converted) is not TextDelta or len(events) >= 2 * self._buffer)
+            and (type(detail) is not ModelText or len(events) >= 2 * self._buffer)
             and not event.asks  # someone must answer it: never dropped
         ):
             self.missed += 1
             return
-        events.append(converted)
+        if self.missed:  # the gap is said, as to the runtime's subscribers
+            event = _replace(event, missed=self.missed)
+        events.append(event)
         wake = self._wake
         if wake is not None:
             self._wake = None
             wake.set()
-
-    def _convert(self, event: Event) -> StreamEvent | None:
-        """The stream's event for ``event`` (None: not one the stream shows)."""
-        detail = event.detail
-        cls = type(detail)
-        below = event.depth - self._root_depth  # 0: the execution asked
-        if below and not self._subagents and cls not in _SUBAGENT_EDGES:
-            return None
-        shown = SHOWN.get(cls)
-        if shown is None:
-            return None  # one of IGNORED
-        kind_of, names = shown
-        if kind_of is None:  # the start or end of an execution: a subagent's only
-            if not below:
-                return None
-            kind_of = SubagentStarted if cls is ExecutionStart else SubagentFinished
-        fields = {name: getattr(detail, name) for name in names}
-        fields.update(
-            agent=event.agent, execution_id=event.execution_id, depth=event.depth, at=event.at
-        )
-        if kind_of is SubagentStarted:
-            fields["parent_id"] = event.parent_id
-        elif kind_of is Stopped:
-            fields["status"] = "budget_exceeded" if cls is LimitReached else "timed_out"
-        return msgspec.convert(fields, kind_of)
 
     def _answered(self, reply: PendingReply) -> None:
         self._ref.runtime.event_bus.watchers.pop(self._key, None)
@@ -494,38 +320,116 @@ def withdrawn(agent_id: str) -> Result:
     )
 
 
-#: The events of a subagent that a stream shows without ``subagents=True``: its start
-#: and end, and the approvals it waits for (someone must answer them).
-_SUBAGENT_EDGES: frozenset[type[EventDetail]] = frozenset(
-    {ExecutionStart, ExecutionEnd, ApprovalAsked, ApprovalDecision}
-)
+# -- the stream's classes of before: old names until the next release --------------
 
-#: For each kind of runtime event a stream shows (its detail's class): its type here
-#: (None: a subagent's start or end) and the details it keeps.
-SHOWN: dict[type[EventDetail], tuple[type[StreamEvent] | None, tuple[str, ...]]] = {
-    ModelText: (TextDelta, ("text", "step")),
-    ToolStart: (ToolCallStarted, ("tool", "call_id", "arguments")),
-    ToolProgress: (ToolCallProgress, ("tool", "call_id", "progress", "total", "message")),
-    ToolEnd: (ToolCallFinished, ("tool", "call_id", "is_error", "result", "seconds", "parts")),
-    ExecutionStart: (None, ("task",)),
-    ExecutionEnd: (None, ("status", "reason")),
-    BudgetWait: (BudgetWaiting, ("reason",)),
-    BudgetResume: (BudgetResumed, ("seconds",)),
-    Retry: (Retrying, ("attempt", "error", "delay")),
-    Restart: (Restarted, ("restarts", "reason", "digest")),
-    CompactionEnd: (Compacted, ("ok", "turns", "covered", "error")),
-    LimitReached: (Stopped, ("reason",)),
-    DeadlineReached: (Stopped, ("reason",)),
-    ApprovalAsked: (ApprovalRequested, ("id", "tool", "call_id", "arguments", "path")),
-    ApprovalDecision: (
-        ApprovalDecided,
-        ("id", "tool", "call_id", "approved", "reason", "waited"),
-    ),
+
+class _Flat(Event, frozen=True, kw_only=True, gc=False):
+    """An event a stream yields, until the next release: an ``Event`` that also reads
+    its detail's fields as its own (``event.text``), as the stream's old classes were
+    flat, with a ``DeprecationWarning`` naming the new way (``event.detail.text``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            value = getattr(self.detail, name)
+        except AttributeError:
+            raise AttributeError(
+                f"an event of kind {self.detail.kind!r} has no field {name!r}"
+            ) from None
+        warnings.warn(
+            f"event.{name} is deprecated: a stream yields fractor.Event, whose detail "
+            f"holds the fields of its kind: read event.detail.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return value
+
+
+_Flat.__name__ = _Flat.__qualname__ = "Event"  # what it shows as: an Event
+
+
+def _flat(event: Event) -> Event:
+    return _Flat(
+        at=event.at,
+        agent=event.agent,
+        agent_id=event.agent_id,
+        execution_id=event.execution_id,
+        parent_id=event.parent_id,
+        depth=event.depth,
+        detail=event.detail,
+        missed=event.missed,
+    )
+
+
+class _Renamed(type):
+    """The class of an old name of a stream event (``TextDelta``): an event is an
+    instance of it when its detail is of the new class (``ModelText``), so
+    ``isinstance`` and ``match`` go on working; calling it makes such an event from
+    the old class's fields."""
+
+    new: tuple[type[EventDetail], ...]
+
+    def __instancecheck__(cls, instance: object) -> bool:
+        return isinstance(instance, Event) and isinstance(instance.detail, cls.new)
+
+    def __call__(cls, *args: Any, **fields: Any) -> Any:
+        if args:
+            raise TypeError(f"{cls.__name__}() takes keyword arguments only")
+        envelope = {
+            name: fields.pop(name)
+            for name in ("at", "agent", "agent_id", "execution_id", "parent_id", "depth")
+            if name in fields
+        }
+        new = cls.new[0]
+        if len(cls.new) > 1:  # Stopped: its status says which
+            status = fields.pop("status", None)
+            new = next((kind for kind in cls.new if getattr(kind, "status", 0) == status), new)
+        if new is ExecutionEnd:
+            fields.setdefault("steps", 0)
+            fields.setdefault("tokens", 0)
+        return _flat(Event(**{"at": 0.0, **envelope}, detail=new(**fields)))
+
+
+def _renamed(name: str, *new: type[EventDetail]) -> tuple[object, str]:
+    said = " or ".join(kind.__name__ for kind in new)
+    old = _Renamed(name, (), {"new": new, "__module__": "fractor.actors", "__doc__": said})
+    return (
+        old,
+        f"an Event whose detail is a {said} (match event.detail: case {new[0].__name__}(...))",
+    )
+
+
+#: The stream's classes of before, by name: what each is now (a stand-in that
+#: ``isinstance`` and ``match`` take for it), and the new class its warning names.
+RENAMED: dict[str, tuple[object, str]] = {
+    "TextDelta": _renamed("TextDelta", ModelText),
+    "ToolCallStarted": _renamed("ToolCallStarted", ToolStart),
+    "ToolCallProgress": _renamed("ToolCallProgress", ToolProgress),
+    "ToolCallFinished": _renamed("ToolCallFinished", ToolEnd),
+    "SubagentStarted": _renamed("SubagentStarted", ExecutionStart),
+    "SubagentFinished": _renamed("SubagentFinished", ExecutionEnd),
+    "BudgetWaiting": _renamed("BudgetWaiting", BudgetWait),
+    "BudgetResumed": _renamed("BudgetResumed", BudgetResume),
+    "Retrying": _renamed("Retrying", Retry),
+    "ApprovalRequested": _renamed("ApprovalRequested", ApprovalAsked),
+    "ApprovalDecided": _renamed("ApprovalDecided", ApprovalDecision),
+    "Restarted": _renamed("Restarted", Restart),
+    "Compacted": _renamed("Compacted", CompactionEnd),
+    "Stopped": _renamed("Stopped", LimitReached, DeadlineReached),
+    "StreamEvent": (WireEvent, "fractor.Event, the runtime's own, its detail one class per kind"),
 }
 
-#: The kinds a stream does not show, on purpose: the tree's structure and the model's
-#: requests (a subagent shows as its start and end), a refusal (the ask answers it),
-#: an actor's stop, a wait for a rate limit (the runtime's events and lines show it).
-IGNORED: frozenset[type[EventDetail]] = frozenset(
-    {StepStart, StepEnd, RequestStart, RequestEnd, Spawn, Refused, ActorStop, RateWait, RateResume}
-)
+
+def old_name(module: str, name: str) -> object:
+    """``module.name`` for an old name of ``RENAMED`` (a module's ``__getattr__``),
+    with a ``DeprecationWarning`` naming the new one; ``AttributeError`` for any other
+    name, as for a name a module lacks."""
+    try:
+        value, said = RENAMED[name]
+    except KeyError:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}") from None
+    warnings.warn(
+        f"{module}.{name} is deprecated and goes in the next release: a stream yields {said}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return value

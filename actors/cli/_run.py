@@ -48,31 +48,31 @@ from typing import Any, TextIO
 import anyio
 import anyio.to_thread
 
-from fractor.runtime import Budget, Runtime, SQLiteStore, Store, Subscription
+from fractor.runtime import Budget, EventDetail, Runtime, SQLiteStore, Store, Subscription
 
 from .._agent._agent import Agent, AgentRef
 from .._agent._policy import RetryPolicy
 from .._agent._ref import TaskContent
 from .._memory._summarizer import Compaction
 from .._messages import Result
-from .._observation._events import ApprovalAsked
-from .._observation._stream import (
-    ApprovalDecided,
-    ApprovalRequested,
-    BudgetResumed,
-    BudgetWaiting,
-    Compacted,
-    Restarted,
-    Retrying,
-    Stopped,
-    StreamEvent,
-    SubagentFinished,
-    SubagentStarted,
-    TextDelta,
-    ToolCallFinished,
-    ToolCallProgress,
-    ToolCallStarted,
+from .._observation._events import (
+    ApprovalAsked,
+    ApprovalDecision,
+    BudgetResume,
+    BudgetWait,
+    CompactionEnd,
+    DeadlineReached,
+    ExecutionEnd,
+    ExecutionStart,
+    LimitReached,
+    ModelText,
+    Restart,
+    Retry,
+    ToolEnd,
+    ToolProgress,
+    ToolStart,
 )
+from .._observation._lines import generic_line
 from .._parts import ContentError, ContentLimits, Document, Image, Media, describe_part
 from .._tools._approval import ApprovalError
 from .._tools._tool import Tool, ToolDefinitionError, tool
@@ -321,39 +321,41 @@ async def _store(session: str | None, db: str | None) -> AsyncIterator[Store | N
         yield store
 
 
-def stream_note(event: StreamEvent) -> str | None:
-    """The note ``fractor run`` writes on its own line for a stream's event (None: an
-    event it does not note, one of ``STREAM_IGNORED``; the text itself is written as
-    it comes)."""
-    match event:
-        case ToolCallStarted(tool=tool, arguments=arguments):
+def stream_note(detail: EventDetail) -> str | None:
+    """The note ``fractor run`` writes on its own line for the detail of a stream's
+    event (None: one it does not note, of ``STREAM_IGNORED``; the text itself is
+    written as it comes); a kind it has no words for, as it is (``generic_line``)."""
+    match detail:
+        case ToolStart(tool=tool, arguments=arguments):
             return f"[calling {tool}({arguments})]"
-        case ToolCallProgress(tool=tool, progress=progress, total=total, message=message):
+        case ToolProgress(tool=tool, progress=progress, total=total, message=message):
             done = f"{progress:g}" + (f"/{total:g}" if total is not None else "")
             return f"[{tool}: {done}{': ' + message if message else ''}]"
-        case ToolCallFinished(tool=tool, is_error=is_error, seconds=seconds, parts=parts):
+        case ToolEnd(tool=tool, is_error=is_error, seconds=seconds, parts=parts):
             done = f"[{tool} {'failed' if is_error else 'done'} in {seconds:.2f} s]"
             return "\n".join([done, *(f"[{tool} returned {part}]" for part in parts)])
-        case Retrying(attempt=attempt, error=error, delay=delay):
+        case Retry(attempt=attempt, error=error, delay=delay):
             return f"[retry {attempt} in {delay:.1f} s: {error}]"
-        case Restarted(restarts=restarts, reason=reason):
+        case Restart(restarts=restarts, reason=reason):
             return f"[restart {restarts}: {reason}]"
-        case Compacted(ok=ok, turns=turns, error=error):
+        case CompactionEnd(ok=ok, turns=turns, error=error):
             return f"[folded {turns} old turn(s) into the summary]" if ok else f"[{error}]"
-        case BudgetWaiting(reason=reason):
+        case BudgetWait(reason=reason):
             return f"[waiting: {reason}]"
-        case ApprovalRequested(tool=tool, arguments=arguments):
+        case ApprovalAsked(tool=tool, arguments=arguments):
             return f"[{tool}({arguments}) waits for approval]"
-        case Stopped(reason=reason):
+        case LimitReached(reason=reason) | DeadlineReached(reason=reason):
             return f"[stopped: {reason}]"
-    return None
+        case _ if type(detail) in STREAM_IGNORED:
+            return None
+    return f"[{generic_line(detail)}]"
 
 
-#: The stream's events ``fractor run`` notes nothing for, on purpose: the text (it is
-#: written as it comes), a wait's end, an approval's decision (the prompt took it),
-#: the subagents' starts and ends (``run`` streams one agent).
-STREAM_IGNORED: frozenset[type[StreamEvent]] = frozenset(
-    {TextDelta, BudgetResumed, ApprovalDecided, SubagentStarted, SubagentFinished}
+#: The kinds a stream yields that ``fractor run`` notes nothing for, on purpose: the
+#: text (it is written as it comes), a wait's end, an approval's decision (the prompt
+#: took it), the subagents' starts and ends (``run`` streams one agent).
+STREAM_IGNORED: frozenset[type[EventDetail]] = frozenset(
+    {ModelText, BudgetResume, ApprovalDecision, ExecutionStart, ExecutionEnd}
 )
 
 
@@ -396,15 +398,16 @@ async def _streamed(
     steps: dict[int, str] = {}
     async with ref.stream(task, resume=resume) as run:
         async for event in run:
-            if isinstance(event, TextDelta):
-                steps[event.step] = steps.get(event.step, "") + event.text
-                out.write(event.text)
+            detail = event.detail
+            if isinstance(detail, ModelText):
+                steps[detail.step] = steps.get(detail.step, "") + detail.text
+                out.write(detail.text)
                 out.flush()
-                at_line_start = event.text.endswith("\n")
+                at_line_start = detail.text.endswith("\n")
                 continue
-            if isinstance(event, Retrying):
+            if isinstance(detail, Retry):
                 steps.clear()  # the request's text starts over
-            note = stream_note(event)
+            note = stream_note(detail)
             if note is None:
                 continue
             out.write(("" if at_line_start else "\n") + note + "\n")

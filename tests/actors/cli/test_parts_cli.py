@@ -22,7 +22,6 @@ from fractor.actors import (
     Image,
     ModelRequest,
     ModelResponse,
-    ToolCallFinished,
     ToolEnd,
     ToolResultMessage,
     call,
@@ -255,13 +254,13 @@ def test_fractor_trace_shows_the_parts_of_a_run(
 
 async def test_a_stream_shows_the_parts_a_tool_returned_one_line_each() -> None:
     """``ref.stream`` (and so ``fractor run --stream``): a tool's images come as lines
-    of its ``ToolCallFinished``, and the note ``run`` writes shows them, never bytes."""
+    of its ``ToolEnd``, and the note ``run`` writes shows them, never bytes."""
     agent = Agent("looker", FunctionModel(_looker), tools=[screenshot])
     async with Runtime() as rt:
         ref = await rt.spawn(agent)
         async with ref.stream(["look at this", Image(data=PNG)]) as run:
             events = [event async for event in run]
-    (finished,) = [event for event in events if isinstance(event, ToolCallFinished)]
+    (finished,) = [event.detail for event in events if isinstance(event.detail, ToolEnd)]
     image = describe_part(SHOT)
     assert finished.parts == (image,)
     note = stream_note(finished)

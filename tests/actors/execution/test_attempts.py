@@ -20,10 +20,10 @@ from fractor.actors import (
     FunctionModel,
     ModelRequest,
     ModelResponse,
-    Restarted,
+    ModelText,
+    Restart,
     RestartPolicy,
     ScriptedModel,
-    TextDelta,
     ToolCall,
     ToolResultMessage,
     UserMessage,
@@ -211,12 +211,14 @@ async def test_a_streamed_ask_shows_the_restart_and_its_text_starting_over() -> 
         ref = await rt.spawn(agent)
         async with ref.stream("go") as run:
             events = [event async for event in run]
-    (restarted,) = [event for event in events if isinstance(event, Restarted)]
+    (at,) = [i for i, event in enumerate(events) if isinstance(event.detail, Restart)]
+    restarted = events[at].detail
+    assert isinstance(restarted, Restart)
     assert restarted.restarts == 1
     assert restarted.digest is True
     assert "model request failed: RuntimeError: gone" in restarted.reason
-    after = events[events.index(restarted) + 1 :]
-    assert "".join(e.text for e in after if isinstance(e, TextDelta)) == "second try"
+    after = events[at + 1 :]
+    assert "".join(e.detail.text for e in after if isinstance(e.detail, ModelText)) == "second try"
     assert run.result is not None
     assert run.result.text == "second try"
 

@@ -18,13 +18,13 @@ import pytest
 from fractor.actors import (
     Agent,
     ApprovalError,
+    ExecutionEnd,
+    ExecutionStart,
     LocalHosts,
+    ModelText,
     RestartPolicy,
     ScriptedModel,
-    SubagentFinished,
-    SubagentStarted,
-    TextDelta,
-    ToolCallStarted,
+    ToolStart,
     call,
     calls,
     fail,
@@ -303,8 +303,8 @@ async def test_a_streamed_ask_sees_its_remote_subtrees_without_a_subscriber(
         async with ref.stream("go", subagents=True) as run:
             events = [event async for event in run]
     assert run.result.status == "completed", run.result.stop_reason
-    started = [e for e in events if isinstance(e, SubagentStarted)]
-    finished = [e for e in events if isinstance(e, SubagentFinished)]
+    started = [e for e in events if isinstance(e.detail, ExecutionStart)]
+    finished = [e for e in events if isinstance(e.detail, ExecutionEnd)]
     # Both workers and their helpers, at their depth in the whole tree, each ended.
     assert sorted((e.agent, e.depth) for e in started) == [
         ("helper", 3),
@@ -313,10 +313,10 @@ async def test_a_streamed_ask_sees_its_remote_subtrees_without_a_subscriber(
         ("worker", 2),
     ]
     assert sorted(e.execution_id for e in finished) == sorted(e.execution_id for e in started)
-    assert all(e.status == "completed" for e in finished)
-    tools = [e for e in events if isinstance(e, ToolCallStarted)]
+    assert all(e.detail.status == "completed" for e in finished)  # type: ignore[attr-defined]
+    tools = [e for e in events if isinstance(e.detail, ToolStart)]
     assert [(e.agent, e.depth) for e in tools] == [("helper", 3), ("helper", 3)]
-    texts = {e.execution_id: e for e in events if isinstance(e, TextDelta) and e.depth == 2}
+    texts = {e.execution_id: e for e in events if isinstance(e.detail, ModelText) and e.depth == 2}
     assert len(texts) == 2  # each worker's answer streamed from its host
 
 

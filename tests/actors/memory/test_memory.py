@@ -22,17 +22,17 @@ from fractor.actors import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     Agent,
     AssistantMessage,
-    Compacted,
     Compaction,
+    CompactionEnd,
     FunctionModel,
     Message,
     ModelRequest,
     ModelResponse,
+    ModelText,
     ReActModel,
     RetryPolicy,
     ScriptedModel,
     SystemMessage,
-    TextDelta,
     ToolResultMessage,
     UserMessage,
     call,
@@ -399,11 +399,13 @@ async def test_a_streamed_ask_never_shows_the_summary_as_the_agents_text() -> No
         async with ref.stream(task(3)) as run:
             events = [event async for event in run]
         conversation = await ref.conversation()
-    texts = [event.text for event in events if isinstance(event, TextDelta)]
-    (compacted,) = [event for event in events if isinstance(event, Compacted)]
-    assert (compacted.ok, compacted.turns, compacted.covered, compacted.depth) == (True, 1, 2, 1)
-    first_text = next(i for i, e in enumerate(events) if isinstance(e, TextDelta))
-    assert events.index(compacted) < first_text  # folded before the step began
+    texts = [event.detail.text for event in events if isinstance(event.detail, ModelText)]
+    (at,) = [i for i, event in enumerate(events) if isinstance(event.detail, CompactionEnd)]
+    compacted = events[at].detail
+    assert isinstance(compacted, CompactionEnd)
+    assert (compacted.ok, compacted.turns, compacted.covered, events[at].depth) == (True, 1, 2, 1)
+    first_text = next(i for i, e in enumerate(events) if isinstance(e.detail, ModelText))
+    assert at < first_text  # folded before the step began
     assert run.result is not None
     assert run.result.ok
     assert "SECRET SUMMARY" in conversation.summary[0].content

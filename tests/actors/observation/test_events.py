@@ -1,10 +1,13 @@
-"""Every kind of event is one class, and no consumer drops a kind silently: the stream
-(its items are public types) and ``fractor run`` handle a kind or leave it out on
-purpose, and a kind added without telling them fails here; OpenTelemetry and the live
-view's lines handle some kinds in their own way, leave some out on purpose, and show
-any other as it is (a kind defined here, in a test, goes through them). One event of
-every kind goes through each of them, through the wire from a host, and through the
-bus by name."""
+"""Every kind of event is one class, in one union (``Details``), and every consumer
+reads that class: the bus (by name, by detail, and its log), a stream of one ask
+(``AgentRef.stream`` yields the bus's own events, as each class's ``streamed`` says),
+``fractor run``'s notes, the live view's lines, the web view's JSON, OpenTelemetry and
+the wire from a host. One event of every kind of the union goes through each of
+them, and a kind added without a decision where one is needed fails here: its class
+outside the union (the wire could not decode it), or saying nothing of ``streamed``.
+The others show a kind they have no words for as it is (a kind defined here, in a
+test, goes through them all). The traces (``_traces.py``) read no event: they are the
+execution's own records."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from fractor.actors import (
     ModelText,
     RequestEnd,
     StepEnd,
-    StreamEvent,
+    Task,
     ToolEnd,
     ToolProgress,
     ToolStart,
@@ -39,32 +42,29 @@ from fractor.actors import (
     tool,
 )
 from fractor.actors._hosts._remote import Events, decode_up, encode
-from fractor.actors._observation._events import DETAILS, WireEvent, agent_event
-from fractor.actors._observation._stream import IGNORED as STREAM_IGNORED_DETAILS
-from fractor.actors._observation._stream import SHOWN as STREAM_SHOWN
+from fractor.actors._observation._events import DETAILS, Details, WireEvent, agent_event
 from fractor.actors._observation._stream import AgentStream
 from fractor.actors.cli._lines import LatestLines, ProgressLines, generic_line
 from fractor.actors.cli._run import STREAM_IGNORED, stream_note
 from fractor.actors.integrations import otel
-from fractor.runtime import Event, EventDetail, Runtime
-from fractor.runtime._events import ASKING, EventBus, detail_classes, make_detail
+from fractor.actors.ui import tree_view
+from fractor.runtime import Event, EventDetail, NodeSnapshot, Runtime, TreeSnapshot, Usage
+from fractor.runtime._events import ASKING, EventBus, Streamed, detail_classes, make_detail
 
 from ..sample_tools import stepped
 
-#: Every kind of event there is: the kernel's and the agent layer's (not the kinds
-#: the tests define).
-KINDS = {
-    kind: cls for kind, cls in detail_classes().items() if cls.__module__.startswith("fractor.")
-}
+#: Every kind of event there is, from the one union: the kernel's and the agent
+#: layer's (what the wire decodes; not the kinds the tests define).
+KINDS: dict[str, type[EventDetail]] = {cls.kind: cls for cls in typing.get_args(Details)}
 CLASSES = frozenset(KINDS.values())
+#: The kinds a stream yields, at some depth.
+STREAMED = frozenset(cls for cls in CLASSES if cls.streamed != "never")
 
-#: What each consumer handles and what it leaves out on purpose: the stream must say
-#: one or the other of every kind; the others show a kind in neither as it is.
-EXPLICIT = "stream"
+#: What each consumer handles in words of its own and what it leaves out on purpose;
+#: a kind in neither it shows as it is.
 CONSUMERS: dict[str, tuple[frozenset[type[EventDetail]], frozenset[type[EventDetail]]]] = {
-    EXPLICIT: (frozenset(STREAM_SHOWN), STREAM_IGNORED_DETAILS),
     "OpenTelemetry": (frozenset(otel.HANDLERS), otel.IGNORED),
-    "live view (LatestLines)": (LatestLines.SHOWN, LatestLines.IGNORED),
+    "live view and web view (LatestLines)": (LatestLines.SHOWN, LatestLines.IGNORED),
     "progress lines (ProgressLines)": (ProgressLines.SHOWN, ProgressLines.IGNORED),
 }
 
@@ -101,9 +101,13 @@ def event(detail: EventDetail, depth: int = 2) -> Event:
     )
 
 
-def test_the_agent_layer_defines_every_kind_of_an_agents_tree_once() -> None:
-    assert set(DETAILS) == set(KINDS), "each kind in DETAILS: the wire decodes it"
-    assert all(DETAILS[kind] is cls for kind, cls in KINDS.items())
+def test_every_kind_defined_is_in_the_one_union_once() -> None:
+    defined = {
+        kind: cls for kind, cls in detail_classes().items() if cls.__module__.startswith("fractor.")
+    }
+    assert defined == KINDS, "each kind in Details: the wire decodes it"
+    assert DETAILS == KINDS
+    assert len(typing.get_args(Details)) == len(KINDS), "a class twice, or two of one kind"
     assert KINDS["stop"].__module__ == "fractor.runtime._events"  # the kernel's own
     agent_kinds = {
         cls for cls in CLASSES if cls.__module__ == "fractor.actors._observation._events"
@@ -115,41 +119,70 @@ def test_the_agent_layer_defines_every_kind_of_an_agents_tree_once() -> None:
     assert all(cls.__name__ in fractor.actors.__all__ for cls in agent_kinds)
 
 
+def test_each_tag_names_one_class() -> None:
+    """A kind's name is one class's, wherever events are tagged: the stream has no
+    tags of its own any more (it yields the bus's events)."""
+    tags = [cls.__struct_config__.tag for cls in CLASSES]
+    assert len(tags) == len(set(tags)) == len(CLASSES)
+    assert all(
+        isinstance(tag, str) and tag == cls.kind for tag, cls in zip(tags, CLASSES, strict=True)
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_says_what_a_stream_does_with_it(kind: str) -> None:
+    """A decision each kind makes in its class (its base says never): a kind added
+    without one fails here."""
+    cls = KINDS[kind]
+    assert "streamed" in vars(cls), f"{cls.__qualname__} does not say whether it is streamed"
+    assert cls.streamed in typing.get_args(Streamed)
+
+
 @pytest.mark.parametrize("consumer", sorted(CONSUMERS))
-def test_every_consumer_says_what_it_does_with_every_kind(consumer: str) -> None:
+def test_every_consumer_says_what_it_does_with_a_kind_at_most_once(consumer: str) -> None:
     handled, ignored = CONSUMERS[consumer]
     assert not handled & ignored, "a kind both handled and ignored"
     assert handled | ignored <= CLASSES
-    if consumer == EXPLICIT:
-        missing = CLASSES - handled - ignored
-        assert not missing, f"{consumer} does not say what it does with {sorted(missing, key=str)}"
-        assert handled | ignored == CLASSES
 
 
 def test_a_tools_progress_is_shown_everywhere_it_should_be() -> None:
     for consumer in CONSUMERS:
         assert ToolProgress in CONSUMERS[consumer][0], consumer
+    assert ToolProgress in STREAMED
+    assert stream_note(sample(ToolProgress)) is not None
 
 
-def test_fractor_run_says_what_it_does_with_every_stream_event() -> None:
-    kinds = typing.get_args(StreamEvent)
-    assert {shown for shown, _ in STREAM_SHOWN.values() if shown is not None} <= set(kinds)
-    for kind in kinds:
-        fields = {
-            field.name: _value(field.type)
-            for field in msgspec.structs.fields(kind)
-            if field.required
-        }
-        note = stream_note(kind(**fields))
-        assert (note is None) == (kind in STREAM_IGNORED), kind
+def test_fractor_run_leaves_out_only_kinds_a_stream_yields() -> None:
+    assert STREAM_IGNORED <= STREAMED
 
 
+@pytest.mark.parametrize("kind", sorted(cls.kind for cls in STREAMED))
+def test_one_event_of_every_streamed_kind_goes_through_fractor_runs_notes(kind: str) -> None:
+    note = stream_note(sample(KINDS[kind]))
+    assert (note is None) == (KINDS[kind] in STREAM_IGNORED)
+
+
+@pytest.mark.parametrize("subagents", [False, True], ids=["edges", "subagents"])
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_one_event_of_every_kind_goes_through_the_stream(kind: str) -> None:
-    stream = AgentStream.__new__(AgentStream)
-    stream._root_depth, stream._subagents = 1, True
-    converted = stream._convert(event(sample(KINDS[kind])))  # a subagent's, depth 2
-    assert (converted is not None) == (KINDS[kind] in STREAM_SHOWN)
+def test_one_event_of_every_kind_goes_through_the_stream(kind: str, subagents: bool) -> None:
+    """Through the stream's watcher, as the tree reports it: the execution asked's
+    (depth 1) and a subagent's (depth 2); what it yields is the event itself."""
+    cls = KINDS[kind]
+    stream = AgentStream(None, Task(text="go"), subagents=subagents, buffer=8)  # type: ignore[arg-type]
+    stream._watch(event(ExecutionStart(task="go"), depth=1))  # the execution asked begins
+    own = event(sample(cls), depth=1)
+    below = msgspec.structs.replace(own, depth=2, execution_id="e2", parent_id="e")
+    stream._watch(own)
+    stream._watch(below)
+    yielded = list(stream._events)
+    expected = {
+        "never": [],
+        "asked": [own, below] if subagents else [own],
+        "subagents": [below],
+        "always": [own, below],
+    }[cls.streamed]
+    assert yielded == expected
+    assert all(a is b for a, b in zip(yielded, expected, strict=True))  # the bus's own events
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -168,6 +201,32 @@ def test_one_event_of_every_kind_goes_through_the_progress_lines(kind: str) -> N
         assert latest.line("e") == "before"
     elif cls not in LatestLines.SHOWN:
         assert latest.line("e") == generic_line(sample(cls))
+
+
+def web_view_line(latest: LatestLines) -> str:
+    """The line the web view's JSON (``/api/tree``) gives the node ``e``."""
+    node = NodeSnapshot(
+        id="e", parent_id="root", depth=2, name="a", actor_id="a-1", status="running",
+        stop_reason="", usage=Usage(), own_usage=Usage(), steps=1, agents=1, limits=None,
+        started=0.0, seconds=1.0,
+    )  # fmt: skip
+    view = tree_view(TreeSnapshot(nodes=(node,)), lines=latest.line)
+    (shown,) = msgspec.json.decode(msgspec.json.encode(view))["nodes"]
+    return str(shown.get("line", ""))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_one_event_of_every_kind_goes_through_the_web_view(kind: str) -> None:
+    cls = KINDS[kind]
+    latest = LatestLines()
+    latest.feed(event(ModelText(text="before")))
+    latest.feed(event(sample(cls)))
+    line = web_view_line(latest)
+    assert line == latest.line("e")
+    if cls in LatestLines.IGNORED:
+        assert line == "before"
+    elif cls not in LatestLines.SHOWN:
+        assert line == generic_line(sample(cls))
 
 
 async def test_one_event_of_every_kind_goes_through_opentelemetry() -> None:
@@ -194,6 +253,11 @@ async def test_one_event_of_every_kind_goes_through_opentelemetry() -> None:
     marked = {e.name for e in spans["invoke_agent a"].events}
     generic = CLASSES - set(otel.HANDLERS) - otel.IGNORED
     assert {f"fractor.{cls.kind}" for cls in generic} <= marked
+    # ... its fields as the event's attributes.
+    attributes = {e.name: dict(e.attributes or {}) for e in spans["invoke_agent a"].events}
+    for cls in generic:
+        fields = {f"fractor.{f.name}" for f in msgspec.structs.fields(cls) if f.required}
+        assert fields <= set(attributes[f"fractor.{cls.kind}"]), cls
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -316,6 +380,8 @@ def test_a_sequence_given_as_a_list_is_kept_as_its_type_says() -> None:
 class CacheHit(EventDetail, frozen=True, kw_only=True, tag="test_cache_hit"):
     """A kind no consumer knows: defined here, not in ``fractor.actors._observation._events``."""
 
+    streamed = "asked"
+
     tool: str
     hits: int
     topics: tuple[str, ...] = ()
@@ -365,3 +431,36 @@ async def test_a_kind_defined_since_shows_in_the_progress_and_latest_lines() -> 
     long = CacheHit(tool="t" * 500, hits=1)
     assert len(generic_line(long)) == 120
     assert generic_line(long).endswith("...")
+
+
+async def test_a_kind_defined_since_goes_through_every_consumer_as_it_is() -> None:
+    """Streamed (its class says so), noted by ``fractor run``, the web view's line, an
+    event of its execution's span: none of them has a line for it."""
+    hit = CacheHit(tool="lookup", hits=2)
+    shown = "test_cache_hit tool=lookup hits=2 topics=()"
+    stream = AgentStream(None, Task(text="go"), subagents=False, buffer=8)  # type: ignore[arg-type]
+    stream._watch(event(ExecutionStart(task="go"), depth=1))
+    stream._watch(seen := event(hit, depth=1))
+    assert list(stream._events) == [seen]
+    assert stream_note(hit) == f"[{shown}]"
+    latest = LatestLines()
+    latest.feed(event(hit))
+    assert web_view_line(latest) == shown
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    async with Runtime() as rt:
+        with otel.instrument(rt, tracer_provider=provider):
+            rt.event_bus.emit(ExecutionStart(task="go"), agent="a", execution_id="e")
+            rt.event_bus.emit(hit, agent="a", execution_id="e")
+            rt.event_bus.emit(
+                ExecutionEnd(status="completed", reason="", steps=0, tokens=0),
+                agent="a",
+                execution_id="e",
+            )
+    provider.shutdown()
+    (span,) = exporter.get_finished_spans()
+    (marked,) = [e for e in span.events if e.name == "fractor.test_cache_hit"]
+    assert dict(marked.attributes or {}) == {
+        "fractor.tool": "lookup", "fractor.hits": 2, "fractor.topics": "[]",
+    }  # fmt: skip

@@ -10,23 +10,32 @@ import anyio.lowlevel
 import msgspec
 import pytest
 
+import fractor
+import fractor.actors
 from fractor.actors import (
     Agent,
     AgentStream,
+    ApprovalAsked,
+    ApprovalDecision,
+    BudgetResume,
+    BudgetWait,
+    CompactionEnd,
     CycleModel,
+    DeadlineReached,
+    ExecutionEnd,
+    ExecutionStart,
     FunctionModel,
+    LimitReached,
     ModelRequest,
+    ModelText,
     Progress,
-    Retrying,
+    Restart,
+    Retry,
     RetryPolicy,
     ScriptedModel,
-    Stopped,
-    StreamEvent,
-    SubagentFinished,
-    SubagentStarted,
-    TextDelta,
-    ToolCallFinished,
-    ToolCallStarted,
+    ToolEnd,
+    ToolProgress,
+    ToolStart,
     call,
     calls,
     reply,
@@ -34,7 +43,7 @@ from fractor.actors import (
     tool,
 )
 from fractor.actors._models._protocol import Turn
-from fractor.runtime import Budget, MemoryStore, Record, Runtime
+from fractor.runtime import ActorStop, Budget, Event, EventDetail, MemoryStore, Record, Runtime
 
 from ..sample_tools import hanging
 
@@ -52,15 +61,17 @@ async def pause(seconds: float) -> str:
     return "rested"
 
 
-async def collect(run: AgentStream) -> list[StreamEvent]:
-    events: list[StreamEvent] = []
+async def collect(run: AgentStream) -> list[Event]:
+    events: list[Event] = []
     async for event in run:
         events.append(event)  # noqa: PERF401 (the stream is consumed as it comes)
     return events
 
 
-def text_of(events: list[StreamEvent], depth: int = 1) -> str:
-    return "".join(e.text for e in events if isinstance(e, TextDelta) and e.depth == depth)
+def text_of(events: list[Event], depth: int = 1) -> str:
+    return "".join(
+        e.detail.text for e in events if isinstance(e.detail, ModelText) and e.depth == depth
+    )
 
 
 async def test_a_stream_yields_text_and_tool_calls_as_they_happen_then_the_result() -> None:
@@ -78,26 +89,28 @@ async def test_a_stream_yields_text_and_tool_calls_as_they_happen_then_the_resul
         result = run.result
         conversation = await ref.conversation()
 
-    kinds = [type(e).__name__ for e in events]
+    # The very events of the runtime (one class per kind), not classes of a stream's.
+    assert all(isinstance(e, Event) for e in events)
+    kinds = [type(e.detail) for e in events]
     # The answer's four pieces, merged while the consumer is behind (a loaded machine).
     pieces = len(kinds) - 3
     assert 1 <= pieces <= 4, kinds
     assert kinds == [
-        "TextDelta",  # the step that calls the tool says so first (trace, not answer)
-        "ToolCallStarted",
-        "ToolCallFinished",
-        *["TextDelta"] * pieces,
+        ModelText,  # the step that calls the tool says so first (trace, not answer)
+        ToolStart,
+        ToolEnd,
+        *[ModelText] * pieces,
     ]
-    started, finished = events[1], events[2]
-    assert isinstance(started, ToolCallStarted)
-    assert isinstance(finished, ToolCallFinished)
+    started, finished = events[1].detail, events[2].detail
+    assert isinstance(started, ToolStart)
+    assert isinstance(finished, ToolEnd)
     assert (started.tool, started.call_id) == ("lookup", finished.call_id)
     assert finished.result == "notes on tides"
     assert not finished.is_error
-    answer = [e for e in events[3:] if isinstance(e, TextDelta)]
-    assert [e.step for e in answer] == [1] * pieces
-    assert "".join(e.text for e in answer) == "Tides follow the moon."
-    assert all(e.depth == 1 and e.agent == "guide" for e in answer)  # the agent asked
+    answer = [e.detail for e in events[3:] if isinstance(e.detail, ModelText)]
+    assert [d.step for d in answer] == [1] * pieces
+    assert "".join(d.text for d in answer) == "Tides follow the moon."
+    assert all(e.depth == 1 and e.agent == "guide" for e in events[3:])  # the agent asked
     assert result.status == "completed"
     assert result.text == "Tides follow the moon."
     assert result.execution_id == events[0].execution_id
@@ -125,17 +138,14 @@ async def test_subagents_show_their_start_and_finish_and_their_text_only_when_as
         async with loud.stream("go", subagents=True) as run:
             everything = await collect(run)
 
-    assert [type(e).__name__ for e in default] == [
-        "SubagentStarted",
-        "SubagentFinished",
-        "TextDelta",
-    ]
+    # A subagent's start and end (the execution asked's own are the stream's).
+    assert [type(e.detail) for e in default] == [ExecutionStart, ExecutionEnd, ModelText]
     started, finished = default[0], default[1]
-    assert isinstance(started, SubagentStarted)
-    assert isinstance(finished, SubagentFinished)
-    assert (started.agent, started.depth, started.task) == ("child", 2, "dig")  # as the tree
+    assert isinstance(started.detail, ExecutionStart)
+    assert isinstance(finished.detail, ExecutionEnd)
+    assert (started.agent, started.depth, started.detail.task) == ("child", 2, "dig")
     assert started.parent_id == default[2].execution_id
-    assert finished.status == "completed"
+    assert finished.detail.status == "completed"
     assert text_of(everything, depth=2) == "child notes"
     assert text_of(everything, depth=1) == "lead done"
     assert text_of(default, depth=2) == ""
@@ -162,10 +172,13 @@ async def test_a_slow_consumer_never_stalls_the_agents_and_loses_no_text() -> No
             events = await collect(run)
     assert run.result.status == "completed"
     assert text_of(events) == text  # merged into few events, none lost
-    assert len([e for e in events if isinstance(e, TextDelta)]) <= 8
-    tool_events = [e for e in events if isinstance(e, ToolCallStarted | ToolCallFinished)]
+    assert len([e for e in events if isinstance(e.detail, ModelText)]) <= 8
+    tool_events = [e for e in events if isinstance(e.detail, ToolStart | ToolEnd)]
     assert len(tool_events) + run.missed == 80  # the ones past the buffer: counted
     assert run.missed > 0
+    # The gap is said in the events after it, as to the runtime's subscribers.
+    assert events[-1].missed == run.missed
+    assert events[0].missed == 0
 
 
 async def test_leaving_the_stream_early_stops_the_execution_and_keeps_what_streamed() -> None:
@@ -174,7 +187,7 @@ async def test_leaving_the_stream_early_stops_the_execution_and_keeps_what_strea
         ref = await rt.spawn(Agent("talker", model))
         async with ref.stream("talk") as run:
             async for event in run:
-                assert isinstance(event, TextDelta)
+                assert isinstance(event.detail, ModelText)
                 break
         result = run.result
         traces = await ref.trace()
@@ -199,7 +212,7 @@ async def test_a_deadline_mid_stream_cuts_the_request_and_charges_what_was_recei
         traces = await ref.trace()
     result = run.result
     assert result.status == "timed_out"
-    stops = [e for e in events if isinstance(e, Stopped)]
+    stops = [e.detail for e in events if isinstance(e.detail, DeadlineReached)]
     assert [s.status for s in stops] == ["timed_out"]
     received = text_of(events)
     assert 0 < len(received) < 400
@@ -236,8 +249,10 @@ async def test_a_budget_stop_of_an_ancestor_cuts_a_childs_stream() -> None:
     result = run.result
     assert result.status == "budget_exceeded"
     assert "tool_calls" in result.stop_reason
-    talker_end = [e for e in events if isinstance(e, SubagentFinished) and e.agent == "talker"]
-    assert [e.status for e in talker_end] == ["budget_exceeded"]
+    talker_end = [
+        e.detail for e in events if isinstance(e.detail, ExecutionEnd) and e.agent == "talker"
+    ]
+    assert [d.status for d in talker_end] == ["budget_exceeded"]
     streamed_text = text_of(events, depth=2)
     assert len(streamed_text) < 300
 
@@ -281,8 +296,8 @@ async def test_progress_shows_the_text_streamed_so_far() -> None:
         ref = await rt.spawn(Agent("writer", model))
         async with ref.stream("write") as run:
             async for event in run:
-                assert isinstance(event, TextDelta)
-                if event.text == "c":
+                assert isinstance(event.detail, ModelText)
+                if event.detail.text == "c":
                     seen = ref.progress()
         assert run.result.text == "abcdefghij"
         assert ref.progress().running is False
@@ -315,11 +330,11 @@ async def test_a_retry_is_announced_and_the_text_starts_over() -> None:
         ref = await rt.spawn(agent)
         async with ref.stream("go") as run:
             events = await collect(run)
-    assert next(type(e).__name__ for e in events) == "Retrying"
-    assert {type(e) for e in events[1:]} == {TextDelta}
+    assert type(events[0].detail) is Retry
+    assert {type(e.detail) for e in events[1:]} == {ModelText}
     assert text_of(events) == "second try"  # only the attempt that answered streamed
-    retry = events[0]
-    assert isinstance(retry, Retrying)
+    retry = events[0].detail
+    assert isinstance(retry, Retry)
     assert "line dropped" in retry.error
     assert run.result.text == "second try"
 
@@ -339,14 +354,26 @@ async def test_the_result_is_only_there_once_the_stream_has_ended() -> None:
             ref.stream("go", buffer=0)
 
 
-async def test_stream_events_round_trip_as_a_tagged_union() -> None:
-    events: list[StreamEvent] = [
-        TextDelta(agent="a", execution_id="e", depth=1, at=0.5, text="hi", step=2),
-        Stopped(agent="a", execution_id="e", depth=2, at=1.0, status="timed_out", reason="r"),
-    ]
-    decoded = msgspec.json.decode(msgspec.json.encode(events), type=list[StreamEvent])
-    assert decoded == events
-    assert b'"kind":"text"' in msgspec.json.encode(events[0])
+async def test_a_streams_events_are_the_runtimes_events_and_cross_a_wire_as_they_do() -> None:
+    """What a stream yields is what ``rt.events()`` yields: the same ``Event`` (one
+    class per kind), the text merged, each encoded and decoded as the bus's are."""
+    model = ScriptedModel([call("lookup", topic="tides"), reply("Tides.")])
+    async with Runtime() as rt, rt.events() as bus:
+        ref = await rt.spawn(Agent("guide", model, tools=[lookup]))
+        async with ref.stream("Why tides?") as run:
+            events = await collect(run)
+        seen = []
+        while (one := bus.receive_nowait()) is not None:
+            seen.append(one)
+    assert [type(e.detail) for e in events] == [ToolStart, ToolEnd, ModelText]
+    # Each streamed event is one the bus carried, field for field.
+    fields = [msgspec.structs.asdict(e) for e in events]
+    assert all(f in [msgspec.structs.asdict(e) for e in seen] for f in fields)
+    from fractor.actors._observation._events import WireEvent
+
+    decoded = msgspec.json.decode(msgspec.json.encode(events), type=list[WireEvent])
+    assert [msgspec.structs.asdict(e) for e in decoded] == fields
+    assert b'"kind":"text"' in msgspec.json.encode(events[-1])
 
 
 async def test_a_hanging_tool_shows_in_progress_and_a_stream_left_early_cancels_it() -> None:
@@ -357,7 +384,7 @@ async def test_a_hanging_tool_shows_in_progress_and_a_stream_left_early_cancels_
         with anyio.fail_after(5):
             async with ref.stream("go") as run:
                 async for event in run:
-                    if isinstance(event, ToolCallStarted):
+                    if isinstance(event.detail, ToolStart):
                         assert [c.name for c in ref.progress().in_flight] == ["hang"]
                         break
         assert run.result.status == "cancelled"
@@ -373,7 +400,7 @@ async def test_a_model_that_does_not_stream_shows_its_text_in_one_piece() -> Non
         ref = await rt.spawn(Agent("plain", model, tools=[lookup]))
         async with ref.stream("go") as run:
             events = await collect(run)
-    texts = [(e.text, e.step) for e in events if isinstance(e, TextDelta)]
+    texts = [(e.detail.text, e.detail.step) for e in events if isinstance(e.detail, ModelText)]
     assert texts == [("Let me see.", 0), ("Done.", 1)]
     assert run.result.text == "Done."
 
@@ -471,3 +498,75 @@ async def test_a_stream_left_once_its_agent_took_the_task_answers_cancelled() ->
     assert "consumer left" in run.result.stop_reason
     assert [m.content for m in conversation.messages] == ["go", run.result.text]
     assert model.remaining == 1  # stopped before its first request
+
+
+#: The stream's classes of the release before, and an event's detail of each.
+OLD_NAMES: dict[str, EventDetail] = {
+    "TextDelta": ModelText(text="hi"),
+    "ToolCallStarted": ToolStart(tool="t", call_id="c"),
+    "ToolCallProgress": ToolProgress(tool="t", call_id="c", progress=1),
+    "ToolCallFinished": ToolEnd(tool="t", call_id="c"),
+    "SubagentStarted": ExecutionStart(task="x"),
+    "SubagentFinished": ExecutionEnd(status="completed", reason="", steps=1, tokens=2),
+    "BudgetWaiting": BudgetWait(reason="r"),
+    "BudgetResumed": BudgetResume(seconds=1.0),
+    "Retrying": Retry(attempt=1, error="e"),
+    "ApprovalRequested": ApprovalAsked(id="i", tool="t", call_id="c"),
+    "ApprovalDecided": ApprovalDecision(id="i", tool="t", call_id="c", approved=True),
+    "Restarted": Restart(reason="r", restarts=1),
+    "Compacted": CompactionEnd(ok=True, turns=1, covered=1),
+    "Stopped": LimitReached(reason="r"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OLD_NAMES))
+def test_an_old_name_of_a_stream_event_warns_naming_its_new_class(name: str) -> None:
+    detail = OLD_NAMES[name]
+    new = type(detail).__name__
+    for module in (fractor, fractor.actors):
+        with pytest.warns(DeprecationWarning, match=rf"{module.__name__}\.{name} .*{new}"):
+            old = getattr(module, name)
+        assert name not in module.__all__
+    assert isinstance(Event(at=1.0, agent="a", depth=2, detail=detail), old)
+    assert not isinstance(Event(at=1.0, detail=ActorStop(reason="x")), old)
+    assert not isinstance(detail, old)  # an event is, not its detail
+
+
+async def test_old_code_reading_a_stream_still_runs_with_warnings() -> None:
+    """Code written for the stream's classes of before: ``isinstance`` and ``match``
+    on the old names, their fields read on the event, each said to be deprecated."""
+    with pytest.warns(DeprecationWarning, match="is deprecated and goes in the next release"):
+        from fractor import Stopped, StreamEvent, TextDelta, ToolCallStarted  # type: ignore[attr-defined]
+
+    def read(event: Any) -> str:  # as it was written
+        match event:
+            case ToolCallStarted(tool=name):
+                return f"[{name}]"
+            case TextDelta(text=text, depth=1):
+                return str(text)
+        return ""
+
+    model = ScriptedModel([call("lookup", topic="tides"), streamed("Tides.", chunks=2)])
+    seen: list[str] = []
+    async with Runtime() as rt:
+        ref = await rt.spawn(Agent("guide", model, tools=[lookup]))
+        async with ref.stream("go") as run:
+            async for event in run:
+                if not isinstance(event, ToolCallStarted | TextDelta):
+                    continue
+                with pytest.warns(DeprecationWarning, match=r"event\.\w+ is deprecated.*detail"):
+                    seen.append(read(event))
+    assert seen[0] == "[lookup]"
+    assert "".join(seen[1:]) == "Tides."
+    # Made as before, each is the event it stands for.
+    stop = Stopped(agent="a", execution_id="e", depth=2, at=1.0, status="timed_out", reason="r")
+    assert type(stop.detail) is DeadlineReached
+    with pytest.warns(DeprecationWarning, match=r"read event\.detail\.(status|reason)"):
+        assert (stop.status, stop.reason, stop.depth) == ("timed_out", "r", 2)
+    text = TextDelta(agent="a", execution_id="e", depth=1, at=0.5, text="hi", step=2)
+    assert text.detail == ModelText(text="hi", step=2)
+    # What decoded the stream's events before decodes the runtime's.
+    decoded = msgspec.json.decode(msgspec.json.encode([text]), type=list[StreamEvent])
+    assert [d.detail for d in decoded] == [text.detail]
+    with pytest.raises(AttributeError, match="has no attribute 'Nothing'"):
+        fractor.Nothing  # type: ignore[attr-defined]  # noqa: B018

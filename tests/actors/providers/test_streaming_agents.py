@@ -15,12 +15,12 @@ import pytest
 
 from fractor.actors import (
     Agent,
-    Retrying,
+    ExecutionEnd,
+    ExecutionStart,
+    ModelText,
+    Retry,
     RetryPolicy,
     ScriptedModel,
-    SubagentFinished,
-    SubagentStarted,
-    TextDelta,
     Usage,
     call,
     calls,
@@ -136,7 +136,9 @@ async def test_an_agent_streams_the_providers_answer(wire: Wire, server: Loopbac
     async with Runtime() as rt:
         ref = await rt.spawn(agent(wire, server))
         async with ref.stream("Why tides?") as run:
-            texts = [event.text async for event in run if isinstance(event, TextDelta)]
+            texts = [
+                event.detail.text async for event in run if isinstance(event.detail, ModelText)
+            ]
         conversation = await ref.conversation()
     result = run.result
     assert result.status == "completed", result.stop_reason
@@ -155,7 +157,9 @@ async def test_a_deadline_mid_stream_closes_the_connection_at_once(
         began = time.monotonic()
         with anyio.fail_after(5):
             async with ref.stream("count", budget=Budget(seconds=0.5)) as run:
-                texts = [event.text async for event in run if isinstance(event, TextDelta)]
+                texts = [
+                    event.detail.text async for event in run if isinstance(event.detail, ModelText)
+                ]
         answered = time.monotonic()
         (trace,) = await ref.trace()
     result = run.result
@@ -209,7 +213,7 @@ async def test_a_budget_stop_mid_stream_closes_the_childs_connection(
         with anyio.fail_after(5):
             async with ref.stream("go", subagents=True, budget=Budget(tool_calls=1)) as run:
                 async for event in run:
-                    if isinstance(event, TextDelta) and event.agent == "talker":
+                    if isinstance(event.detail, ModelText) and event.agent == "talker":
                         talking.set()
         (trace,) = await ref.trace()
     result = run.result
@@ -251,7 +255,9 @@ async def test_garbage_in_the_stream_is_a_clear_error_and_nothing_is_lost(
     async with Runtime() as rt:
         ref = await rt.spawn(agent(wire, server))
         async with ref.stream("go") as run:
-            texts = [event.text async for event in run if isinstance(event, TextDelta)]
+            texts = [
+                event.detail.text async for event in run if isinstance(event.detail, ModelText)
+            ]
         (trace,) = await ref.trace()
     result = run.result
     assert result.status == "failed"
@@ -275,9 +281,9 @@ async def test_a_cut_stream_is_retried_and_the_retry_streams_from_the_start(
     result = run.result
     assert result.status == "completed", result.stop_reason
     assert result.text == "The second try."
-    retries = [i for i, event in enumerate(events) if isinstance(event, Retrying)]
+    retries = [i for i, event in enumerate(events) if isinstance(event.detail, Retry)]
     assert len(retries) == 1
-    after = "".join(e.text for e in events[retries[0] :] if isinstance(e, TextDelta))
+    after = "".join(e.detail.text for e in events[retries[0] :] if isinstance(e.detail, ModelText))
     assert after == "The second try."
     assert result.usage.requests == 2  # the cut one was charged too
     assert len(server.requests) == 2
@@ -298,7 +304,7 @@ async def test_a_subagent_whose_stream_ends_unfinished_does_not_complete(
             async with ref.stream("go") as run:
                 events = [event async for event in run]
         (trace,) = await ref.trace()
-    (finished,) = [e for e in events if isinstance(e, SubagentFinished)]
+    (finished,) = [e.detail for e in events if isinstance(e.detail, ExecutionEnd)]
     assert finished.status == "failed"
     assert "broke off" in finished.reason
     (outcome,) = trace.steps[0].outcomes
@@ -332,9 +338,9 @@ async def test_an_unfinished_stream_is_retried_and_each_attempt_charged(
             async with ref.stream("go", subagents=True) as run:
                 events = [event async for event in run]
         (trace,) = await ref.trace()
-    (finished,) = [e for e in events if isinstance(e, SubagentFinished)]
+    (finished,) = [e.detail for e in events if isinstance(e.detail, ExecutionEnd)]
     assert finished.status == "completed", finished.reason
-    assert [e.agent for e in events if isinstance(e, Retrying)] == ["talker"]
+    assert [e.agent for e in events if isinstance(e.detail, Retry)] == ["talker"]
     (outcome,) = trace.steps[0].outcomes
     assert not outcome.is_error
     assert "The second try." in outcome.content
@@ -358,8 +364,8 @@ async def test_a_stream_cut_by_a_stop_is_charged_at_least_a_token_a_piece(
         with anyio.fail_after(5):
             async with ref.stream("count") as run:
                 async for event in run:
-                    if isinstance(event, TextDelta):
-                        received += event.text
+                    if isinstance(event.detail, ModelText):
+                        received += event.detail.text
                         if len(received) == len(digits):
                             break  # leaving the stream stops the execution
     assert received == "".join(digits)
@@ -380,7 +386,9 @@ async def test_a_slow_consumer_gets_every_piece_of_a_long_answer(
         async with ref.stream("talk", buffer=4) as run:
             with anyio.fail_after(10):
                 await ref.trace()  # queued behind the task: it answered unread
-            texts = [event.text async for event in run if isinstance(event, TextDelta)]
+            texts = [
+                event.detail.text async for event in run if isinstance(event.detail, ModelText)
+            ]
     assert run.result.status == "completed"
     assert "".join(texts) == "".join(pieces)
     assert len(texts) <= 4
@@ -395,7 +403,9 @@ async def test_progress_shows_what_a_provider_has_streamed_so_far(
         with anyio.fail_after(5):
             async with ref.stream("go") as run:
                 async for event in run:
-                    if isinstance(event, TextDelta) and event.text.endswith("thinking"):
+                    if isinstance(event.detail, ModelText) and event.detail.text.endswith(
+                        "thinking"
+                    ):
                         progress = ref.progress()
                         break
     assert progress.phase == "model"
@@ -418,6 +428,8 @@ async def test_a_subagent_on_a_provider_streams_only_when_asked(
         async with ref.stream("go", subagents=subagents) as run:
             events = [event async for event in run]
     assert run.result.text == "done"
-    child = "".join(e.text for e in events if isinstance(e, TextDelta) and e.depth == 2)
+    child = "".join(
+        e.detail.text for e in events if isinstance(e.detail, ModelText) and e.depth == 2
+    )
     assert child == ("child says hi" if subagents else "")
-    assert [e.agent for e in events if isinstance(e, SubagentStarted)] == ["talker"]
+    assert [e.agent for e in events if isinstance(e.detail, ExecutionStart)] == ["talker"]

@@ -13,10 +13,10 @@ import pytest
 from fractor.actors import (
     Agent,
     AgentRef,
-    ApprovalDecided,
+    ApprovalAsked,
+    ApprovalDecision,
     ApprovalError,
     ApprovalRequest,
-    ApprovalRequested,
     FunctionModel,
     ModelRequest,
     ScriptedModel,
@@ -27,7 +27,7 @@ from fractor.actors import (
     tool,
 )
 from fractor.actors._models._turns import Turn
-from fractor.runtime import Budget, Runtime, SQLiteStore
+from fractor.runtime import Budget, Event, Runtime, SQLiteStore
 
 from ..sample_tools import RAN, send_email
 
@@ -158,8 +158,8 @@ async def test_a_cancellation_ends_the_wait_and_withdraws_the_request() -> None:
         ref = await rt.spawn(Agent("mailer", model, tools=[send_email]))
         async with ref.stream("go") as run:
             async for event in run:
-                if isinstance(event, ApprovalRequested):
-                    requested = event
+                if isinstance(event.detail, ApprovalAsked):
+                    requested = event.detail
                     break  # leaving the stream stops the execution
         assert run.result.status == "cancelled"
         assert ref.approvals() == ()
@@ -182,17 +182,18 @@ async def test_a_subagents_call_is_answered_through_the_top_agent() -> None:
         other = await rt.spawn(Agent("other", ScriptedModel([reply("x")])))
         async with ref.stream("go") as run:
             async for event in run:
-                if isinstance(event, ApprovalRequested):
+                if isinstance(event.detail, ApprovalAsked):
                     requested = event
                     (request,) = ref.approvals()
                     assert other.approvals() == ()  # another tree's agent sees nothing
                     with pytest.raises(ApprovalError):
                         other.approve(request.id)
-                    ref.approve(event.id)
-                if isinstance(event, ApprovalDecided):
-                    decided = event
+                    ref.approve(event.detail.id)
+                if isinstance(event.detail, ApprovalDecision):
+                    decided = event.detail
     assert (requested.agent, requested.depth) == ("mailer", 2)
-    assert requested.path == ("lead", "mailer")
+    assert isinstance(requested.detail, ApprovalAsked)
+    assert requested.detail.path == ("lead", "mailer")
     assert (request.agent, request.depth, request.path) == ("mailer", 2, ("lead", "mailer"))
     assert decided.approved
     assert decided.waited >= 0
@@ -229,7 +230,7 @@ async def test_bad_approval_answers_are_refused_clearly() -> None:
 async def test_a_subtree_on_another_host_asks_through_the_driver() -> None:
     """The request of a call on a host comes up with the streamed events; the
     top-level agent's ref answers it, and the call runs on the host."""
-    from fractor.actors import ApprovalRequested, LocalHosts
+    from fractor.actors import LocalHosts
 
     def mailer_turns(request: ModelRequest) -> Turn:
         if isinstance(request.messages[-1], ToolResultMessage):
@@ -242,22 +243,23 @@ async def test_a_subtree_on_another_host_asks_through_the_driver() -> None:
         ScriptedModel([call("mailer", task="mail"), reply("ok")]),
         subagents=[mailer],
     )
-    asked: list[ApprovalRequested] = []
+    asked: list[Event[ApprovalAsked]] = []
     async with Runtime(hosts=LocalHosts(1)) as rt:
         ref = await rt.spawn(lead)
         with anyio.fail_after(10):
             async with ref.stream("go") as run:
                 async for event in run:
-                    if isinstance(event, ApprovalRequested):
-                        asked.append(event)
-                        ref.approve(event.id)
+                    if isinstance(event.detail, ApprovalAsked):
+                        asked.append(event)  # type: ignore[arg-type]
+                        ref.approve(event.detail.id)
         (trace,) = await ref.trace()
     assert run.result is not None
     assert run.result.status == "completed"
     (event,) = asked
-    assert (event.tool, event.depth, event.agent) == ("send_email", 2, "mailer")
-    assert event.path == ("lead", "mailer")
-    assert event.id.startswith("default-0/")
+    assert (event.detail.tool, event.depth, event.agent) == ("send_email", 2, "mailer")
+    assert event.detail.path == ("lead", "mailer")
+    assert event.detail.id.startswith("default-0/")
+    assert event.detail.host == "default-0"  # it came from there
     (outcome,) = trace.steps[0].outcomes
     assert outcome.content == "sent to x"  # the mailer's answer: its call ran
     assert RAN == ["x"]
@@ -318,7 +320,7 @@ async def test_a_full_stream_still_shows_an_approval_request() -> None:
                 ref.approve(request.id)
                 events = [event async for event in run]
     assert run.missed > 0  # other events were dropped...
-    (asked,) = [e for e in events if isinstance(e, ApprovalRequested)]  # ...not this one
+    (asked,) = [e.detail for e in events if isinstance(e.detail, ApprovalAsked)]  # ...not this
     assert (asked.id, asked.tool) == (request.id, "send_email")
     assert run.result.text == "done"
 
@@ -361,7 +363,7 @@ async def test_a_request_names_its_place_in_the_whole_tree_wherever_it_runs(host
     mailer = Agent("mailer", FunctionModel(mailer_turns), tools=[send_email])
     team = Agent("team", FunctionModel(team_turns), subagents=[mailer])
     lead = Agent("lead", ScriptedModel([call("team", task="go"), reply("ok")]), subagents=[team])
-    streamed: list[ApprovalRequested] = []
+    streamed: list[Event[ApprovalAsked]] = []
     listed: list[ApprovalRequest] = []
     async with Runtime(hosts=LocalHosts(hosts) if hosts else None) as rt:
         ref = await rt.spawn(lead)
@@ -369,10 +371,10 @@ async def test_a_request_names_its_place_in_the_whole_tree_wherever_it_runs(host
             with anyio.fail_after(10):
                 async with ref.stream("go") as run:
                     async for event in run:
-                        if isinstance(event, ApprovalRequested):
-                            streamed.append(event)
+                        if isinstance(event.detail, ApprovalAsked):
+                            streamed.append(event)  # type: ignore[arg-type]
                             listed.extend(ref.approvals())
-                            ref.approve(event.id)
+                            ref.approve(event.detail.id)
             published = []
             while (seen := subscription.receive_nowait()) is not None:
                 if seen.kind == "approval_request":
@@ -383,7 +385,7 @@ async def test_a_request_names_its_place_in_the_whole_tree_wherever_it_runs(host
     (request,) = listed
     (event,) = streamed
     (runtime_event,) = published
-    assert request.path == event.path == ("lead", "team", "mailer")
+    assert request.path == event.detail.path == ("lead", "team", "mailer")
     assert tuple(runtime_event.detail["path"]) == request.path
     assert request.depth == event.depth == runtime_event.depth == 3
     assert (request.agent, event.agent) == ("mailer", "mailer")
