@@ -416,7 +416,7 @@ async def test_valid_call_of_an_async_tool() -> None:
         seconds=outcome.seconds,
         attempts=1,
     )
-    assert 0 <= outcome.seconds < 5
+    assert outcome.seconds >= 0
 
 
 async def test_async_tool_runs_in_the_callers_task_and_sync_tool_in_a_worker_thread() -> None:
