@@ -50,18 +50,6 @@ DECREASE = 0.7
 TOOL_LANE = "tool:"
 #: How much longer than its period a charge is counted (the clocks here and there).
 SKEW = 0.02
-#: How long after its request was admitted a charge may be counted from, when that
-#: request answered later (the server saw it then or sooner; a burst of new
-#: connections from a busy process can take tenths of a second to go out, more on a
-#: loaded machine): this many seconds or ``MARGIN_SHARE`` of the period, the longer.
-MARGIN = 0.5
-MARGIN_SHARE = 0.05
-#: A request answered within this many seconds of its admission, or within the
-#: period, the longer, is counted from its answer: the server saw it then or sooner,
-#: however late a loaded client sent it (with a 0.5 s window and 500 agents on two
-#: busy cores, sends went out more than ``MARGIN`` late and the server refused 6).
-#: Only a longer reply is counted from ``margin`` after its admission.
-LONG = 2.0
 
 
 class RateLimit(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -117,20 +105,17 @@ class LaneStatistics(msgspec.Struct, frozen=True, kw_only=True):
 class _Window:
     """A per-minute limit: at most ``capacity`` charged in any ``period`` (a sliding
     window, as servers count). A charge is made when its request is admitted; the
-    server saw the request a little later (a new connection is opened first), and
+    server saw the request later (a busy process can send it seconds late), and
     before it answered: once it answers (``settle``), the charge is counted from
-    then, or, for a reply longer than ``LONG`` seconds and the period, from
-    ``MARGIN`` after it was admitted (a long reply is not counted from its end). And
-    a charge leaves the window ``SKEW`` of the period late, for the clocks."""
+    then, or from when its first streamed text arrived (the server had it by then).
+    And a charge leaves the window ``SKEW`` of the period late, for the clocks."""
 
-    __slots__ = ("capacity", "charges", "kind", "long", "margin", "period", "used")
+    __slots__ = ("capacity", "charges", "kind", "period", "used")
 
     def __init__(self, kind: int, capacity: int, period: float) -> None:
         self.kind = kind  # _REQUESTS, _TOKENS, _INPUT or _OUTPUT
         self.capacity = capacity
         self.period = period * (1 + SKEW)
-        self.margin = max(MARGIN, MARGIN_SHARE * period)
-        self.long = max(LONG, period)
         #: The charges in the window, oldest first: [when, amount] (settled in place).
         self.charges: deque[list[float]] = deque()
         self.used = 0.0
@@ -164,22 +149,19 @@ class _Window:
 
     def amend(self, entry: list[float], amount: float, now: float | None) -> None:
         """Make a charge still in the window ``amount`` (its real usage), counted from
-        ``now`` (its request answered), or ``margin`` after it was made for a reply
-        longer than ``long`` (None: from when it was made)."""
+        ``now`` (when its request was answered; None: from when it was made)."""
         charges = self.charges
         if not charges or entry[0] < charges[0][0]:
             return  # it left the window already
         self.used += amount - entry[1]
         entry[1] = amount
-        if now is None:
+        if now is None or now <= entry[0]:
             return
-        later = now if now - entry[0] <= self.long else entry[0] + self.margin
-        if later > entry[0]:
-            if charges[-1] is not entry:
-                charges.remove(entry)  # (kept in order: the oldest leaves first)
-                later = max(later, charges[-1][0])
-                charges.append(entry)
-            entry[0] = later
+        if charges[-1] is not entry:
+            charges.remove(entry)  # (kept in order: the oldest leaves first)
+            now = max(now, charges[-1][0])
+            charges.append(entry)
+        entry[0] = now
 
 
 _REQUESTS, _TOKENS, _INPUT, _OUTPUT = range(4)
@@ -400,16 +382,18 @@ class Rates:
         finally:
             lane.wait_seconds += self.now() - began
 
-    def settle(self, taken: Pass, input: int, output: int) -> None:
+    def settle(self, taken: Pass, input: int, output: int, answered: float | None = None) -> None:
         """A request answered, having used ``input`` and ``output`` tokens: what it
         took beyond them comes back (what it used beyond its estimate is drawn), and
-        its slot is free; the adaptive concurrency grows."""
+        its slot is free; the adaptive concurrency grows. Its charges are counted
+        from ``answered`` (on this clock: when its answer began to arrive, its first
+        streamed text) or from now."""
         if not taken.open:
             return
         lane = taken.lane
         self._close(taken)
         if lane.buckets:
-            now = self.now()
+            now = self.now() if answered is None else answered
             for bucket, entry in zip(lane.buckets, taken.charges, strict=False):
                 bucket.amend(
                     entry,

@@ -127,6 +127,7 @@ class Recorder:
         "agent_name",
         "bus",
         "charged",
+        "first_text",
         "node",
         "origin",
         "sink",
@@ -172,6 +173,9 @@ class Recorder:
         self.charged = EMPTY_USAGE
         #: The text the model has streamed so far in the current request, in pieces.
         self.streamed: list[str] = []
+        #: When its first piece arrived (on the rate lanes' clock): the server had the
+        #: request by then, so its rate limits count it from there.
+        self.first_text = 0.0
         #: Where a streaming model hands its text (``streamed_text``; None: the model
         #: does not stream, or its text is not the agent's, as a summary's is not).
         self.sink: Callable[[str], None] | None = None
@@ -206,6 +210,8 @@ class Recorder:
     def streamed_text(self, text: str) -> None:
         """The sink of a streaming model: keep the piece (for a snapshot, and for the
         trace if the request is cut) and show it to whoever watches."""
+        if not self.streamed:
+            self.first_text = self.supervisor.rates.now()
         self.streamed.append(text)
         if self.bus.active or self.node.watch is not None:
             self.emit(ModelText(text=text, step=len(self.steps)))

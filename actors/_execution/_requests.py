@@ -276,7 +276,12 @@ async def _send(
             raise
         else:
             usage = response.usage
-            rates.settle(taken, usage.input_tokens, usage.output_tokens)
+            rates.settle(
+                taken,
+                usage.input_tokens,
+                usage.output_tokens,
+                recorder.first_text if sink is not None and recorder.streamed else None,
+            )
             if response.limits is not None:
                 _heard(rates, lane, response.limits)
             if observed:

@@ -129,9 +129,9 @@ class HostRates(Rates):
         lane.in_flight += 1
         return _RemotePass(lane, id)
 
-    def settle(self, taken: Pass, input: int, output: int) -> None:
+    def settle(self, taken: Pass, input: int, output: int, answered: float | None = None) -> None:
         if not isinstance(taken, _RemotePass):
-            super().settle(taken, input, output)
+            super().settle(taken, input, output, answered)
         elif taken.open:
             self._close(taken)
             self._post(Give(id=taken.id, input=input, output=output, used=True))
