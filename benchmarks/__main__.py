@@ -29,6 +29,7 @@ from . import (
     w2_steps,
     w3_subagents,
     w4_mailbox,
+    whole_path,
 )
 from ._harness import RESULTS, Row, print_rows, write_results
 
@@ -95,6 +96,7 @@ WORKLOADS: list[Workload] = [
     ("W2 sequential steps", lambda quick: w2_steps.run(quick=quick)),
     ("W3 subagents", lambda quick: w3_subagents.run(quick=quick)),
     ("W4 mailbox round trips", lambda quick: w4_mailbox.run(quick=quick)),
+    ("Whole K=1 path", lambda quick: whole_path.run(quick=quick)),
     ("W6 with the web view open", _web_view),
     ("Scale", lambda quick: scale.run(quick=quick)),
     ("Budget", lambda quick: budget.run(quick=quick)),

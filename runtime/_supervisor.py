@@ -376,7 +376,12 @@ class Supervisor:
     def try_step(self, node: Node) -> bool:
         """``try_charge(node, steps=1)``: an execution's step, charged before its model
         request. On a chain with no budget (under the default cap, if one is set)
-        the counters are added here, with no counts to build and read back."""
+        the counters are added here, with no counts to build and read back.
+
+        A fast path that pays (with ``try_tool_call``): W2 per step at S = 50 is
+        about 10 % slower through ``try_charge`` (17.5 against 15.6 us a step, medians
+        of 15 interleaved runs); a property test checks both give what ``try_charge``
+        gives (``test_try_step_and_try_tool_call_give_what_try_charge_gives``)."""
         if node.limited or node.stop_status is not None:
             return self.try_charge(node, steps=1)
         caps = self.caps

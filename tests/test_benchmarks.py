@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from fractor.actors import Compaction
-from fractor.benchmarks import budget, memory, ui, w4_mailbox
+from fractor.benchmarks import budget, memory, ui, w4_mailbox, whole_path
 from fractor.benchmarks._harness import print_rows, write_results
 
 
@@ -27,6 +27,17 @@ async def test_w4_reports_both_sides_and_their_ratio(tmp_path: pathlib.Path) -> 
     assert document["backend"] == "test"
     assert document["rows"][0]["workload"] == row.workload
     print_rows(rows)
+
+
+async def test_the_whole_k1_path_is_timed_per_path_beside_the_raw_loop() -> None:
+    (row,) = await whole_path.run(paths=20)
+    assert row.workload.startswith("Whole K=1 path")
+    assert row.unit == "s"
+    assert row.fractor_min <= row.fractor <= row.fractor_max
+    assert row.baseline_min <= row.baseline <= row.baseline_max
+    assert abs(row.ratio - row.baseline / row.fractor) < 1e-9
+    assert row.target == f"<= {whole_path.TARGET:g} x raw per path"
+    assert row.holds == (row.ratio >= 1 / whole_path.TARGET)
 
 
 async def test_w6_reports_the_web_views_cost_beside_the_same_run_without_it() -> None:

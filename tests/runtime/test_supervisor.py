@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from fractor.runtime import (
     Budget,
     BudgetExceeded,
+    Caps,
     InvalidUsage,
     Node,
     OutputSharing,
@@ -1337,3 +1338,69 @@ async def test_output_sharing_decides_between_a_fair_share_and_all_it_wants(
 def test_output_sharing_is_fair_or_whole() -> None:
     with pytest.raises(ValueError, match='output_sharing must be "fair" or "whole"'):
         Supervisor(None, output_sharing="greedy")  # type: ignore[arg-type]
+
+
+# -- the one-counter fast paths give what the general charge gives ---------------------
+
+one_counter_ops = st.lists(
+    st.tuples(st.sampled_from(["step", "tool_call", "stop"]), st.integers(0, 10)),
+    min_size=1,
+    max_size=40,
+)
+
+
+def _charged(sup: Supervisor, node: Node, kind: str, fast: bool) -> object:
+    """What one step or tool call charged on ``node`` gives: True, False (held up) or
+    the refusal's limit and node."""
+    try:
+        if kind == "step":
+            return sup.try_step(node) if fast else sup.try_charge(node, steps=1)
+        return sup.try_tool_call(node) if fast else sup.try_charge(node, tool_calls=1)
+    except BudgetExceeded as exc:
+        return (exc.limit, exc.allowed, exc.node_name)
+
+
+def _tree_state(nodes: list[Node]) -> list[tuple[Usage, Usage, str | None, str]]:
+    return [(n.usage(), n.own_usage(), n.stop_status, n.stop_reason.split(" (")[0]) for n in nodes]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    root_budget=budgets(),
+    shape=tree_shapes,
+    node_budgets=st.lists(budgets(), min_size=6, max_size=6),
+    cap=st.one_of(st.none(), st.integers(1, 3)),
+    ops=one_counter_ops,
+)
+async def test_try_step_and_try_tool_call_give_what_try_charge_gives(
+    root_budget: Budget | None,
+    shape: list[int],
+    node_budgets: list[Budget | None],
+    cap: int | None,
+    ops: list[tuple[str, int]],
+) -> None:
+    # The same tree twice: one charged by the fast paths, one by the general charge.
+    caps = None if cap is None else Caps(steps=cap)
+    sups = [Supervisor(root_budget, caps=caps) for _ in range(2)]
+    trees: list[list[Node]] = []
+    for sup in sups:
+        sup.start()
+        nodes = [sup.root]
+        for position, parent_index in enumerate(shape):
+            nodes.append(
+                sup.open(nodes[parent_index], name=f"n{position}", limits=node_budgets[position])
+            )
+        scoped(*nodes[1:])
+        trees.append(nodes)
+    (fast, general), (fast_nodes, general_nodes) = sups, trees
+    for kind, index in ops:
+        at = index % len(fast_nodes)
+        if kind == "stop":
+            for sup, nodes in zip(sups, trees, strict=True):
+                if nodes[at].parent is not None:
+                    sup.stop_subtree(nodes[at], "cancelled", "stopped by the test")
+            continue
+        assert _charged(fast, fast_nodes[at], kind, True) == _charged(
+            general, general_nodes[at], kind, False
+        )
+        assert _tree_state(fast_nodes) == _tree_state(general_nodes)
