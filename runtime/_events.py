@@ -374,8 +374,8 @@ class EventBus:
         self.on_task: Callable[[str, str], None] | None = None
         #: Watchers of one subtree each, by the key a message names them with: the
         #: actor that takes the message takes its watcher out of here, and gives it
-        #: to the subtree's node (see ``Node.watch``); whoever finds it gone knows
-        #: the message was taken (one still here was not).
+        #: to the subtree's node (the agent layer keeps it in ``Node.layer``);
+        #: whoever finds it gone knows the message was taken (one still here was not).
         self.watchers: dict[str, Callable[[Event], None]] = {}
 
     def start(self) -> None:

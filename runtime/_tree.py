@@ -11,7 +11,7 @@ the supervisor's, not the node's.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ._budget import COUNTED, FIELDS, OWN, Budget, Usage, derived
 from ._exceptions import BudgetExceeded
@@ -22,9 +22,7 @@ from ._lease import Held, Lease, Lender
 from ._snapshots import EndStatus, NodeSnapshot, NodeStatus, TreeSnapshot
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ._events import Event
+    pass
 
 __all__ = [
     "Cancellable",
@@ -72,8 +70,8 @@ class Node:
     """One execution in the tree.
 
     Its usage, limits and status are mutated only by the ``Supervisor``; the agents
-    layer sets what it runs with: ``actor_id``, ``attempt``, ``scope``, ``traces`` and
-    ``watch``.
+    layer sets what it runs with: ``actor_id``, ``attempt``, ``scope``, and ``layer``
+    (what it keeps with the subtree, which the kernel never reads).
     """
 
     __slots__ = (
@@ -87,6 +85,7 @@ class Node:
         "held",
         "id",
         "in_flight",
+        "layer",
         "lease",
         "leaves",
         "lender",
@@ -103,9 +102,7 @@ class Node:
         "stop_error",
         "stop_reason",
         "stop_status",
-        "traces",
         "waiting",
-        "watch",
         # Its counts (see ``FIELDS``): of its subtree, and of itself alone.
         *COUNTED,
         *(f"own_{name}" for name in OWN),
@@ -176,21 +173,16 @@ class Node:
         self.leaves = 0
         #: Why this node's own request waits for budget ("" when it does not).
         self.waiting = ""
-        #: Where the executions of this subtree leave themselves when they end, for
-        #: the top-level execution to store with its own trace (one transaction: no
-        #: trace is ever stored without its parent's). Set by the agents layer, never
-        #: read by the supervisor; ``None`` when nothing is stored.
-        self.traces: list[Any] | None = None
         #: What leases of remote subtrees below hold of this node's headroom.
         self.held: Held | None = None
         #: Set on the node of a subtree that runs on another host: its lease.
         self.lease: Lease | None = None
         #: Set on a host's top node of a leased subtree: where it asks for more.
         self.lender: Lender[Node] | None = None
-        #: Who watches this subtree's events (a stream of one ask): set on a node,
-        #: inherited by the nodes opened below it. Called with each event of the
-        #: subtree, whether or not anyone subscribes to the runtime's events.
-        self.watch: Callable[[Event], None] | None = None if parent is None else parent.watch
+        #: What the layer above keeps with this node's subtree (the agents layer: where
+        #: its executions leave themselves, who watches its events): set on a node,
+        #: handed to the nodes opened below it, never read here.
+        self.layer: object = None if parent is None else parent.layer
 
     def shown_status(self) -> NodeStatus:
         """The status a snapshot shows: the node's own, but for the root. The root is

@@ -61,6 +61,7 @@ from .._messages import (
 from .._models._fallback import FallbackModel
 from .._observation._events import Refused, Restart
 from .._observation._stream import withdrawn
+from .._observation._subtree import subtree, with_traces, with_watch
 from .._observation._traces import TRACE_KIND, trace_from_record, trace_record
 from .._tools._approval import approvals_of
 from .._tools._toolbox import ToolsUnavailable
@@ -304,10 +305,10 @@ class AgentActor(Actor):
         history = self._history(task)
         node.actor_id = context.id
         if watch is not None:
-            node.watch = watch
+            with_watch(node, watch)
         store = context.runtime.store
         if store is not None and not task.node:
-            node.traces = []  # the subtree's executions leave themselves here
+            with_traces(node, [])  # the subtree's executions leave themselves here
         execution = self.running = self._new_execution(
             node, task, history, fold=fold, behind=behind
         )
@@ -371,8 +372,8 @@ class AgentActor(Actor):
         whole state again and retries the traces that were not saved.
         """
         node = execution.node
-        ended: list[Any] = node.traces or []
-        node.traces = None
+        ended: list[Any] = subtree(node).traces or []
+        with_traces(node, None)
         # The top's attempts, handed on last (after their subtree), are stored first.
         top = len(execution.earlier) + 1
         ordered = [*ended[-top:], *ended[:-top]]

@@ -191,7 +191,6 @@ class Delegation:
             return False  # headroom leased to a subtree elsewhere: ``run`` waits for it
         node = opened
         node.actor_id = node.id  # the child actor takes its node's id
-        node.traces = parent.traces  # where its execution leaves itself
         began = time.perf_counter()
         recorder = self.recorder
         place = placer_of(self.context.runtime.hosts)  # None: everything runs here

@@ -78,6 +78,7 @@ from .._observation._events import (
     ModelText,
     StepStart,
 )
+from .._observation._subtree import subtree
 from .._parts import Media, describe_part, size_text
 from .._tools._tool import EXECUTION_ORIGIN, own_failure
 from ._answering import Answers
@@ -280,7 +281,7 @@ class Execution:
     def observed(self) -> bool:
         """Whether anyone sees this execution's events: the runtime's subscribers (or
         its log), or the watcher of a streamed ask above it."""
-        return self.bus.active or self.node.watch is not None
+        return self.bus.active or self.recorder.watch is not None
 
     # -- how it begins and ends ----------------------------------------------------------
 
@@ -373,7 +374,7 @@ class Execution:
            conversation grew by exactly one turn.
         3. The node closes with the execution's status.
         4. The trace is handed on: each attempt's (``earlier``, then this one) joins
-           the agent's kept traces if it lives on, and ``Node.traces`` if the tree's
+           the agent's kept traces if it lives on, and ``Subtree.traces`` if the tree's
            traces are collected there (by the top of a tree with a store, whose
            agent saves them, or by a host for its subtree's top).
         5. The one ``Result``; None if ``cancelled``: the cancellation goes on, and
@@ -400,7 +401,7 @@ class Execution:
         if text is not None:
             self.conversation.append(AssistantMessage(content=text))
         self.supervisor.close(node, self.status, self.reason)
-        traces = node.traces
+        traces = subtree(node).traces
         if traces is not None:
             if self.earlier:
                 traces.extend(self.earlier)

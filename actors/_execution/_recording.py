@@ -28,6 +28,7 @@ from .._messages import (
     exception_text,
 )
 from .._observation._events import ModelText, StepEnd, agent_event
+from .._observation._subtree import subtree
 
 if TYPE_CHECKING:
     from fractor.runtime import EventBus
@@ -138,6 +139,7 @@ class Recorder:
         "steps",
         "streamed",
         "supervisor",
+        "watch",
     )
 
     def __init__(
@@ -158,6 +160,8 @@ class Recorder:
         self.node = node
         self.supervisor = supervisor
         self.bus = bus  # read at every event site
+        #: The watcher of the streamed ask above, if there is one.
+        self.watch = subtree(node).watch
         self.steps: list[StepRecord] = []
         #: The step in flight, kept so that an interrupted execution's trace shows it
         #: (see ``all_steps``): when its request began (0.0 once the step is
@@ -184,7 +188,7 @@ class Recorder:
     def observed(self) -> bool:
         """Whether anyone sees the execution's events: the runtime's subscribers (or
         its log), or the watcher of a streamed ask above it."""
-        return self.bus.active or self.node.watch is not None
+        return self.bus.active or self.watch is not None
 
     def emit(self, detail: EventDetail, /) -> None:
         """One event of the execution: to the runtime's subscribers when it has any,
@@ -203,7 +207,7 @@ class Recorder:
         )
         if bus.active:
             bus.deliver(event)
-        watch = node.watch
+        watch = self.watch
         if watch is not None:
             watch(event)
 
@@ -213,7 +217,7 @@ class Recorder:
         if not self.streamed:
             self.first_text = self.supervisor.rates.now()
         self.streamed.append(text)
-        if self.bus.active or self.node.watch is not None:
+        if self.bus.active or self.watch is not None:
             self.emit(ModelText(text=text, step=len(self.steps)))
 
     def begin(self, input_messages: int) -> None:
@@ -250,7 +254,7 @@ class Recorder:
         )
         self.steps.append(record)
         self.step_began = 0.0
-        if self.bus.active or self.node.watch is not None:
+        if self.bus.active or self.watch is not None:
             self.emit(
                 StepEnd(
                     step=record.index,

@@ -37,6 +37,7 @@ from fractor.runtime.lowlevel import Tally, Want, new_waiter, park, wake
 
 from .._blobs import detach_trace
 from .._messages import ExecutionTrace, Result, Task, exception_text
+from .._observation._subtree import subtree, with_traces
 from .._tools._approval import ApprovalRequest, approvals_of
 from ._lanes import HostRates, Taken
 from ._remote import (
@@ -380,7 +381,7 @@ class AgentHost:
         if start.events:
             self._observe(run, start.parent_id)
         if start.traces:
-            node.traces = []
+            with_traces(node, [])
         early = self._early.pop(start.run, None)
         if early is not None:
             self.down(encode([early]))
@@ -409,7 +410,8 @@ class AgentHost:
         if result.parts:
             result = msgspec.structs.replace(result, parts=detach_parts(result.parts, blobs))
         traces: tuple[ExecutionTrace, ...] = ()
-        if node.traces:
+        shipped = subtree(node).traces
+        if shipped:
             # The top's executions hang from the parent in the whole tree (here, from
             # the lease's node).
             here = ("", pool.node.id)
@@ -418,11 +420,9 @@ class AgentHost:
                     trace,
                     parent_id=start.parent_id if trace.parent_id in here else trace.parent_id,
                 )
-                for trace in (
-                    detach_trace(execution.final_trace(), blobs) for execution in node.traces
-                )
+                for trace in (detach_trace(execution.final_trace(), blobs) for execution in shipped)
             )
-            node.traces = None
+            with_traces(node, None)
         for key in start.blobs:  # the driver sent these: it has them
             blobs.pop(key, None)
         nodes = _marked(supervisor.subtree(node), self.name, run.offset)

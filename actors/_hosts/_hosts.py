@@ -37,6 +37,7 @@ from fractor.runtime.lowlevel import Lease, Ledger, Refusal, Want
 
 from .._messages import exception_text
 from .._observation._events import Restart
+from .._observation._subtree import subtree
 from ._host import AgentHost, HostConfig
 from ._lanes import Give, Lanes, Take, Taken
 from ._placing import HostUnavailable, Placement
@@ -102,7 +103,7 @@ class RemoteHosts:
         self._runs = itertools.count(1)
         self._pools = itertools.count(1)
         self._turn: dict[str, int] = {}
-        #: Watchers of streamed asks (``Node.watch``) of the executions running on
+        #: Watchers of streamed asks (``Subtree.watch``) of the executions running on
         #: hosts, by execution id: a remote subtree's events reach them too.
         self._watched: dict[str, Callable[[Event], None]] = {}
         self._task_group: TaskGroup | None = None
@@ -265,6 +266,7 @@ class RemoteHosts:
         run_id = next(self._runs)
         blobs: dict[str, bytes] = {}
         parts = detach_parts(child.parts, blobs)
+        kept = subtree(node)
         start = Start(
             run=run_id,
             text=child.text,
@@ -275,15 +277,15 @@ class RemoteHosts:
             limits=limits,
             pool=lease.ref,
             pool_limits=pool_limits,
-            traces=node.traces is not None,
-            events=node.watch is not None
+            traces=kept.traces is not None,
+            events=kept.watch is not None
             or (self.runtime is not None and self.runtime.event_bus.active),
             above=tuple(above.name for above in reversed(list(node.chain())[1:-1])),
             parts=parts,
             blobs=blobs,
         )
-        if node.watch is not None:
-            self._watched[node.id] = node.watch
+        if kept.watch is not None:
+            self._watched[node.id] = kept.watch
         try:
             link.start(run_id, child.agent, encode([start]))
         except BaseException:

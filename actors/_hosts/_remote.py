@@ -44,6 +44,7 @@ from fractor.runtime.lowlevel import Lease, Refusal, Tally, Want, new_waiter, pa
 from .._blobs import attach_parts, attach_trace, detach_parts
 from .._messages import ExecutionTrace, Result
 from .._observation._events import WireEvent
+from .._observation._subtree import subtree
 from .._parts import Media
 from .._tools._approval import ApprovalRequest, approvals_of
 from ._lanes import Give, Take, Taken
@@ -584,10 +585,11 @@ class RemoteChild:
                 blobs = {**sent, **blobs}
             if blobs and result.parts:
                 result = msgspec.structs.replace(result, parts=attach_parts(result.parts, blobs))
-            if node.traces is not None and done.traces:
+            ended = subtree(node).traces
+            if ended is not None and done.traces:
                 parent, attempt = node.parent, self.parent_attempt
                 traces = [attach_trace(trace, blobs) if blobs else trace for trace in done.traces]
-                node.traces.extend(_Shipped(trace, parent, attempt) for trace in traces)
+                ended.extend(_Shipped(trace, parent, attempt) for trace in traces)
         else:
             lease = node.lease
             assert lease is not None

@@ -30,14 +30,14 @@ their text, tool calls, waits and stops. The iteration ends once the execution h
 answered; ``run.result`` is the same ``Result`` that ``ask`` returns.
 
 How it works: the ask carries the name of a watcher (``Task.watch``); the execution's
-node takes it, and every node opened below inherits it (``runtime.Node.watch``), so
-the events of this tree, and only these, reach the stream, whether or not anyone
-subscribes to the runtime's events. They wait in a bounded buffer: a slow consumer
-never stalls the agents. While the consumer is behind, consecutive text pieces of one
-execution's step merge into one event (no text is lost); once the buffer is full,
-other events are dropped and counted in ``run.missed`` (and, as a subscriber's are,
-in the ``missed`` of the next event yielded), except those that ask something of the
-consumer (``runtime.Event.asks``: an ``ApprovalAsked``), which are always shown.
+node takes it, and every node opened below inherits it (``Subtree.watch``, kept in
+``runtime.Node.layer``), so the events of this tree, and only these, reach the stream,
+whether or not anyone subscribes to the runtime's events. They wait in a bounded buffer:
+a slow consumer never stalls the agents. While the consumer is behind, consecutive text
+pieces of one execution's step merge into one event (no text is lost); once the buffer
+is full, other events are dropped and counted in ``run.missed`` (and, as a subscriber's
+are, in the ``missed`` of the next event yielded), except those that ask something of
+the consumer (``runtime.Event.asks``: an ``ApprovalAsked``), which are always shown.
 
 Leaving the block before the answer stops the execution (and its subtree), and
 waits briefly for its answer: ``run.result`` then says so (``cancelled``). A task

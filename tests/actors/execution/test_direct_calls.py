@@ -35,7 +35,7 @@ def _sync_upper(text: str) -> str:
     return text.upper()
 
 
-TOOLS = [
+TOOLS: list[Any] = [
     tool(_add, name="add"),
     tool(_boom, name="boom"),
     tool(_pair, name="pair"),
