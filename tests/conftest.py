@@ -82,4 +82,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: 162 s; in one group they were the suite's longest path, 454 s).
 RAY_GROUPS = {"test_hosts": "ray-hosts", "test_lease_properties": "ray-properties"}
 #: Modules with a module-scoped fixture that starts something for all their tests.
-WHOLE_MODULES = frozenset({"test_readme", "test_packaging", "test_mcp_tools", "test_spreading"})
+WHOLE_MODULES = frozenset(
+    {"test_readme", "test_packaging", "test_mcp_tools", "test_mcp_reference", "test_spreading"}
+)

@@ -1,13 +1,19 @@
 """fractor's MCP client against the official reference server,
-``@modelcontextprotocol/server-everything`` from npm, started by the test with
-``npx`` (fetched into npm's cache on the first run, then read from it)."""
+``@modelcontextprotocol/server-everything`` from npm: installed once (by the module's
+fixture, into ``.venv/npm``: fetched from the registry on a fresh clone, then kept),
+and started by the test with ``node``, as a user's MCP configuration starts it."""
 
 from __future__ import annotations
 
 import base64
+import fcntl
+import json
+import pathlib
 import shutil
+import subprocess
 
 import anyio
+import pytest
 
 from fractor.actors import (
     Agent,
@@ -27,18 +33,39 @@ from fractor.runtime import Runtime
 EVERYTHING = "@modelcontextprotocol/server-everything@2026.8.31"
 
 
+#: Where the module installs it: beside the project's virtual environment, so that a
+#: second run (and ``make clean``) treats it as the environment's.
+PREFIX = pathlib.Path(__file__).resolve().parents[3] / ".venv" / "npm"
+
+
+@pytest.fixture(scope="module")
 def everything() -> MCPServer:
-    npx = shutil.which("npx")
-    assert npx is not None, "npx (Node.js) is needed to start the MCP reference server"
-    return MCPServer.stdio(npx, ["--yes", "--prefer-offline", EVERYTHING, "stdio"])
+    """The reference server, installed if it is not (one worker at a time: a lock)."""
+    npm, node = shutil.which("npm"), shutil.which("node")
+    assert npm is not None, "npm (Node.js) installs the MCP reference server"
+    assert node is not None, "Node.js starts the MCP reference server"
+    name, _, version = EVERYTHING.rpartition("@")
+    package = PREFIX / "node_modules" / name
+    PREFIX.mkdir(parents=True, exist_ok=True)
+    with (PREFIX / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        manifest = package / "package.json"
+        if not manifest.exists() or json.loads(manifest.read_text())["version"] != version:
+            command = [npm, "install", "--prefix", str(PREFIX), "--no-save", "--no-audit"]
+            subprocess.run([*command, "--no-fund", EVERYTHING], check=True, timeout=600)
+    bin_ = json.loads(manifest.read_text())["bin"]
+    script = bin_ if isinstance(bin_, str) else next(iter(bin_.values()))
+    return MCPServer.stdio(node, [str(package / script), "stdio"])
 
 
-async def test_the_reference_servers_tiny_image_reaches_the_model_as_an_image() -> None:
+async def test_the_reference_servers_tiny_image_reaches_the_model_as_an_image(
+    everything: MCPServer,
+) -> None:
     """``get-tiny-image`` through fractor's MCP client: the model's next request holds
     the tool result with the server's PNG as an Image part, its bytes exactly the
     base64 the server sent (read here with the SDK's own client), its text around it;
     a blob resource of a text type is read as text, resource links are named."""
-    server = everything()
+    server = everything
     with anyio.fail_after(120):
         async with server.connect() as session:
             raw = await session.call_tool("get-tiny-image", {})
