@@ -40,7 +40,16 @@ import msgspec
 
 from ._waiter import Waiter, new_waiter, park, wake
 
-__all__ = ["TOOL_LANE", "Lane", "LaneStatistics", "Pass", "RateLimit", "Rates"]
+__all__ = [
+    "DIMENSIONS",
+    "TOOL_LANE",
+    "Dimension",
+    "Lane",
+    "LaneStatistics",
+    "Pass",
+    "RateLimit",
+    "Rates",
+]
 
 #: What a lane's concurrency is cut to, of what was in flight, when the server
 #: refuses a request and no concurrency was declared.
@@ -50,6 +59,47 @@ DECREASE = 0.7
 TOOL_LANE = "tool:"
 #: How much longer than its period a charge is counted (the clocks here and there).
 SKEW = 0.02
+
+
+class Dimension(msgspec.Struct, frozen=True, gc=False):
+    """One thing a provider counts per minute, defined once (``DIMENSIONS``): what a
+    lane's window of it is called (``name``, as a wait says it), the key of its
+    fields (``RateLimit.<key>_per_minute``, a server's ``ServerLimits.<key>_limit``,
+    ``_remaining`` and ``_reset``), and what one request draws from it: one request,
+    or tokens (its input, its output, or both: ``input`` and ``output`` say which).
+    """
+
+    name: str
+    key: str
+    input: bool = False
+    output: bool = False
+
+    @property
+    def field(self) -> str:
+        """Its ``RateLimit`` field."""
+        return f"{self.key}_per_minute"
+
+    @property
+    def tokens(self) -> bool:
+        """Whether it counts tokens (a request then needs an input estimate)."""
+        return self.input or self.output
+
+    def cost(self, input: int, output: int) -> int:
+        """What a request of ``input`` and ``output`` tokens draws from it."""
+        if not (self.input or self.output):
+            return 1
+        return (input if self.input else 0) + (output if self.output else 0)
+
+
+#: Every dimension a lane counts, in the order of ``RateLimit``'s fields. A new one is
+#: a row here and its fields: ``RateLimit.<key>_per_minute`` and ``ServerLimits``'s
+#: three (``tests/runtime/test_rates.py`` sends each through every consumer).
+DIMENSIONS = (
+    Dimension("requests", "requests"),
+    Dimension("tokens", "tokens", input=True, output=True),
+    Dimension("input tokens", "input_tokens", input=True),
+    Dimension("output tokens", "output_tokens", output=True),
+)
 
 
 class RateLimit(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -110,10 +160,10 @@ class _Window:
     then, or from when its first streamed text arrived (the server had it by then).
     And a charge leaves the window ``SKEW`` of the period late, for the clocks."""
 
-    __slots__ = ("capacity", "charges", "kind", "period", "used")
+    __slots__ = ("capacity", "charges", "dimension", "period", "used")
 
-    def __init__(self, kind: int, capacity: int, period: float) -> None:
-        self.kind = kind  # _REQUESTS, _TOKENS, _INPUT or _OUTPUT
+    def __init__(self, dimension: Dimension, capacity: int, period: float) -> None:
+        self.dimension = dimension
         self.capacity = capacity
         self.period = period * (1 + SKEW)
         #: The charges in the window, oldest first: [when, amount] (settled in place).
@@ -164,15 +214,7 @@ class _Window:
         entry[0] = now
 
 
-_REQUESTS, _TOKENS, _INPUT, _OUTPUT = range(4)
-_TOKEN_LIMITS = ("tokens_per_minute", "input_tokens_per_minute", "output_tokens_per_minute")
-_LIMITS = (
-    "requests_per_minute",
-    "tokens_per_minute",
-    "input_tokens_per_minute",
-    "output_tokens_per_minute",
-    "concurrent",
-)
+_LIMITS = (*(dimension.field for dimension in DIMENSIONS), "concurrent")
 
 
 class Pass:
@@ -231,20 +273,13 @@ class Lane:
         if limit is not None:
             period = limit.period
             self.buckets = tuple(
-                _Window(kind, capacity, period)
-                for kind, capacity in enumerate(
-                    (
-                        limit.requests_per_minute,
-                        limit.tokens_per_minute,
-                        limit.input_tokens_per_minute,
-                        limit.output_tokens_per_minute,
-                    )
-                )
-                if capacity is not None
+                _Window(dimension, capacity, period)
+                for dimension in DIMENSIONS
+                if (capacity := getattr(limit, dimension.field)) is not None
             )
             self.cap = limit.concurrent
-            self.counts = frozenset(_NAMES[bucket.kind] for bucket in self.buckets)
-            self.tokens = any(bucket.kind != _REQUESTS for bucket in self.buckets)
+            self.counts = frozenset(bucket.dimension.name for bucket in self.buckets)
+            self.tokens = any(bucket.dimension.tokens for bucket in self.buckets)
         #: Whether ``cap`` is the adaptive one (set after the server refused one).
         self.adaptive = False
         self.in_flight = 0
@@ -271,23 +306,15 @@ class Lane:
         if self.cap is not None and self.in_flight >= self.cap:
             return math.inf
         for bucket in self.buckets:
-            wait = max(wait, bucket.wait(_cost(bucket.kind, input, output), now))
+            wait = max(wait, bucket.wait(bucket.dimension.cost(input, output), now))
         return max(wait, 0.0)
 
     def take(self, input: int, output: int, now: float) -> Pass:
         self.in_flight += 1
         charges = tuple(
-            bucket.charge(_cost(bucket.kind, input, output), now) for bucket in self.buckets
+            bucket.charge(bucket.dimension.cost(input, output), now) for bucket in self.buckets
         )
         return Pass(self, charges)
-
-
-def _cost(kind: int, input: int, output: int) -> int:
-    if kind == _REQUESTS:
-        return 1
-    if kind == _TOKENS:
-        return input + output
-    return input if kind == _INPUT else output
 
 
 class Rates:
@@ -395,11 +422,7 @@ class Rates:
         if lane.buckets:
             now = self.now() if answered is None else answered
             for bucket, entry in zip(lane.buckets, taken.charges, strict=False):
-                bucket.amend(
-                    entry,
-                    entry[1] if bucket.kind == _REQUESTS else _cost(bucket.kind, input, output),
-                    now,
-                )
+                bucket.amend(entry, bucket.dimension.cost(input, output), now)
         if lane.adaptive and lane.cap is not None:
             lane.successes += 1
             if lane.successes >= lane.cap:
@@ -466,8 +489,8 @@ class Rates:
             kind = "adaptive " if lane.adaptive else ""
             return f"{head}: {lane.in_flight} requests in flight ({kind}concurrency {lane.cap})"
         for bucket in lane.buckets:
-            if bucket.wait(_cost(bucket.kind, input, output), now) > 0:
-                return f"{head}: {_NAMES[bucket.kind]} per minute ({bucket.capacity:,})"
+            if bucket.wait(bucket.dimension.cost(input, output), now) > 0:
+                return f"{head}: {bucket.dimension.name} per minute ({bucket.capacity:,})"
         return f"{head}: in line behind {len(lane.queue) - 1} requests"
 
     def statistics(self) -> dict[str, LaneStatistics]:
@@ -491,11 +514,3 @@ class Rates:
     def _wake_head(lane: Lane) -> None:
         if lane.queue:
             wake(lane.queue[0].waiter)
-
-
-_NAMES = {
-    _REQUESTS: "requests",
-    _TOKENS: "tokens",
-    _INPUT: "input tokens",
-    _OUTPUT: "output tokens",
-}

@@ -29,7 +29,9 @@ from ._lease import Refusal as Refusal
 from ._lease import Tally as Tally
 from ._lease import Want as Want
 from ._ledger import Ledger as Ledger
+from ._rates import DIMENSIONS as DIMENSIONS
 from ._rates import TOOL_LANE as TOOL_LANE
+from ._rates import Dimension as Dimension
 from ._rates import Lane as Lane
 from ._rates import Pass as Pass
 from ._rates import Rates as Rates
@@ -40,8 +42,10 @@ from ._waiter import park as park
 from ._waiter import wake as wake
 
 __all__ = [
+    "DIMENSIONS",
     "LEASED",
     "TOOL_LANE",
+    "Dimension",
     "HeldUp",
     "Lane",
     "Lease",

@@ -63,7 +63,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     worker's Ray instance (~5 s and ~1 GiB each), the browser tests run one Chromium
     at a time (two at once on two cores make both slow), and a module whose fixture
     starts its component once for the module (the README's scripts, the wheel, an
-    MCP server) runs whole on one worker instead of starting it on each."""
+    MCP server) runs whole on one worker instead of starting it on each. (Without
+    pytest-xdist, ``-p no:xdist``, there are no workers and no groups to mark.)"""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
     for item in items:
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec is not None else {}

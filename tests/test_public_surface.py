@@ -120,7 +120,7 @@ def test_actors_surface_names() -> None:
 def test_subpackage_surface_names() -> None:
     assert set(runtime.lowlevel.__all__) == {
         "LEASED", "HeldUp", "Lease", "Ledger", "Lender", "Refusal", "Tally", "Want",
-        "Lane", "Pass", "Rates", "TOOL_LANE",
+        "Lane", "Pass", "Rates", "TOOL_LANE", "DIMENSIONS", "Dimension",
         "Waiter", "clock", "new_waiter", "park", "wake",
     }  # fmt: skip
     assert set(actors.providers.__all__) == {

@@ -16,6 +16,7 @@ import anyio
 import msgspec
 
 from fractor.runtime import InvalidUsage, Node, Reservation, Supervisor, Usage
+from fractor.runtime.lowlevel import DIMENSIONS
 
 from .._agent._policy import is_retryable, retry_after
 from .._messages import ModelRequest, ModelResponse, ToolCall, exception_text, safe_text
@@ -675,12 +676,7 @@ def _heard(rates: Rates, lane: Lane, limits: object) -> None:
 
 
 #: What the headers say of each count: (remaining, reset, the count's name).
-_HEARD = (
-    ("requests_remaining", "requests_reset", "requests"),
-    ("tokens_remaining", "tokens_reset", "tokens"),
-    ("input_tokens_remaining", "input_tokens_reset", "input tokens"),
-    ("output_tokens_remaining", "output_tokens_reset", "output tokens"),
-)
+_HEARD = tuple((f"{d.key}_remaining", f"{d.key}_reset", d.name) for d in DIMENSIONS)
 
 
 async def _wait_for_budget(

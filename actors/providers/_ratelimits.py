@@ -31,6 +31,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from fractor.runtime.lowlevel import DIMENSIONS
+
 from .._messages import ServerLimits
 
 __all__ = ["parse_duration", "retry_after_in", "server_limits", "spent_until"]
@@ -42,12 +44,8 @@ for _bucket, _field in (("requests", "requests"), ("tokens", "tokens")):
     _HEADERS[f"x-ratelimit-limit-{_bucket}"] = (f"{_field}_limit", _COUNT)
     _HEADERS[f"x-ratelimit-remaining-{_bucket}"] = (f"{_field}_remaining", _COUNT)
     _HEADERS[f"x-ratelimit-reset-{_bucket}"] = (f"{_field}_reset", _DURATION)
-for _bucket, _field in (
-    ("requests", "requests"),
-    ("tokens", "tokens"),
-    ("input-tokens", "input_tokens"),
-    ("output-tokens", "output_tokens"),
-):
+# Anthropic says every dimension a lane counts (``DIMENSIONS``), by its key.
+for _bucket, _field in ((d.key.replace("_", "-"), d.key) for d in DIMENSIONS):
     _HEADERS[f"anthropic-ratelimit-{_bucket}-limit"] = (f"{_field}_limit", _COUNT)
     _HEADERS[f"anthropic-ratelimit-{_bucket}-remaining"] = (f"{_field}_remaining", _COUNT)
     _HEADERS[f"anthropic-ratelimit-{_bucket}-reset"] = (f"{_field}_reset", _TIMESTAMP)

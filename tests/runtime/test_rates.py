@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from fractor.runtime import RateLimit, Runtime
-from fractor.runtime._rates import SKEW, Lane, Pass, Rates, _Window
+from fractor.runtime._rates import DIMENSIONS, SKEW, Dimension, Lane, Pass, Rates, _Window
 
 #: A scaled-down minute.
 PERIOD = 0.3
@@ -244,14 +244,14 @@ def test_a_request_sent_late_by_a_busy_client_is_counted_from_its_answer() -> No
     # 0.9 s: the server saw it at 0.9 at the latest, so the window counts it from
     # 0.9, not from its admission (then the lane let a request through at 0.52 that
     # the server, still counting this one, refused).
-    window = _Window(0, capacity=1, period=0.5)
+    window = _Window(DIMENSIONS[0], capacity=1, period=0.5)
     entry = window.charge(1, now=0.0)
     window.amend(entry, 1, now=0.9)
     assert window.wait(1, now=1.2) > 0  # the server still counts it
     assert window.wait(1, now=0.9 + 0.5 * (1 + SKEW) + 0.001) == 0
     # However long the reply took (CI saw a loaded run's replies take over 2 s and
     # the server refuse 5 that a margin after admission let through).
-    long = _Window(0, capacity=1, period=0.5)
+    long = _Window(DIMENSIONS[0], capacity=1, period=0.5)
     entry = long.charge(1, now=0.0)
     long.amend(entry, 1, now=3.0)
     assert long.wait(1, now=3.0 + 0.5) > 0
@@ -268,3 +268,38 @@ def test_a_streamed_answer_is_counted_from_its_first_text() -> None:
     rates.settle(taken, 1, 1, answered=2.0)  # its text began at 2.0, it ended at 10
     (bucket,) = lane.buckets
     assert bucket.wait(1, now=2.0 + 0.5 * (1 + SKEW) + 0.001) == 0
+
+
+@pytest.mark.parametrize("dimension", DIMENSIONS, ids=lambda d: d.key)
+def test_every_dimension_reaches_every_consumer_of_the_lanes(dimension: Dimension) -> None:
+    # Declared: RateLimit has its field and checks it.
+    with pytest.raises(ValueError, match=dimension.field):
+        RateLimit(**{dimension.field: 0})
+    limit = RateLimit(**{dimension.field: 10}, period=PERIOD)
+    clock = [0.0]
+    lanes = Rates({"m": limit}, now=lambda: clock[0])
+    lane = lanes.lane("m")
+    # Counted: the lane says it counts it (a server's header of it is its to ignore),
+    # and needs an input estimate exactly when it counts tokens.
+    assert lane.counts == {dimension.name}
+    assert lane.tokens == dimension.tokens
+    # Charged what a request draws from it: 6 input and 4 output tokens cost 1
+    # request, 10 tokens, 6 input or 4 output tokens. What fills it makes the next
+    # wait, saying why by its name.
+    cost = dimension.cost(6, 4)
+    assert (
+        cost == {"requests": 1, "tokens": 10, "input_tokens": 6, "output_tokens": 4}[dimension.key]
+    )
+    taken = [lanes.try_acquire(lane, 6, 4) for _ in range(10 // cost)]
+    assert all(one is not None for one in taken)
+    assert lanes.try_acquire(lane, 6, 4) is None
+    assert lanes.why(lane, 6, 4) == f"rate limit of m: {dimension.name} per minute (10)"
+    # Settled to the real usage (a request stays one request): nothing came back but
+    # what a token count did not use.
+    first = taken[0]
+    assert first is not None
+    lanes.settle(first, 0, 0)
+    assert (lanes.try_acquire(lane, 6, 4) is None) == (not dimension.tokens)
+    # Out of the window a period later.
+    clock[0] = PERIOD * (1 + SKEW) + 0.001
+    assert lanes.try_acquire(lane, 6, 4) is not None

@@ -12,8 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fractor.actors import ModelRequest, ProviderError, ServerLimits, UserMessage
+from fractor.actors._execution._requests import _heard
 from fractor.actors.providers._errors import status_error
 from fractor.actors.providers._ratelimits import parse_duration, retry_after_in, server_limits
+from fractor.runtime import RateLimit
+from fractor.runtime.lowlevel import DIMENSIONS, Dimension, Rates
 
 from ..loopback import LoopbackServer, json_reply
 from .wires import Wire, anthropic_error, openai_error
@@ -333,3 +336,32 @@ async def test_an_error_status_carries_what_its_headers_said(
     assert second.value.retry_after == 7.0
     assert second.value.limits is not None
     assert second.value.limits.retry_after == 7.0
+
+
+@pytest.mark.parametrize("dimension", DIMENSIONS, ids=lambda d: d.key)
+def test_every_dimension_is_read_from_the_headers_and_heard_by_the_lanes(
+    dimension: Dimension,
+) -> None:
+    # A server's headers of it become its three ServerLimits fields.
+    bucket = dimension.key.replace("_", "-")
+    headers = {
+        f"anthropic-ratelimit-{bucket}-limit": "50",
+        f"anthropic-ratelimit-{bucket}-remaining": "0",
+        f"anthropic-ratelimit-{bucket}-reset": _rfc3339(2.0),
+    }
+    limits = server_limits(headers, now=NOW)
+    assert limits is not None
+    fields = (f"{dimension.key}_limit", f"{dimension.key}_remaining", f"{dimension.key}_reset")
+    assert tuple(getattr(limits, name) for name in fields) == (50, 0, 2.0)
+    assert all(
+        getattr(limits, name) is None
+        for name in ServerLimits.__struct_fields__
+        if name not in fields
+    )
+    # Nothing left of it pauses a lane until the reset, unless the lane counts it
+    # itself (a limit of it declared: its window knows when the next request fits).
+    rates = Rates({"counting": RateLimit(**{dimension.field: 10})}, now=lambda: 0.0)
+    for name, paused in (("plain", True), ("counting", False)):
+        lane = rates.lane(name)
+        _heard(rates, lane, limits)
+        assert rates.statistics()[name].pauses == int(paused)
