@@ -77,6 +77,7 @@ from ._observation._traces import collect_trace_tree as collect_trace_tree
 from ._observation._traces import export_traces as export_traces
 from ._observation._traces import load_traces as load_traces
 from ._observation._traces import render_trace_tree as render_trace_tree
+from ._parts import Audio as Audio
 from ._parts import ContentError as ContentError
 from ._parts import ContentLimits as ContentLimits
 from ._parts import Document as Document
@@ -117,6 +118,7 @@ __all__ = [
     "ApprovalPolicy",
     "ApprovalRequest",
     "AssistantMessage",
+    "Audio",
     "ChildReply",
     "Compaction",
     "ContentError",

@@ -22,7 +22,7 @@ import msgspec
 from fractor.runtime import Store
 
 from ._messages import ExecutionTrace, Message, StepRecord, ToolResultMessage, UserMessage
-from ._parts import Document, Image, Media, with_data
+from ._parts import Media, MediaPart, with_data
 
 __all__ = [
     "attach_messages",
@@ -51,7 +51,7 @@ def detach_parts(parts: tuple[Media, ...], blobs: Blobs) -> tuple[Media, ...]:
         return parts
     out: list[Media] = []
     for part in parts:
-        if (type(part) is Image or type(part) is Document) and part.data is not None:
+        if isinstance(part, MediaPart) and part.data is not None:
             blobs.setdefault(part.sha256, part.data)
             part = msgspec.structs.replace(part, data=None)
         out.append(part)
@@ -66,7 +66,7 @@ def attach_parts(parts: tuple[Media, ...], blobs: Blobs) -> tuple[Media, ...]:
         return parts
     out: list[Media] = []
     for part in parts:
-        if (type(part) is Image or type(part) is Document) and part.stored:
+        if isinstance(part, MediaPart) and part.stored:
             data = blobs.get(part.sha256)
             if data is not None:
                 part = with_data(part, data)
@@ -143,7 +143,7 @@ def attach_trace(trace: ExecutionTrace, blobs: Blobs) -> ExecutionTrace:
 
 def _stored(parts: Iterable[Media]) -> Iterator[str]:
     for part in parts:
-        if (type(part) is Image or type(part) is Document) and part.stored:
+        if isinstance(part, MediaPart) and part.stored:
             yield part.sha256
 
 

@@ -1,4 +1,5 @@
-"""Content parts: text, images and documents that messages carry beside their text.
+"""Content parts: text, images, documents and audio that messages carry beside their
+text.
 
 A part is a frozen msgspec Struct of a tagged union (``Part``):
 
@@ -7,6 +8,16 @@ A part is a frozen msgspec Struct of a tagged union (``Part``):
   pieces says "this is text" next to images.
 - ``Image``: PNG, JPEG, WebP or GIF, as bytes (``data``) or a ``url``.
 - ``Document``: a PDF, as bytes or a ``url``.
+- ``Audio``: WAV or MP3, as bytes or a ``url``.
+
+**A kind of media part is one class** (``MEDIA_KINDS``), on ``MediaPart``: its
+``kind`` (its tag, and what a model's ``accepts=`` names), the ``media_types`` its
+bytes may be (and how their magic numbers say so: ``sniff_type``), what it reads of
+its bytes and how it checks they are whole (``read_facts``), how it is described
+(``facts_text``) and estimated (``tokens``). Everything else (the door, the stores'
+blobs, the hosts' wire, MCP, the live views) reads those; a provider's wire says how
+it sends each kind, or refuses one it cannot (``tests/actors/test_part_kinds.py``
+sends every kind through every consumer).
 
 For bytes, the media type is read from the bytes' magic number (a ``media_type``
 given that disagrees is refused, naming what was found; a generic one,
@@ -47,27 +58,33 @@ bytes, e.g. ``[image 1024x768 png, 182 KB, sha256:ab12cd34]``.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import zlib
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import msgspec
 
 from fractor.runtime import FractorError
 
 __all__ = [
+    "AUDIO_TOKENS_PER_SECOND",
     "DEFAULT_PART_BYTES",
     "DEFAULT_REQUEST_BYTES",
     "DOCUMENT_TOKENS_PER_PAGE",
+    "MEDIA_KINDS",
+    "UNKNOWN_AUDIO_SECONDS",
     "UNKNOWN_DOCUMENT_PAGES",
     "UNKNOWN_IMAGE_TOKENS",
+    "Audio",
     "ContentError",
     "ContentLimits",
     "Document",
     "Image",
     "Media",
+    "MediaPart",
     "Part",
     "Text",
     "anthropic_image_tokens",
@@ -85,6 +102,8 @@ DEFAULT_REQUEST_BYTES = 50_000_000
 ImageType = Literal["image/png", "image/jpeg", "image/webp", "image/gif"]
 IMAGE_TYPES: tuple[str, ...] = ("image/png", "image/jpeg", "image/webp", "image/gif")
 PDF = "application/pdf"
+WAV = "audio/wav"
+MP3 = "audio/mpeg"
 
 
 class ContentError(FractorError, ValueError):
@@ -138,7 +157,63 @@ class Text(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="text"):
         return 0
 
 
-class Image(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="image"):
+class MediaPart(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What every kind of media part is (see the module): bytes (``data``) or a
+    ``url``, its ``media_type`` read from the bytes, their ``sha256`` and ``size``.
+
+    A kind subclasses it with a tag (its ``kind``) and says, once, what is its own:
+    ``media_types`` and ``url_types`` (by extension), ``sniff_type``, ``read_facts``,
+    ``facts_text`` and ``tokens``.
+    """
+
+    media_type: str = ""
+    data: bytes | None = None
+    url: str = ""
+    sha256: str = ""
+    size: int = 0
+
+    #: Its name: its tag, and what a model's ``accepts=`` names.
+    kind: ClassVar[str] = ""
+    #: The media types its bytes may be, and how each is named in words.
+    media_types: ClassVar[dict[str, str]] = {}
+    #: The media type of a URL by its extension, for one given no ``media_type``.
+    url_types: ClassVar[dict[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        _complete(self)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, media_type: str = "", *, name: str = "") -> Self:
+        """A part of this kind of ``data`` that a source labelled ``media_type`` (a
+        generic label lets the bytes decide), named ``name`` if the kind has names."""
+        options: dict[str, Any] = {"name": name} if name and "name" in cls.__struct_fields__ else {}
+        return cls(data=data, media_type=media_type, **options)
+
+    @staticmethod
+    def sniff_type(data: bytes) -> str:
+        """The media type of this kind that the magic number of ``data`` says, or ""."""
+        return ""
+
+    def read_facts(self, data: bytes, media_type: str) -> dict[str, Any]:
+        """``ContentError`` unless ``data`` is a whole file of ``media_type`` (a cheap
+        look at its structure), else what its header says cheaply, by field name."""
+        return {}
+
+    def facts_text(self) -> str:
+        """What ``describe_part`` says of a part with its bytes, before its size."""
+        return self.media_type
+
+    def tokens(self, image_tokens: ImageTokens) -> int:
+        """The input tokens it is counted for in a request's estimate."""
+        return 0
+
+    @property
+    def stored(self) -> bool:
+        """Decoded from a store without its bytes (see ``actors._blobs``)."""
+        return self.data is None and not self.url
+
+
+class Image(MediaPart, frozen=True, kw_only=True, gc=False, tag="image"):
     """An image: PNG, JPEG, WebP or GIF, as bytes (``data``) or a ``url``.
 
     ``Image(data=png_bytes)`` reads the media type from the magic number (a
@@ -148,16 +223,23 @@ class Image(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="image"):
     does not say them cheaply); do not pass them.
     """
 
-    media_type: str = ""
-    data: bytes | None = None
-    url: str = ""
-    sha256: str = ""
-    size: int = 0
     width: int | None = None
     height: int | None = None
 
-    def __post_init__(self) -> None:
-        _complete(self)
+    kind: ClassVar[str] = "image"
+    media_types: ClassVar[dict[str, str]] = {
+        "image/png": "PNG",
+        "image/jpeg": "JPEG",
+        "image/webp": "WebP",
+        "image/gif": "GIF",
+    }
+    url_types: ClassVar[dict[str, str]] = {
+        ".png": "image/png",
+        ".jpg": "image/jpeg",
+        ".jpeg": "image/jpeg",
+        ".gif": "image/gif",
+        ".webp": "image/webp",
+    }
 
     @classmethod
     def from_file(
@@ -171,13 +253,36 @@ class Image(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="image"):
         """An image the model fetches from ``url`` (http, https or a ``data:`` URL)."""
         return cls(url=url, media_type=media_type)
 
-    @property
-    def stored(self) -> bool:
-        """Decoded from a store without its bytes (see ``actors._blobs``)."""
-        return self.data is None and not self.url
+    @staticmethod
+    def sniff_type(data: bytes) -> str:
+        if data.startswith(b"\x89PNG\r\n\x1a\n"):
+            return "image/png"
+        if data.startswith(b"\xff\xd8\xff"):
+            return "image/jpeg"
+        if data.startswith((b"GIF87a", b"GIF89a")):
+            return "image/gif"
+        if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+            return "image/webp"
+        return ""
+
+    def read_facts(self, data: bytes, media_type: str) -> dict[str, Any]:
+        size = check_whole(data, media_type)
+        assert size is not None
+        return {"width": size[0], "height": size[1]}
+
+    def facts_text(self) -> str:
+        shown = self.media_type.removeprefix("image/")
+        if self.width is None or self.height is None:
+            return shown
+        return f"{self.width}x{self.height} {shown}"
+
+    def tokens(self, image_tokens: ImageTokens) -> int:
+        if self.width is None or self.height is None:
+            return UNKNOWN_IMAGE_TOKENS
+        return image_tokens(self.width, self.height)
 
 
-class Document(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="document"):
+class Document(MediaPart, frozen=True, kw_only=True, gc=False, tag="document"):
     """A document: a PDF, as bytes (``data``) or a ``url``; ``name`` is optional.
 
     ``Document(data=pdf_bytes)``, ``Document.from_file(path)``,
@@ -185,16 +290,12 @@ class Document(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="documen
     None when the file does not show it cheaply) are filled in from the bytes.
     """
 
-    media_type: str = ""
-    data: bytes | None = None
-    url: str = ""
     name: str = ""
-    sha256: str = ""
-    size: int = 0
     pages: int | None = None
 
-    def __post_init__(self) -> None:
-        _complete(self)
+    kind: ClassVar[str] = "document"
+    media_types: ClassVar[dict[str, str]] = {PDF: "PDF"}
+    url_types: ClassVar[dict[str, str]] = {".pdf": PDF}
 
     @classmethod
     def from_file(
@@ -208,82 +309,155 @@ class Document(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="documen
         """A document the model fetches from ``url``."""
         return cls(url=url, media_type=media_type, name=name)
 
-    @property
-    def stored(self) -> bool:
-        """Decoded from a store without its bytes (see ``actors._blobs``)."""
-        return self.data is None and not self.url
+    @staticmethod
+    def sniff_type(data: bytes) -> str:
+        return PDF if data.startswith(b"%PDF-") else ""
+
+    def read_facts(self, data: bytes, media_type: str) -> dict[str, Any]:
+        check_whole(data, media_type)
+        return {"pages": pdf_pages(data)}
+
+    def facts_text(self) -> str:
+        pages = "" if self.pages is None else f", {self.pages} page{'s' * (self.pages != 1)}"
+        return f"{self.name or 'pdf'}{pages}"
+
+    def tokens(self, image_tokens: ImageTokens) -> int:
+        pages = self.pages
+        if pages is None:
+            pages = max(UNKNOWN_DOCUMENT_PAGES, -(-self.size // 100_000))
+        return DOCUMENT_TOKENS_PER_PAGE * pages
 
 
+class Audio(MediaPart, frozen=True, kw_only=True, gc=False, tag="audio"):
+    """A recording: WAV or MP3, as bytes (``data``) or a ``url``.
+
+    ``Audio(data=wav_bytes)``, ``Audio.from_file(path)``, ``Audio.from_url(url)``.
+    ``sha256``, ``size`` and ``seconds`` (its length: a WAV's from its header, an
+    MP3's from its first frame's bit rate; None when the header does not say it
+    cheaply) are filled in from the bytes.
+    """
+
+    seconds: float | None = None
+
+    kind: ClassVar[str] = "audio"
+    media_types: ClassVar[dict[str, str]] = {WAV: "WAV", MP3: "MP3"}
+    url_types: ClassVar[dict[str, str]] = {".wav": WAV, ".mp3": MP3}
+
+    @classmethod
+    def from_file(
+        cls, path: str | os.PathLike[str], *, max_bytes: int | None = DEFAULT_PART_BYTES
+    ) -> Audio:
+        """The recording in the file at ``path`` (its size checked before it is read)."""
+        return cls(data=_read(path, max_bytes))
+
+    @classmethod
+    def from_url(cls, url: str, *, media_type: str = "") -> Audio:
+        """A recording the model fetches from ``url``."""
+        return cls(url=url, media_type=media_type)
+
+    @staticmethod
+    def sniff_type(data: bytes) -> str:
+        if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+            return WAV
+        if data.startswith(b"ID3") or (
+            len(data) >= 2 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0
+        ):
+            return MP3
+        return ""
+
+    def read_facts(self, data: bytes, media_type: str) -> dict[str, Any]:
+        seconds = wav_seconds(data) if media_type == WAV else mp3_seconds(data)
+        return {"seconds": seconds}
+
+    def facts_text(self) -> str:
+        shown = self.media_types.get(self.media_type, self.media_type).lower()
+        return shown if self.seconds is None else f"{shown} {self.seconds:.3g} s"
+
+    def tokens(self, image_tokens: ImageTokens) -> int:
+        seconds = self.seconds if self.seconds is not None else UNKNOWN_AUDIO_SECONDS
+        return max(1, math.ceil(seconds * AUDIO_TOKENS_PER_SECOND))
+
+
+#: Every kind of media part, each one class (see the module). A new kind is a class
+#: here, added to this tuple and to ``Media``, and how each provider's wire sends it.
+MEDIA_KINDS: tuple[type[MediaPart], ...] = (Image, Document, Audio)
 #: A part of any kind: what a caller may give (``AgentRef.ask``, a tool's result).
-Part = Text | Image | Document
+Part = Text | Image | Document | Audio
 #: What messages, results and traces carry in their ``parts`` (their text is in
-#: their ``content``): images and documents.
-Media = Image | Document
+#: their ``content``): images, documents and recordings.
+Media = Image | Document | Audio
+
+
+def kind_of_type(media_type: str) -> type[MediaPart] | None:
+    """The kind whose bytes may be ``media_type`` (parameters and case aside), or None."""
+    label = media_type.split(";", 1)[0].strip().lower()
+    for kind in MEDIA_KINDS:
+        if label in kind.media_types:
+            return kind
+    return None
 
 
 # -- completing a part from its bytes -------------------------------------------------
 
 
-def _complete(part: Image | Document) -> None:
+def _complete(part: MediaPart) -> None:
     """Fill in what the bytes say, or refuse them: their kind from the magic number,
-    a whole file of it by its structure (``check_whole``), their SHA-256 (checked
+    a whole file of it by its structure (``read_facts``), their SHA-256 (checked
     against one given: the hash is made of the bytes, once, here).
 
     A part without bytes is a ``url`` or a part stored without them (its hash and
     facts as they were read when it was made); ``with_data`` gives such a part its
     bytes back without checking them again."""
     set_ = msgspec.structs.force_setattr
-    kind = "image" if type(part) is Image else "document"
+    kind = f"{_article(part.kind)} {part.kind}"
     data = part.data
     if part.sha256 and (len(part.sha256) != 64 or not _HEX.fullmatch(part.sha256)):
         raise ContentError(
-            f"an {kind}'s sha256 is 64 hex digits (lowercase), got {part.sha256!r}: "
+            f"{kind}'s sha256 is 64 hex digits (lowercase), got {part.sha256!r}: "
             "leave it out, it is computed from the bytes"
         )
     if data is None:
         if not part.url and not part.sha256:
-            raise ContentError(f"an {kind} needs its bytes (data=...) or a url")
+            raise ContentError(f"{kind} needs its bytes (data=...) or a url")
         if part.url and not isinstance(part.url, str):
-            raise ContentError(f"an {kind}'s url must be a str, got {part.url!r}")
-        if part.url and not part.media_type and type(part) is Image:
-            set_(part, "media_type", _type_from_url(part.url))
+            raise ContentError(f"{kind}'s url must be a str, got {part.url!r}")
+        if part.url and not part.media_type:
+            set_(part, "media_type", _type_from_url(part.url, type(part).url_types))
         return
     raw: object = data  # the constructor does not check types: a caller may pass anything
     if type(raw) is not bytes:
         if not isinstance(raw, bytearray | memoryview):
-            raise ContentError(f"an {kind}'s data must be bytes, got {type(raw).__qualname__}")
+            raise ContentError(f"{kind}'s data must be bytes, got {type(raw).__qualname__}")
         data = bytes(raw)
         set_(part, "data", data)
     if part.url:
-        raise ContentError(f"an {kind} has its bytes or a url, not both")
+        raise ContentError(f"{kind} has its bytes or a url, not both")
     found = sniff(data)
-    expected = IMAGE_TYPES if type(part) is Image else (PDF,)
+    expected = type(part).media_types
     if found not in expected:
         what = f"bytes of {found}" if found else f"bytes of no known type ({_head(data)})"
-        raise ContentError(
-            f"an {kind} must be {' or '.join(_short(t) for t in expected)}, got {what}"
-        )
+        raise ContentError(f"{kind} must be {' or '.join(expected.values())}, got {what}")
     label = _label(part.media_type)
     if label and label != found:
         raise ContentError(
-            f"the {kind}'s media_type says {part.media_type!r}, its bytes are {found}"
+            f"the {part.kind}'s media_type says {part.media_type!r}, its bytes are {found}"
         )
-    facts = check_whole(data, found)
+    facts = part.read_facts(data, found)
     digest = hashlib.sha256(data).hexdigest()
     if part.sha256 and part.sha256 != digest:
         raise ContentError(
-            f"the {kind}'s sha256 says {part.sha256[:8]}..., its bytes' is {digest[:8]}...: "
+            f"the {part.kind}'s sha256 says {part.sha256[:8]}..., its bytes' is {digest[:8]}...: "
             "give the bytes it was made of, or leave sha256 out (it is computed)"
         )
     set_(part, "media_type", found)
     set_(part, "size", len(data))
     set_(part, "sha256", digest)
-    if type(part) is Image:
-        assert facts is not None
-        set_(part, "width", facts[0])
-        set_(part, "height", facts[1])
-    else:
-        set_(part, "pages", pdf_pages(data))
+    for name, value in facts.items():
+        set_(part, name, value)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in ("a", "e", "i", "o", "u") else "a"
 
 
 _HEX = re.compile(r"[0-9a-f]{64}")
@@ -309,22 +483,24 @@ def generic_type(media_type: str) -> bool:
 
 def part_from_bytes(data: bytes, media_type: str = "", *, name: str = "") -> Media:
     """The part of ``data`` that a source (a server, a file) labelled ``media_type``:
-    an ``Image`` or a ``Document`` as the label says, checked against the bytes as
-    any part is; when the label is generic (``GENERIC_TYPES``: none,
-    ``application/octet-stream``, ``binary/octet-stream``), the bytes decide.
-    ``ContentError`` when they are not an image or a PDF, or not what the label says.
-    ``name`` names a document."""
-    label = _label(media_type)
-    if not label:
-        label = sniff(data)
-        if not label:
-            raise ContentError(
-                f"bytes of no known type ({_head(data)}): fractor takes images "
-                "(PNG, JPEG, WebP, GIF) and PDFs"
-            )
-    if label == PDF:
-        return Document(data=data, media_type=media_type, name=name)
-    return Image(data=data, media_type=media_type)
+    of the kind the label says, checked against the bytes as any part is; when the
+    label is generic (``GENERIC_TYPES``: none, ``application/octet-stream``,
+    ``binary/octet-stream``), the bytes decide. ``ContentError`` when they are of no
+    kind fractor takes, or not what the label says. ``name`` names a document."""
+    label = _label(media_type) or sniff(data)
+    kind = kind_of_type(label) if label else None
+    if kind is None:
+        said = f"bytes of no known type ({_head(data)})" if not label else f"{label!r}"
+        raise ContentError(f"{said}: fractor takes {TAKEN}")
+    return kind.from_bytes(data, media_type, name=name)  # type: ignore[return-value]
+
+
+def part_from_file(
+    path: str | os.PathLike[str], *, max_bytes: int | None = DEFAULT_PART_BYTES
+) -> Media:
+    """The part in the file at ``path``, of the kind its bytes say (``part_from_bytes``),
+    named by its file name if its kind has names; its size checked before it is read."""
+    return part_from_bytes(_read(path, max_bytes), name=os.path.basename(os.fspath(path)))
 
 
 def with_data(part: Media, data: bytes) -> Media:
@@ -414,6 +590,79 @@ def check_whole(data: bytes, media_type: str) -> tuple[int, int] | None:
     return size
 
 
+def wav_seconds(data: bytes) -> float | None:
+    """``ContentError`` unless ``data`` is a whole WAV (its ``fmt`` chunk, and all of
+    its ``data`` chunk's bytes); its length in seconds (None: a byte rate of 0)."""
+    at, byte_rate, length = 12, None, None
+    while at + 8 <= len(data):
+        chunk, size = data[at : at + 4], int.from_bytes(data[at + 4 : at + 8], "little")
+        if chunk == b"fmt " and size >= 16 and at + 24 <= len(data):
+            byte_rate = int.from_bytes(data[at + 16 : at + 20], "little")
+        elif chunk == b"data":
+            length = size
+            if size != 0xFFFFFFFF and at + 8 + size > len(data):  # (a stream's: unknown)
+                raise ContentError(
+                    f"the bytes are not a whole WAV: its data chunk says {size:,} bytes, "
+                    f"{len(data) - at - 8:,} follow"
+                )
+            break
+        at += 8 + size + (size & 1)
+    if byte_rate is None or length is None:
+        missing = "fmt" if byte_rate is None else "data"
+        raise ContentError(f"the bytes are not a whole WAV: it has no {missing} chunk")
+    if not byte_rate or length == 0xFFFFFFFF:
+        return None
+    return length / byte_rate
+
+
+#: MPEG audio layer III bit rates (kbit/s) by index: MPEG-1, then MPEG-2 and 2.5.
+_MP3_RATES = (
+    (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+    (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+)
+#: MPEG-1 sampling rates by index (MPEG-2 halves them, MPEG-2.5 quarters them).
+_MP3_HERTZ = (44100, 48000, 32000)
+
+
+def mp3_seconds(data: bytes) -> float | None:
+    """``ContentError`` unless ``data`` is a whole MP3 (its ID3 tag whole, then layer III
+    frames, the last one whole); its length in seconds, 1,152 samples a frame (576: MPEG-2) (None:
+    a free-format frame, which does not say it)."""
+    at = 0
+    if data.startswith(b"ID3"):
+        if len(data) < 10:
+            raise ContentError("the bytes are not a whole MP3: its ID3 tag is cut short")
+        at = 10 + sum((data[6 + i] & 0x7F) << (7 * (3 - i)) for i in range(4))
+    first, seconds = at, 0.0
+    while at + 4 <= len(data):
+        header = data[at : at + 4]
+        if header[0] != 0xFF or header[1] & 0xE0 != 0xE0:
+            break  # a trailer (an ID3v1 tag, say) or nothing where the tag ends
+        version, layer = (header[1] >> 3) & 3, (header[1] >> 1) & 3
+        rate, sampling, padding = header[2] >> 4, (header[2] >> 2) & 3, (header[2] >> 1) & 1
+        if layer != 1 or version == 1 or rate == 15 or sampling == 3:
+            raise ContentError(
+                f"the bytes are not a whole MP3: its frame at {at:,} is not MPEG layer III"
+            )
+        mpeg1 = version == 3
+        kbits = _MP3_RATES[0 if mpeg1 else 1][rate]
+        if not kbits:
+            return None
+        hertz = _MP3_HERTZ[sampling] >> (0 if mpeg1 else 1 if version == 2 else 2)
+        length = (144 if mpeg1 else 72) * kbits * 1000 // hertz + padding
+        if at + length > len(data):
+            raise ContentError(
+                f"the bytes are not a whole MP3: its frame at {at:,} has {length:,} bytes, "
+                f"{len(data) - at:,} follow"
+            )
+        seconds, at = seconds + (1152 if mpeg1 else 576) / hertz, at + length
+    if at == first:
+        raise ContentError(
+            f"the bytes are not a whole MP3: no audio frame where its tag ends (at {at:,})"
+        )
+    return seconds
+
+
 def _read(path: str | os.PathLike[str], max_bytes: int | None) -> bytes:
     size = os.stat(path).st_size
     if max_bytes is not None and size > max_bytes:
@@ -427,16 +676,10 @@ def _read(path: str | os.PathLike[str], max_bytes: int | None) -> bytes:
 
 def sniff(data: bytes) -> str:
     """The media type the magic number of ``data`` says, or "" for none fractor takes."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if data.startswith((b"GIF87a", b"GIF89a")):
-        return "image/gif"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    if data.startswith(b"%PDF-"):
-        return PDF
+    for kind in MEDIA_KINDS:
+        found = kind.sniff_type(data)
+        if found:
+            return found
     return ""
 
 
@@ -493,26 +736,16 @@ def pdf_pages(data: bytes) -> int | None:
     return pages or None
 
 
-_URL_TYPES = {
-    ".png": "image/png",
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".gif": "image/gif",
-    ".webp": "image/webp",
-}
-
-
-def _type_from_url(url: str) -> str:
+def _type_from_url(url: str, types: dict[str, str]) -> str:
     if url.startswith("data:"):
         return url[5:].split(";", 1)[0].split(",", 1)[0]
     path = url.split("?", 1)[0].split("#", 1)[0]
-    return _URL_TYPES.get(os.path.splitext(path)[1].lower(), "")
+    return types.get(os.path.splitext(path)[1].lower(), "")
 
 
 def _short(media_type: str) -> str:
-    return {"image/png": "PNG", "image/jpeg": "JPEG", "image/webp": "WebP"}.get(
-        media_type, "GIF" if media_type == "image/gif" else "PDF"
-    )
+    kind = kind_of_type(media_type)
+    return kind.media_types[media_type] if kind is not None else media_type
 
 
 def _head(data: bytes) -> str:
@@ -536,27 +769,17 @@ def size_text(size: int) -> str:
 def describe_part(part: Part) -> str:
     """One line saying what ``part`` is, never its bytes:
     ``[image 1024x768 png, 182 KB, sha256:ab12cd34]``, ``[document report.pdf,
-    12 pages, 1.2 MB, sha256:...]``, ``[image https://...]``, ``[text 120 chars]``."""
+    12 pages, 1.2 MB, sha256:...]``, ``[audio wav 2.5 s, 80 KB, sha256:...]``,
+    ``[image https://...]``, ``[text 120 chars]``."""
     if type(part) is Text:
         return f"[text {len(part.text)} chars]"
-    assert type(part) is Image or type(part) is Document
-    kind = "image" if type(part) is Image else "document"
+    assert isinstance(part, MediaPart)
     if part.url:
         url = part.url if len(part.url) <= 60 else part.url[:57] + "..."
         if url.startswith("data:"):
             url = url.split(",", 1)[0] + ",..."
-        return f"[{kind} {url}]"
-    words: list[str] = []
-    if type(part) is Image:
-        if part.width is not None and part.height is not None:
-            words.append(f"{part.width}x{part.height}")
-        words.append(part.media_type.removeprefix("image/"))
-        head = " ".join(words)
-        return f"[image {head}, {size_text(part.size)}, sha256:{part.sha256[:8]}]"
-    assert type(part) is Document
-    name = part.name or "pdf"
-    pages = "" if part.pages is None else f", {part.pages} page{'s' * (part.pages != 1)}"
-    return f"[document {name}{pages}, {size_text(part.size)}, sha256:{part.sha256[:8]}]"
+        return f"[{part.kind} {url}]"
+    return f"[{part.kind} {part.facts_text()}, {size_text(part.size)}, sha256:{part.sha256[:8]}]"
 
 
 def describe_parts(parts: Iterable[Part]) -> str:
@@ -575,6 +798,10 @@ DOCUMENT_TOKENS_PER_PAGE = 1_500
 #: The pages counted for a PDF whose pages are unknown (a URL, compressed objects):
 #: at least this many, or one per 100 KB of it.
 UNKNOWN_DOCUMENT_PAGES = 3
+#: The input tokens counted per second of audio (OpenAI's audio models count about
+#: ten a second), and the seconds counted for a recording of unknown length.
+AUDIO_TOKENS_PER_SECOND = 10
+UNKNOWN_AUDIO_SECONDS = 60.0
 
 
 def anthropic_image_tokens(width: int, height: int) -> int:
@@ -610,19 +837,14 @@ def part_tokens(
       ``width * height / 750``, at most 1,600; ``openai_image_tokens`` is OpenAI's);
       of unknown size: ``UNKNOWN_IMAGE_TOKENS`` (1,600);
     - a PDF: ``DOCUMENT_TOKENS_PER_PAGE`` (1,500) per page; pages unknown: the larger
-      of ``UNKNOWN_DOCUMENT_PAGES`` (3) and one per 100 KB.
+      of ``UNKNOWN_DOCUMENT_PAGES`` (3) and one per 100 KB;
+    - audio: ``AUDIO_TOKENS_PER_SECOND`` (10) a second; its length unknown:
+      ``UNKNOWN_AUDIO_SECONDS`` (60).
     """
     if type(part) is Text:
         return -int(-len(part.text) // chars_per_token)
-    if type(part) is Image:
-        if part.width is None or part.height is None:
-            return UNKNOWN_IMAGE_TOKENS
-        return image_tokens(part.width, part.height)
-    assert type(part) is Document
-    pages = part.pages
-    if pages is None:
-        pages = max(UNKNOWN_DOCUMENT_PAGES, -(-part.size // 100_000))
-    return DOCUMENT_TOKENS_PER_PAGE * pages
+    assert isinstance(part, MediaPart)
+    return part.tokens(image_tokens)
 
 
 _NAMED = re.compile(r"sha256:([0-9a-f]{8,64})")
@@ -637,7 +859,7 @@ def named_parts(text: str, parts: Iterable[Part]) -> tuple[Media, ...]:
         return ()
     prefixes = _NAMED.findall(text)
     found: dict[str, Media] = {}
-    candidates = [p for p in parts if isinstance(p, Image | Document) and p.sha256]
+    candidates = [p for p in parts if isinstance(p, MediaPart) and p.sha256]
     for prefix in prefixes:
         for part in candidates:
             if part.sha256.startswith(prefix) and part.sha256 not in found:
@@ -655,14 +877,14 @@ def split_content(value: Any, what: str, *, joiner: str = "\n\n") -> tuple[str, 
     their order. ``TypeError`` naming ``what`` for anything else."""
     if isinstance(value, str):
         return value, ()
-    if isinstance(value, Text | Image | Document):
+    if isinstance(value, Text | MediaPart):
         items: list[Any] | tuple[Any, ...] = (value,)
     elif isinstance(value, list | tuple):
         items = value
     else:
         raise TypeError(
             f"{what} is text (str), a part, or a list of str and parts "
-            f"(fractor.Image, fractor.Document, fractor.Text), got {type(value).__qualname__}"
+            f"({_NAMES}, fractor.Text), got {type(value).__qualname__}"
         )
     texts: list[str] = []
     parts: list[Media] = []
@@ -671,11 +893,20 @@ def split_content(value: Any, what: str, *, joiner: str = "\n\n") -> tuple[str, 
             texts.append(item)
         elif type(item) is Text:
             texts.append(item.text)
-        elif type(item) is Image or type(item) is Document:
-            parts.append(item)
+        elif isinstance(item, MediaPart):
+            parts.append(item)  # type: ignore[arg-type]
         else:
             raise TypeError(
-                f"{what} mixes str and parts (fractor.Image, fractor.Document, "
-                f"fractor.Text), got a {type(item).__qualname__}"
+                f"{what} mixes str and parts ({_NAMES}, fractor.Text), "
+                f"got a {type(item).__qualname__}"
             )
     return joiner.join(texts), tuple(parts)
+
+
+#: The kinds of media parts, as error messages name them.
+_NAMES = ", ".join(f"fractor.{kind.__name__}" for kind in MEDIA_KINDS)
+#: What fractor takes, in words, for an error about bytes of another kind.
+TAKEN = ", ".join(
+    f"{kind.kind}{'' if kind.kind == 'audio' else 's'} ({', '.join(kind.media_types.values())})"
+    for kind in MEDIA_KINDS
+)

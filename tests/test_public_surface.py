@@ -103,8 +103,8 @@ def test_actors_surface_names() -> None:
         "Toolset", "ToolsUnavailable",
         # what a server's headers said of its rate limits; a model that falls back
         "ServerLimits", "FallbackModel",
-        # content parts: images and documents beside text, their limits and trace line
-        "ContentError", "ContentLimits", "Document", "Image", "Part", "Text",
+        # content parts: images, documents and audio beside text, their limits and trace line
+        "Audio", "ContentError", "ContentLimits", "Document", "Image", "Part", "Text",
         "describe_part", "part_tokens",
         # the web view of a live tree (needs the ui extra only once served)
         "serve_ui",

@@ -42,7 +42,7 @@ import anyio.to_thread
 import msgspec
 
 from .._messages import ToolCall, ToolOutcome, ToolSpec, exception_text, safe_text
-from .._parts import ContentError, ContentLimits, Document, Image, Text, split_content
+from .._parts import ContentError, ContentLimits, MediaPart, Text, split_content
 from ._schema import (
     ToolDefinitionError,
     build_arguments,
@@ -360,7 +360,7 @@ class Tool(Generic[P, R]):
     def succeeded(self, call: ToolCall, value: object, start: float, attempts: int) -> ToolOutcome:
         """The outcome of a call that returned ``value`` (as text, cut to the cap).
 
-        A tool may return a part (``Image``, ``Document``) or a list or tuple mixing
+        A tool may return a part (``Image``, ``Document``, ``Audio``) or a list or tuple mixing
         text and parts: the text pieces (joined by a newline) are the result's
         content, the images and documents its ``parts``, checked against the
         default ``ContentLimits`` (too large: an error result saying so).
@@ -440,7 +440,7 @@ _LIMITS = ContentLimits()
 #: The ints a tool's result gives as their digits at once (``succeeded``): those the
 #: JSON encoder writes as 64-bit numbers, the same digits.
 _INT_MIN, _UINT_END = -(1 << 63), 1 << 64
-_PART_TYPES = (Text, Image, Document)
+_PART_TYPES = (Text, MediaPart)
 
 
 def _has_parts(value: object) -> bool:

@@ -24,7 +24,8 @@ run ends with the ``fractor trace ID --db PATH`` command that draws its trace;
 ``--compact-at TOKENS`` (and ``--keep N``) folds its old turns into a summary
 (``Compaction``), and ``--resume`` picks up a run that stopped before its answer
 (``ask(..., resume=True)``). ``--image FILE`` (PNG, JPEG, WebP, GIF) and ``--file
-FILE`` (a PDF), each repeatable, give the task images and documents, read and
+FILE`` (a PDF, or a WAV or MP3 recording), each repeatable, give the task images,
+documents and recordings, read and
 checked (their kind from their bytes, their size against ``ContentLimits``) before
 anything runs; the head, the progress lines, the live tree and ``fractor trace``
 show each as one line (``[image 1024x768 png, 182 KB, sha256:ab12cd34]``), never
@@ -73,7 +74,15 @@ from .._observation._events import (
     ToolStart,
 )
 from .._observation._lines import generic_line
-from .._parts import ContentError, ContentLimits, Document, Image, Media, describe_part
+from .._parts import (
+    MEDIA_KINDS,
+    ContentError,
+    ContentLimits,
+    Image,
+    Media,
+    describe_part,
+    part_from_file,
+)
 from .._tools._approval import ApprovalError
 from .._tools._tool import Tool, ToolDefinitionError, tool
 from ..providers import PROVIDERS, ProviderError, model_from_string, redact
@@ -265,7 +274,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--file",
         action="append",
         metavar="FILE",
-        help="give the task this document (a PDF); repeatable",
+        help="give the task this file (a PDF, a WAV or MP3 recording); repeatable",
     )
     run.add_argument(
         "--stream",
@@ -359,8 +368,15 @@ STREAM_IGNORED: frozenset[type[EventDetail]] = frozenset(
 )
 
 
+#: What ``--file`` takes: every kind of part but images (``--image``).
+_FILES = " or ".join(
+    name for kind in MEDIA_KINDS if kind is not Image for name in kind.media_types.values()
+)
+
+
 def load_parts(images: list[str], files: list[str]) -> tuple[Media, ...]:
-    """The images (``--image``) and PDFs (``--file``) read from their files, in that
+    """The images (``--image``) and other parts (``--file``: PDFs, recordings) read
+    from their files (their kind by their bytes), in that
     order, checked against the default ``ContentLimits`` (each, and all together); a
     ``ValueError`` naming the option and the file for one missing, unreadable, of
     another kind or too large."""
@@ -372,7 +388,12 @@ def load_parts(images: list[str], files: list[str]) -> tuple[Media, ...]:
                 if option == "--image":
                     parts.append(Image.from_file(path, max_bytes=limits.part))
                 else:
-                    parts.append(Document.from_file(path, max_bytes=limits.part))
+                    part = part_from_file(path, max_bytes=limits.part)
+                    if type(part) is Image:
+                        raise ContentError(
+                            f"a --file must be {_FILES}, got bytes of {part.media_type}"
+                        )
+                    parts.append(part)
             except FileNotFoundError:
                 raise ValueError(f"{option} {path!r}: no such file") from None
             except IsADirectoryError:

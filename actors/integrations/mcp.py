@@ -26,16 +26,17 @@ call sends a progress token: what the server reports on it becomes a
 ``tool_progress`` event of the call (when someone observes the execution). A
 result's text is what the model reads, and its images and documents are parts of
 the tool result (``ToolOutcome.parts``): an image block, or an embedded resource of
-an image type, becomes an ``Image``; an embedded resource that is a PDF becomes a
-``Document`` (named by its URI's last segment). A resource of a generic type (none,
+an image type, becomes an ``Image``; an audio block (WAV, MP3) an ``Audio``; an
+embedded resource that is a PDF becomes a ``Document`` (named by its URI's last
+segment), and one of another kind's type a part of that kind. A resource of a generic type (none,
 ``application/octet-stream``: what ``server-filesystem`` says of a PDF) is what its
 bytes are. Their bytes are checked as any
 part's are: the media type read from the magic number (a block whose bytes are not
 what its ``mimeType`` says, or of no kind fractor takes, is refused), and the sizes
 against ``content_limits`` (``ContentLimits``; a part, and all of one result's). What
 the model cannot take becomes a line of text saying what was dropped and why, with
-its size or URI, never its base64: a sound, another binary resource, a part
-refused, a link to a resource (not fetched). A text resource's text (or a blob's
+its size or URI, never its base64: a sound of another format, another binary
+resource, a part refused, a link to a resource (not fetched). A text resource's text (or a blob's
 of a ``text/*`` type, in UTF-8) is included after a line naming it. A tool the
 server offers only as a task (``execution.taskSupport`` "required") is not offered
 to the model: each call of it would fail (a warning names it; ``include`` naming
@@ -66,7 +67,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from time import perf_counter
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
 import httpx2
@@ -86,14 +87,15 @@ from fractor.runtime import FractorError, Runtime
 from .._execution._calling import ProgressReporter, progress_reporter
 from .._messages import ToolCall, ToolOutcome, ToolSpec, exception_text
 from .._parts import (
-    IMAGE_TYPES,
-    PDF,
+    TAKEN,
+    Audio,
     ContentError,
     ContentLimits,
-    Document,
     Image,
     Media,
+    MediaPart,
     generic_type,
+    kind_of_type,
     size_text,
     sniff,
 )
@@ -567,7 +569,7 @@ def _content(result: types.CallToolResult, limits: ContentLimits) -> tuple[str, 
             case types.ImageContent(data=data, mime_type=mime):
                 media.add(data, mime, f"{mime} image", kind=Image)
             case types.AudioContent(data=data, mime_type=mime):
-                lines.append(_dropped(f"{mime} audio", _decoded_size(data), _NO_AUDIO))
+                media.add(data, mime, f"{mime} audio", kind=Audio)
             case types.EmbeddedResource(resource=types.TextResourceContents() as resource):
                 lines.append(f"[{resource.mime_type or 'text'} resource {resource.uri}]")
                 lines.append(resource.text)
@@ -575,10 +577,8 @@ def _content(result: types.CallToolResult, limits: ContentLimits) -> tuple[str, 
                 mime = resource.mime_type or ""
                 what = f"{mime or 'binary'} resource {resource.uri}"
                 name = posixpath.basename(str(resource.uri).split("?", 1)[0].rstrip("/"))
-                if mime == PDF:
-                    media.add(resource.blob, mime, what, kind=Document, name=name)
-                elif mime in IMAGE_TYPES:
-                    media.add(resource.blob, mime, what, kind=Image)
+                if (kind := kind_of_type(mime)) is not None:
+                    media.add(resource.blob, mime, what, kind=kind, name=name)
                 elif generic_type(mime):  # none, application/octet-stream: the bytes decide
                     media.add(resource.blob, mime, what, kind=None, name=name)
                 elif mime.startswith("text/") and (said := _blob_text(resource.blob)) is not None:
@@ -617,12 +617,12 @@ class _Media:
         mime: str,
         what: str,
         *,
-        kind: type[Image] | type[Document] | None,
+        kind: type[MediaPart] | None,
         name: str = "",
     ) -> None:
         """Decode base64 ``data`` that says it is ``mime`` (``kind`` None: a blob of
-        no stated type, taken if its bytes are an image or a PDF) and keep it as a
-        part, or say in a line why not."""
+        no stated type, taken if its bytes are of a kind fractor takes) and keep it
+        as a part, or say in a line why not."""
         limits = self.limits
         size = _decoded_size(data)
         if limits.part is not None and size > limits.part:
@@ -642,17 +642,12 @@ class _Media:
             self.lines.append(_dropped(what, size, "its data is not valid base64"))
             return
         if kind is None:
-            found = sniff(raw)
-            kind = Document if found == PDF else Image if found else None
+            kind = kind_of_type(sniff(raw))
             if kind is None:
                 self.lines.append(_dropped(what, len(raw), _NOT_TAKEN))
                 return
         try:
-            part: Media = (
-                Image(data=raw, media_type=mime)
-                if kind is Image
-                else Document(data=raw, media_type=mime or PDF, name=name)
-            )
+            part = cast("Media", kind.from_bytes(raw, mime, name=name))  # (one of them)
         except ContentError as exc:
             self.lines.append(_dropped(what, len(raw), str(exc)))
             return
@@ -660,8 +655,7 @@ class _Media:
         self.total += part.size
 
 
-_NO_AUDIO = "the model takes no audio"
-_NOT_TAKEN = "the model takes images (PNG, JPEG, WebP, GIF) and PDFs only"
+_NOT_TAKEN = f"the model takes {TAKEN} only"
 _NEWER = "a kind of content fractor does not know"
 
 

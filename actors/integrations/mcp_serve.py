@@ -62,7 +62,7 @@ from fractor.runtime import Budget, Runtime
 
 from .._agent._agent import Agent
 from .._messages import Result
-from .._parts import Document, Image, Media, describe_part
+from .._parts import MEDIA_KINDS, Audio, Image, Media, describe_part
 from .._version import VERSION
 
 __all__ = [
@@ -109,28 +109,38 @@ def tool_result(result: Result) -> types.CallToolResult:
 
 
 def part_content(part: Media) -> types.ContentBlock:
-    """An image or a document of an answer as MCP content: an image with its bytes is
-    ``ImageContent`` (base64, its media type); a PDF with its bytes an embedded
-    resource (a blob, ``application/pdf``, its URI ``fractor://parts/<sha256>/<name>``);
-    one given by URL a resource link to it; one without bytes (decoded from a store)
-    its one line (``describe_part``)."""
+    """A part of an answer as MCP content: an image with its bytes is ``ImageContent``
+    and a recording ``AudioContent`` (base64, its media type); any other kind with
+    its bytes (a PDF) an embedded resource (a blob of its media type, its URI
+    ``fractor://parts/<sha256>/<name>``); one given by URL a resource link to it; one
+    without bytes (decoded from a store) its one line (``describe_part``)."""
     data = part.data
     if data is not None:
         encoded = base64.b64encode(data).decode()
         if type(part) is Image:
             return types.ImageContent(data=encoded, mime_type=part.media_type)
-        assert type(part) is Document
-        uri = f"fractor://parts/{part.sha256}/{quote(part.name or 'document.pdf')}"
+        if type(part) is Audio:
+            return types.AudioContent(data=encoded, mime_type=part.media_type)
+        name = getattr(part, "name", "") or f"{part.kind}{_EXTENSIONS.get(part.media_type, '')}"
+        uri = f"fractor://parts/{part.sha256}/{quote(name)}"
         blob = types.BlobResourceContents(uri=uri, mime_type=part.media_type, blob=encoded)
         return types.EmbeddedResource(resource=blob)
     if part.url:
-        name = part.url.rsplit("/", 1)[-1] or ("image" if type(part) is Image else "document")
+        name = part.url.rsplit("/", 1)[-1] or part.kind
         return types.ResourceLink(
             name=getattr(part, "name", "") or name,
             uri=part.url,
             mime_type=part.media_type or None,
         )
     return types.TextContent(text=describe_part(part))
+
+
+#: The file extension of a part's name in its resource URI, by media type.
+_EXTENSIONS = {
+    media_type: extension
+    for kind in MEDIA_KINDS
+    for extension, media_type in reversed(kind.url_types.items())
+}
 
 
 def _error(text: str) -> types.CallToolResult:

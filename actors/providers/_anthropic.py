@@ -23,7 +23,8 @@ How a ``ModelRequest`` goes out (``POST {base_url}/v1/messages``):
   ``content`` as an array of those blocks (its text first): the API takes images and
   documents inside a ``tool_result``. Each part's base64 is made once per request and
   never kept in the part; a part with no bytes (read from a store without its blob)
-  or of a kind ``accepts=`` leaves out is refused before anything is sent.
+  or of a kind ``accepts=`` leaves out is refused before anything is sent, and so is
+  a recording (``Audio``): the Messages API takes none.
 - ``ToolSpec`` -> ``{"name", "description", "input_schema": <JSON schema>}``.
 - ``max_tokens`` is required by the API: the request's cap (the supervisor's
   reservation) clamped to ``max_output_tokens``, or ``max_output_tokens`` itself
@@ -69,7 +70,7 @@ from .._messages import (
     UserMessage,
 )
 from .._models._protocol import Sink
-from .._parts import PDF, Image, Media, anthropic_image_tokens
+from .._parts import PDF, Media, anthropic_image_tokens
 from ._anthropic_response import CHARS_PER_TOKEN, read_message
 from ._anthropic_stream import AnthropicStreamReader
 from ._base import ProviderModel, output_cap, read_raw
@@ -304,13 +305,24 @@ def _input(call: ToolCall) -> dict[str, Any]:
         return {"_arguments": call.arguments}
 
 
+#: The kinds of parts the Messages API takes, each a content block of that type.
+_BLOCKS = frozenset({"image", "document"})
+
+
 def _part_blocks(media: tuple[Media, ...], parts: Parts) -> list[dict[str, Any]]:
     """The content blocks of ``media``: each one named by a text block, then itself."""
     blocks: list[dict[str, Any]] = []
     for part in media:
         parts.check(part)
         kind = kind_of(part)
-        media_type = part.media_type if type(part) is Image else PDF
+        if kind not in _BLOCKS:
+            raise parts.refuse(
+                part,
+                f"the Messages API takes images and PDFs, no {kind}",
+                "send it to a model that takes it (OpenAI's audio models take WAV and MP3), "
+                "or describe it in text",
+            )
+        media_type = part.media_type or PDF
         if part.data is not None:
             source = {"type": "base64", "media_type": media_type, "data": parts.base64(part)}
         elif part.url.startswith("data:"):

@@ -202,8 +202,9 @@ class ProviderModel:
     the event loop they were made in. A request after ``aclose`` opens a new client,
     so one model serves one ``anyio.run`` after another.
 
-    ``accepts`` names the kinds of parts the endpoint takes, ``"image"`` and
-    ``"document"`` (both by default): ``accepts=()`` for a server that takes text
+    ``accepts`` names the kinds of parts the endpoint takes, ``"image"``,
+    ``"document"`` and ``"audio"`` (all by default, as far as the wire format carries
+    them: Anthropic's takes no audio, and says so): ``accepts=()`` for a server that takes text
     only (a llama.cpp server without a vision projector), ``("image",)`` for one that
     reads images but not PDFs. A request carrying a part of another kind, or a part
     with no bytes (``stored``), is a ``ProviderError`` (``kind="content"``, not

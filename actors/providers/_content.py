@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Collection
 
-from .._parts import Image, ImageTokens, Media, describe_part, part_tokens
+from .._parts import MEDIA_KINDS, ImageTokens, Media, describe_part, part_tokens
 from ._errors import ProviderError
 
 __all__ = [
@@ -35,15 +35,20 @@ __all__ = [
 ]
 
 #: The kinds of parts a model may say it accepts (``accepts=``).
-KINDS = ("image", "document")
+KINDS = tuple(kind.kind for kind in MEDIA_KINDS)
 
 #: The input tokens counted per part on top of its own, for the line naming it.
 PART_LABEL_TOKENS = 20
 
 
 def kind_of(part: Media) -> str:
-    """``"image"`` or ``"document"``."""
-    return "image" if type(part) is Image else "document"
+    """Its kind's name: ``"image"``, ``"document"``, ``"audio"`` (``MEDIA_KINDS``)."""
+    return part.kind
+
+
+def _plural(kind: str) -> str:
+    """A kind's name for more than one: ``images``, ``documents``, ``audio``."""
+    return kind if kind == "audio" else f"{kind}s"
 
 
 def check_accepts(provider: str, accepts: Collection[str]) -> frozenset[str]:
@@ -96,10 +101,10 @@ class Parts:
         """Raise the ``ProviderError`` refusing ``part`` if this model cannot send it."""
         kind = kind_of(part)
         if kind not in self._accepts:
-            taken = " and ".join(f"{k}s" for k in KINDS if k in self._accepts) or "no parts"
+            taken = " and ".join(_plural(k) for k in KINDS if k in self._accepts) or "no parts"
             raise self.refuse(
                 part,
-                f"this model's endpoint does not take {kind}s (it takes {taken}: accepts=)",
+                f"this model's endpoint does not take {_plural(kind)} (it takes {taken}: accepts=)",
                 "send it to a model that takes them, or describe it in text",
             )
         if part.stored:

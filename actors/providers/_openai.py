@@ -24,7 +24,9 @@ How a ``ModelRequest`` goes out:
   "file", "file": {"filename": <name>, "file_data":
   "data:application/pdf;base64,..."}}``. Chat completions have no URL form for a
   file: a PDF given only by an http(s) URL is refused (``ProviderError``), never
-  dropped. A user turn without parts sends its content as a plain string, as ever.
+  dropped. A recording (``Audio``) is an ``input_audio`` part, its base64 and its
+  format (``wav``, ``mp3``), for the models that take audio; it too has no URL form.
+  A user turn without parts sends its content as a plain string, as ever.
 - **The tool-result rule**: a tool message takes text only, so a tool result's text
   goes in its tool message and its images and documents in one user message right
   after the run of tool messages of that step (tool messages must follow their
@@ -76,7 +78,7 @@ from .._messages import (
     UserMessage,
 )
 from .._models._protocol import Sink
-from .._parts import Document, Image, Media, openai_image_tokens
+from .._parts import Audio, Document, Image, Media, openai_image_tokens
 from ._base import ProviderModel, output_cap, read_raw
 from ._content import KINDS, Parts, label
 from ._estimates import estimate_request_tokens
@@ -322,12 +324,18 @@ def _text(text: str) -> dict[str, Any]:
 def _check(part: Media, parts: Parts) -> None:
     """Refuse ``part`` unless it can go out: its bytes or a URL this wire takes."""
     parts.check(part)
-    if type(part) is Document and part.data is None and not part.url.startswith("data:"):
+    if type(part) is not Image and part.data is None and not part.url.startswith("data:"):
+        what = "a PDF" if type(part) is Document else f"{part.kind} parts"
+        name = type(part).__name__
         raise parts.refuse(
             part,
-            "OpenAI chat completions take a PDF only as its bytes (a file part has no URL form)",
-            "give its bytes (Document(data=...) or Document.from_file)",
+            f"OpenAI chat completions take {what} only as bytes (they have no URL form)",
+            f"give its bytes ({name}(data=...) or {name}.from_file)",
         )
+
+
+#: The ``input_audio`` format of each audio media type.
+_AUDIO_FORMATS = {"audio/wav": "wav", "audio/mpeg": "mp3"}
 
 
 def _part_blocks(media: tuple[Media, ...], parts: Parts) -> list[dict[str, Any]]:
@@ -339,6 +347,10 @@ def _part_blocks(media: tuple[Media, ...], parts: Parts) -> list[dict[str, Any]]
         if type(part) is Image:
             url = part.url or parts.data_url(part)
             blocks.append({"type": "image_url", "image_url": {"url": url}})
+        elif type(part) is Audio:
+            data = part.url.partition(",")[2] if part.url else parts.base64(part)
+            audio = {"data": data, "format": _AUDIO_FORMATS.get(part.media_type, "wav")}
+            blocks.append({"type": "input_audio", "input_audio": audio})
         else:
             assert type(part) is Document
             name = part.name or f"{part.sha256[:16] or 'document'}.pdf"

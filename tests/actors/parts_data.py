@@ -71,3 +71,20 @@ def pdf(pages: int = 2) -> bytes:
         b"%d 0 obj << /Type /Page /Parent 2 0 R >> endobj" % (3 + i) for i in range(pages)
     )
     return b"%PDF-1.4\n" + b"\n".join(objects) + b"\ntrailer << /Root 1 0 R >>\n%%EOF\n"
+
+
+def wav(seconds: float = 0.5, *, rate: int = 8000) -> bytes:
+    """A real PCM WAV of ``seconds`` of silence: mono, 16-bit, ``rate`` samples a second."""
+    samples = bytes(2 * int(seconds * rate))
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, 2 * rate, 2, 16)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+    body += b"data" + struct.pack("<I", len(samples)) + samples
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def mp3(frames: int = 10) -> bytes:
+    """An MP3 of ``frames`` silent MPEG-1 layer III frames at 128 kbit/s, 44.1 kHz, after
+    a small ID3 tag (417 bytes a frame: 1.0 s is about 38 frames)."""
+    tag = b"ID3\x04\x00\x00" + bytes([0, 0, 0, 10]) + bytes(10)
+    frame = b"\xff\xfb\x90\x00" + bytes(413)
+    return tag + frame * frames

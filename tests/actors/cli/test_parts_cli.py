@@ -102,7 +102,8 @@ def test_run_gives_the_task_its_images_and_documents(
         (
             "--file",
             "png",
-            "--file '{path}': * must be PDF, got bytes of image/png (an image with --image)",
+            "--file '{path}': * must be PDF or WAV or MP3, got bytes of image/png "
+            "(an image with --image)",
         ),
         ("--file", "dir", "--file '{path}': a directory, not a file"),
     ],

@@ -30,7 +30,7 @@ from mcp.types import (
     ToolExecution,
 )
 
-from tests.actors.parts_data import gif, pdf, png
+from tests.actors.parts_data import gif, pdf, png, wav
 
 #: The tools listed as needing task augmentation (``execution.taskSupport``).
 TASK_ONLY = frozenset({"queued_job"})
@@ -57,6 +57,7 @@ IMAGE = bytes(range(256)) * 49 + bytes(56)
 PNG = png(4, 3)
 GIF = gif(7, 5)
 PDF = pdf(2)
+WAV = wav(0.25)
 
 
 @server.tool()
@@ -120,6 +121,7 @@ def media() -> CallToolResult:
             ImageContent(type="image", data=b64(PNG), mime_type="image/png"),
             ImageContent(type="image", data=b64(GIF), mime_type="image/png"),
             ImageContent(type="image", data=b64(IMAGE), mime_type="image/png"),
+            AudioContent(type="audio", data=b64(WAV), mime_type="audio/wav"),
             AudioContent(type="audio", data=b64(bytes(2048)), mime_type="audio/wav"),
             EmbeddedResource(type="resource", resource=text),
             EmbeddedResource(type="resource", resource=report),

@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from fractor.actors import (
     Agent,
+    Audio,
     ContentLimits,
     Document,
     FunctionModel,
@@ -39,7 +40,7 @@ from fractor.actors import (
 from fractor.actors.integrations import mcp
 from fractor.actors.integrations.mcp import MCPServer, MCPTool, mcp_tools
 from fractor.runtime import Budget, Runtime
-from tests.actors.integrations.mcp_servers import PDF, PNG
+from tests.actors.integrations.mcp_servers import PDF, PNG, WAV
 
 ROOT = pathlib.Path(__file__).parents[3]
 MODULE = "tests.actors.integrations.mcp_servers"
@@ -434,10 +435,10 @@ async def test_an_http_server_that_restarts_is_connected_again(
 async def test_media_in_a_result_are_parts_or_described_never_pasted(
     stdio: MCPServer,
 ) -> None:
-    """An image and the PDFs (typed, or untyped but a PDF by its bytes) become parts,
-    in order; an image whose bytes are not what it says, or of no kind, a sound, a
-    binary resource and a link become lines saying what was dropped, how big or where,
-    and why (never base64); a text resource's text is included."""
+    """An image, a recording and the PDFs (typed, or untyped but a PDF by its bytes)
+    become parts, in order; an image or a recording whose bytes are not what it says,
+    or of no kind, a binary resource and a link become lines saying what was dropped,
+    how big or where, and why (never base64); a text resource's text is included."""
     with anyio.fail_after(60):
         async with Runtime() as rt:
             (media,) = await mcp_tools(rt, stdio, include=["media"])
@@ -449,16 +450,19 @@ async def test_media_in_a_result_are_parts_or_described_never_pasted(
         "its bytes are image/gif]",
         "[image/png image, 13 KB: dropped, an image must be PNG or JPEG or WebP or GIF, "
         "got bytes of no known type (starting b'\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07')]",
-        "[audio/wav audio, 2 KB: dropped, the model takes no audio]",
+        "[audio/wav audio, 2 KB: dropped, an audio must be WAV or MP3, got bytes of no known "
+        "type (starting b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00')]",
         "[text/plain resource file:///notes.txt]",
         "the notes",
         "[application/octet-stream resource file:///data.bin, 2 KB: dropped, the model "
-        "takes images (PNG, JPEG, WebP, GIF) and PDFs only]",
+        "takes images (PNG, JPEG, WebP, GIF), documents (PDF), audio (WAV, MP3) only]",
         "[a link to the resource 'report': file:///report.pdf, application/pdf, 5 KB; not fetched]",
     ]
     assert "AAAA" not in outcome.content
-    image, report, scan = outcome.parts
+    image, sound, report, scan = outcome.parts
     assert isinstance(image, Image)
+    assert isinstance(sound, Audio)
+    assert (sound.media_type, sound.data, sound.seconds) == ("audio/wav", WAV, 0.25)
     assert isinstance(report, Document)
     assert isinstance(scan, Document)
     assert (image.media_type, image.data, image.width, image.height) == ("image/png", PNG, 4, 3)
@@ -505,7 +509,7 @@ async def test_media_over_the_content_limits_are_dropped_saying_which_limit(
 
 async def test_an_mcp_image_reaches_the_model_as_an_image_part(stdio: MCPServer) -> None:
     """Through an agent: the model's next request holds the tool result with the
-    image and the PDFs as parts, and the lines for what was dropped."""
+    image, the recording and the PDFs as parts, and the lines for what was dropped."""
     seen: list[ToolResultMessage] = []
 
     def model(request: ModelRequest) -> ModelResponse:
@@ -523,10 +527,11 @@ async def test_an_mcp_image_reaches_the_model_as_an_image_part(stdio: MCPServer)
     (message,) = seen
     assert [describe_part(p) for p in message.parts] == [
         describe_part(Image(data=PNG)),
+        describe_part(Audio(data=WAV)),
         describe_part(Document(data=PDF, name="report.pdf")),
         describe_part(Document(data=PDF, name="scan")),
     ]
-    assert "the model takes no audio" in message.content
+    assert "an audio must be WAV or MP3" in message.content
 
 
 async def test_a_pdf_served_as_octet_stream_reaches_the_model_as_a_document(
