@@ -183,6 +183,19 @@ class MediaPart(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         _complete(self)
 
     @classmethod
+    def from_file(
+        cls, path: str | os.PathLike[str], *, max_bytes: int | None = DEFAULT_PART_BYTES
+    ) -> Self:
+        """The part in the file at ``path`` (its size checked before it is read)."""
+        return cls(data=_read(path, max_bytes))
+
+    @classmethod
+    def from_url(cls, url: str, *, media_type: str = "") -> Self:
+        """A part the model fetches from ``url`` (http, https or a ``data:`` URL); its
+        media type, if not given, from the URL's extension (``url_types``)."""
+        return cls(url=url, media_type=media_type)
+
+    @classmethod
     def from_bytes(cls, data: bytes, media_type: str = "", *, name: str = "") -> Self:
         """A part of this kind of ``data`` that a source labelled ``media_type`` (a
         generic label lets the bytes decide), named ``name`` if the kind has names."""
@@ -241,18 +254,6 @@ class Image(MediaPart, frozen=True, kw_only=True, gc=False, tag="image"):
         ".webp": "image/webp",
     }
 
-    @classmethod
-    def from_file(
-        cls, path: str | os.PathLike[str], *, max_bytes: int | None = DEFAULT_PART_BYTES
-    ) -> Image:
-        """The image in the file at ``path`` (its size checked before it is read)."""
-        return cls(data=_read(path, max_bytes))
-
-    @classmethod
-    def from_url(cls, url: str, *, media_type: str = "") -> Image:
-        """An image the model fetches from ``url`` (http, https or a ``data:`` URL)."""
-        return cls(url=url, media_type=media_type)
-
     @staticmethod
     def sniff_type(data: bytes) -> str:
         if data.startswith(b"\x89PNG\r\n\x1a\n"):
@@ -300,12 +301,12 @@ class Document(MediaPart, frozen=True, kw_only=True, gc=False, tag="document"):
     @classmethod
     def from_file(
         cls, path: str | os.PathLike[str], *, max_bytes: int | None = DEFAULT_PART_BYTES
-    ) -> Document:
+    ) -> Self:
         """The document in the file at ``path``, named by its file name."""
         return cls(data=_read(path, max_bytes), name=os.path.basename(os.fspath(path)))
 
     @classmethod
-    def from_url(cls, url: str, *, media_type: str = PDF, name: str = "") -> Document:
+    def from_url(cls, url: str, *, media_type: str = PDF, name: str = "") -> Self:
         """A document the model fetches from ``url``."""
         return cls(url=url, media_type=media_type, name=name)
 
@@ -333,8 +334,7 @@ class Audio(MediaPart, frozen=True, kw_only=True, gc=False, tag="audio"):
 
     ``Audio(data=wav_bytes)``, ``Audio.from_file(path)``, ``Audio.from_url(url)``.
     ``sha256``, ``size`` and ``seconds`` (its length: a WAV's from its header, an
-    MP3's from its first frame's bit rate; None when the header does not say it
-    cheaply) are filled in from the bytes.
+    MP3's from its frames; None when they do not say it) are filled in from the bytes.
     """
 
     seconds: float | None = None
@@ -342,18 +342,6 @@ class Audio(MediaPart, frozen=True, kw_only=True, gc=False, tag="audio"):
     kind: ClassVar[str] = "audio"
     media_types: ClassVar[dict[str, str]] = {WAV: "WAV", MP3: "MP3"}
     url_types: ClassVar[dict[str, str]] = {".wav": WAV, ".mp3": MP3}
-
-    @classmethod
-    def from_file(
-        cls, path: str | os.PathLike[str], *, max_bytes: int | None = DEFAULT_PART_BYTES
-    ) -> Audio:
-        """The recording in the file at ``path`` (its size checked before it is read)."""
-        return cls(data=_read(path, max_bytes))
-
-    @classmethod
-    def from_url(cls, url: str, *, media_type: str = "") -> Audio:
-        """A recording the model fetches from ``url``."""
-        return cls(url=url, media_type=media_type)
 
     @staticmethod
     def sniff_type(data: bytes) -> str:
@@ -626,8 +614,8 @@ _MP3_HERTZ = (44100, 48000, 32000)
 
 def mp3_seconds(data: bytes) -> float | None:
     """``ContentError`` unless ``data`` is a whole MP3 (its ID3 tag whole, then layer III
-    frames, the last one whole); its length in seconds, 1,152 samples a frame (576: MPEG-2) (None:
-    a free-format frame, which does not say it)."""
+    frames, the last one whole); its length in seconds, at 1,152 samples a frame (576
+    for MPEG-2 and 2.5), or None for a free-format frame, which does not say it."""
     at = 0
     if data.startswith(b"ID3"):
         if len(data) < 10:
