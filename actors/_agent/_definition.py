@@ -26,6 +26,7 @@ from .._memory._compaction import Compaction
 from .._messages import StepRecord, ToolCall, ToolSpec, safe_text
 from .._models._protocol import Model
 from .._parts import ContentLimits
+from .._requests import Requests, build
 from .._tools._approval import ApprovalPolicy, approver
 from .._tools._tool import Tool, tool
 from .._tools._toolbox import Toolbox, Toolset, is_toolset
@@ -82,6 +83,9 @@ class AgentDefinition:
     #: The typed answer derived from ``output_type`` and its options (see
     #: ``actors._execution._output``); None without an ``output_type``.
     output_spec: OutputSpec | None = field(init=False, repr=False, compare=False)
+    #: How its executions send model requests: the stages of its model, built
+    #: once (``actors._requests.build``).
+    requests: Requests = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -166,6 +170,7 @@ class AgentDefinition:
         object.__setattr__(
             self, "specs", toolbox.specs + tuple(_subagent_spec(s) for s in subagents)
         )
+        object.__setattr__(self, "requests", build(self.model, self.retry))
 
     def _check_types(self) -> None:
         """The options whose type alone can be wrong, each named with what it takes."""

@@ -6,7 +6,7 @@
   limits and server errors). Budget refusals and programming errors never are. A
   retry waits at least what the server asked (a ``retry_after`` attribute: a
   provider's ``Retry-After``); one that the execution's deadline leaves no time
-  for is not waited for (``actors._execution._requests.send``: the execution ends timed out).
+  for is not waited for (``actors._requests._retry.Retry``: the execution ends timed out).
 - ``RestartPolicy``: a failed execution is run again (fresh execution buffer, same
   conversation) up to ``max_restarts`` times within ``window`` seconds; then the
   execution ends ``failed``. With ``digest=True`` each attempt reads a digest of

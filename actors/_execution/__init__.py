@@ -13,7 +13,8 @@
   17).
 - ``_recording.py``: What an execution keeps of itself as it runs (``Recorder``, a part
   the ``Execution`` holds).
-- ``_requests.py``: One model request of an execution, under the supervisor.
+
+Each model request goes down the stages of ``actors._requests`` (built once per agent).
 
 A private package, one of the folders by kind of ``fractor.actors``: nothing is imported
 here, so importing one of its modules runs no other. The public names are re-exported by

@@ -31,9 +31,9 @@ from .._observation._events import (
     ToolStart,
 )
 from .._parts import describe_part
+from .._requests._rate import wait_for_rate
 from .._tools._approval import approvals_of
 from ._delegation import Delegation, refused
-from ._requests import wait_for_rate
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup

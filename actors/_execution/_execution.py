@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import msgspec
@@ -69,6 +69,7 @@ from .._messages import (
     ToolResultMessage,
     exception_text,
     parts_in,
+    safe_text,
 )
 from .._observation._events import (
     DeadlineReached,
@@ -80,15 +81,14 @@ from .._observation._events import (
 )
 from .._observation._subtree import subtree
 from .._parts import Media, describe_part, size_text
+from .._requests import bind_calls
 from .._tools._tool import EXECUTION_ORIGIN, own_failure
 from ._answering import Answers
 from ._calling import Interrupted, ToolRunner
 from ._recording import NOT_RUN, Recorder, bind_log_context, synthesize
-from ._requests import ascii_arguments, bind_calls, safe_response, send, sender
 
 if TYPE_CHECKING:
     from .._agent._definition import AgentDefinition
-    from .._models._protocol import ModelAdapter, Send
     from ._calling import Direct
     from ._children import NewActor
     from ._recording import Emit
@@ -227,15 +227,12 @@ class Execution:
         self.built: ExecutionTrace | None = None
         #: Whether it runs in a cancel scope of its own (see ``run``).
         self.own_scope = not delegated or node.limits is not None or node.deadline_owner is node
-        #: A model built on another (ReAct) sends each of its requests through ours.
-        self.via: Callable[[ModelRequest, Send], Awaitable[ModelResponse]] | None = getattr(
-            agent.model, "request_via", None
-        )
         recorder = self.recorder = Recorder(
             agent.name, agent_id, node, supervisor, bus, self.started
         )
         self.emit: Emit = recorder.emit
-        if self.via is None and getattr(agent.model, "streaming", False):
+        adapter = callable(getattr(agent.model, "request_via", None))
+        if not adapter and getattr(agent.model, "streaming", False):
             # A streaming model hands its text to the recorder (an adapter's text is
             # its own format, never streamed).
             recorder.sink = recorder.streamed_text
@@ -449,9 +446,8 @@ class Execution:
         recorder = self.recorder
         supervisor = self.supervisor
         node = self.node
-        model = self.agent.model
         retry = self.agent.retry
-        sending = sender(model)
+        requests = self.agent.requests
         try:
             if node.stop_status is not None:
                 raise Interrupted
@@ -468,10 +464,7 @@ class Execution:
                     await supervisor.charge_waiting(node, steps=1)
                 request = self._request(context)
                 try:
-                    if self.via is None:
-                        response = await sending(recorder, model, request, retry)
-                    else:
-                        response = await self.via(request, self._send_inner)
+                    response = await requests.send(recorder, request)
                 except BudgetExceeded as exc:
                     recorder.record_failed_request(exc)
                     if node.stop_status is not None:
@@ -554,19 +547,13 @@ class Execution:
             )
         return answers.spec.request(context, self.specs, self.agent.max_tokens)
 
-    def _send_inner(self, request: ModelRequest) -> Awaitable[ModelResponse]:
-        """How a model built on another (ReAct) sends each of its own requests: every
-        one, corrections included, is checked and charged like any other."""
-        adapter = cast("ModelAdapter", self.agent.model)  # it has request_via: see run
-        return send(self.recorder, adapter.inner, request, self.agent.retry)
-
     def _checked(self, response: ModelResponse) -> ModelResponse:
         """The model's answer, its text made safe and each call with an id of its own;
         its text kept (the last useful text) and shown when it came in one piece."""
         if not response.text.isascii() or (
-            response.tool_calls and not ascii_arguments(response.tool_calls)
+            response.tool_calls and not _ascii_arguments(response.tool_calls)
         ):
-            response = safe_response(response)
+            response = _safe_response(response)
         if response.text:
             self.last_text = response.text
             if self.recorder.sink is None and self.observed:  # it came in one piece
@@ -866,3 +853,18 @@ def _result_message(outcome: ToolOutcome) -> ToolResultMessage:
         is_error=outcome.is_error,
         parts=outcome.parts,
     )
+
+
+def _ascii_arguments(calls: tuple[ToolCall, ...]) -> bool:
+    if len(calls) == 1:  # the usual step: no generator
+        return calls[0].arguments.isascii()
+    return all(tool_call.arguments.isascii() for tool_call in calls)
+
+
+def _safe_response(response: ModelResponse) -> ModelResponse:
+    """A model's reply with its text made safe for every store and provider."""
+    calls = tuple(
+        c if c.arguments.isascii() else msgspec.structs.replace(c, arguments=safe_text(c.arguments))
+        for c in response.tool_calls
+    )
+    return msgspec.structs.replace(response, text=safe_text(response.text), tool_calls=calls)

@@ -35,7 +35,6 @@ import msgspec
 from fractor.runtime import BudgetExceeded
 
 from .._execution._recording import EMPTY_USAGE
-from .._execution._requests import send
 from .._messages import (
     AssistantMessage,
     Message,
@@ -48,6 +47,7 @@ from .._messages import (
 )
 from .._models._protocol import Model
 from .._observation._events import CompactionEnd
+from .._requests import build
 from ._compaction import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     Compaction,
@@ -163,7 +163,8 @@ class Summarizer:
             else:
                 # Once: a retry would spend the room checked for the step, and a
                 # summarizer that keeps failing would pay the retry policy every ask.
-                response = await send(recorder, model, request, retry, once=True)
+                # (A stack of its own, built here: a summarization is rare.)
+                response = await build(model, retry, once=True).send(recorder, request)
                 text = safe_text(response.text).strip()
                 if not text:
                     error = f"the summarizer answered no text ({response.finish_reason})"

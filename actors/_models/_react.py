@@ -37,7 +37,6 @@ import msgspec
 
 from fractor.runtime import FractorError
 
-from .._execution._requests import admitting
 from .._messages import (
     AssistantMessage,
     FinishReason,
@@ -51,6 +50,7 @@ from .._messages import (
     Usage,
     UserMessage,
 )
+from ._inside import admitting
 from ._protocol import Model, Send
 
 __all__ = ["MalformedAction", "ReActModel"]

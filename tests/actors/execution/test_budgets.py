@@ -343,7 +343,7 @@ async def test_a_request_cut_by_a_deadline_is_charged_its_input_estimate() -> No
 
 async def test_with_no_budget_a_cut_request_is_still_charged_its_input_estimate() -> None:
     """With no budget on the chain the estimate is not made per request (see
-    ``_execution._requests.send``), only for a request that failed or was cut off."""
+    ``actors._requests._budget``), only for a request that failed or was cut off."""
     started = anyio.Event()
 
     async def slow(request: ModelRequest) -> Turn:

@@ -1,4 +1,4 @@
-"""One model request of an execution (``actors._execution._requests.send``): its retries.
+"""One model request of an execution (``actors._requests``): its retries.
 
 A retry waits what the agent's ``RetryPolicy`` says, and at least what the server
 asked (``Retry-After``); a wait that would pass the execution's deadline is not

@@ -1,4 +1,4 @@
-"""The rate limiter (``runtime/_rates.py``, ``actors/_execution/_requests.py``) against a
+"""The rate limiter (``runtime/_rates.py``, ``actors/_requests/_rate.py``) against a
 server that enforces real limits (``bucket_server.py``), over both wire formats:
 
 - limits declared as the server's bucket: hundreds of agents asked at once all

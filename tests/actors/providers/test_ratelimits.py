@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fractor.actors import ModelRequest, ProviderError, ServerLimits, UserMessage
-from fractor.actors._execution._requests import _heard
+from fractor.actors._requests._rate import _heard
 from fractor.actors.providers._errors import status_error
 from fractor.actors.providers._ratelimits import parse_duration, retry_after_in, server_limits
 from fractor.runtime import RateLimit
