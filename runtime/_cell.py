@@ -109,7 +109,6 @@ class Cell:
         "named",
         "parent_id",
         "pending",
-        "ref",
         "runtime",
         "scope",
         "stopped",
@@ -150,10 +149,16 @@ class Cell:
         self.handle: TaskHandle[None] | None = None
         self._finished: anyio.Event | None = None  # made only if someone waits
         self.stopped = False
-        self.ref = ActorRef(self)
         self._cancel_reason = ""
         self._start_error: Exception | None = None
         actor._context = ActorContext(self)
+
+    @property
+    def ref(self) -> ActorRef:
+        """A reference to the actor (equal to every other one). Made when asked,
+        not kept: a cell that kept its ref would be a reference cycle (the ref keeps
+        the cell), left to the garbage collector when the actor ends."""
+        return ActorRef(self)
 
     def check_accepts(self, message: object) -> None:
         accepts = self.accepts
@@ -243,6 +248,11 @@ class Cell:
             self._finish(reason)
             if type(actor).on_stop is not Actor.on_stop:
                 await self._run_stop_hook()
+            # The actor is done with: the cell lets it go (its context points back
+            # here), so that an ended actor is freed as soon as nothing refers to it
+            # rather than by the garbage collector, whose passes over thousands of
+            # short-lived actors would cost more than the actors themselves.
+            del self.actor
 
     def _close_children(self, reason: str) -> None:
         why = "" if reason == "stopped" else f" ({reason})"

@@ -254,12 +254,12 @@ class ActorRef:
         once, past the mailbox: ``Actor.control`` answers it between two of the
         actor's awaits, even while a long message is being handled."""
         cell = self._cell
+        if cell.stopped:
+            raise ActorStopped(cell.id, "stopped")
         actor = cell.actor
         if not isinstance(message, actor.controls):
             expected = " or ".join(kind.__qualname__ for kind in actor.controls) or "nothing"
             raise UnknownMessage(cell.id, message, f"a control message ({expected})")
-        if cell.stopped:
-            raise ActorStopped(cell.id, "stopped")
         return actor.control(message)
 
     async def ask(self, message: object, *, timeout: float | None = None, sender: str = "") -> Any:

@@ -384,6 +384,9 @@ class Execution:
         """
         node = self.node
         self.buffer.clear()
+        # (Its sink is its own bound method: let it go, so that the recorder is
+        # freed as soon as nothing refers to it, not by the garbage collector.)
+        self.recorder.sink = None
         kept = self.kept
         text = None
         if kept is not None:  # its trace is built now, and its answer with it

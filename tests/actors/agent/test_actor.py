@@ -178,3 +178,48 @@ async def test_a_model_closed_by_one_runtime_does_not_cut_another_ones_request()
 
 async def _ask_into(ref: AgentRef, texts: list[str]) -> None:
     texts.append((await ref.ask("go")).text)
+
+
+async def test_an_ended_tree_is_freed_without_the_garbage_collector() -> None:
+    """An actor that ended (and its executions, recorders, cells and children) is
+    freed as soon as nothing refers to it: no reference cycle is left for the
+    garbage collector, whose passes over thousands of short-lived actors would cost
+    more than the actors do."""
+    import weakref
+
+    from fractor.actors import tool
+
+    async def echo(x: int) -> int:
+        return x
+
+    worker = Agent("worker", ScriptedModel([reply("w")] * 12))
+    lead = Agent(
+        "lead",
+        ScriptedModel(
+            [calls(call("worker", {"task": "a"}), call("echo", {"x": 1})), reply("done")] * 6
+        ),
+        tools=[tool(echo)],
+        subagents=[worker],
+    )
+    async with Runtime() as rt:
+        ref = await rt.spawn(lead)
+        assert (await ref.ask("go")).status == "completed"
+        cell = rt._cells[ref.id]  # white box: the actor, kept only by its cell
+        actor = weakref.ref(cell.actor)
+        await ref.stop()
+        assert actor() is None  # (the cell let it go as it ended)
+        del cell, ref
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds, kept to be seen
+        try:
+            for _ in range(5):
+                ref = await rt.spawn(lead)
+                assert (await ref.ask("go")).status == "completed"
+                await ref.stop()
+            del ref
+            gc.collect()
+            left = sorted({type(o).__qualname__ for o in gc.garbage})
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert left == []
