@@ -54,7 +54,7 @@ bench: $(STAMP)
 stress: $(STAMP)
 	$(BIN)/python -m tests.stress.crash --kills 100 --backend both
 	$(BIN)/python -m tests.stress.fuzz --trees 2000 --backend both
-	FRACTOR_STRESS=1 $(BIN)/pytest -n $(JOBS) tests/actors/hosts/test_lease_properties.py
+	FRACTOR_STRESS=1 $(BIN)/pytest -n $(JOBS) tests/actors/hosts/test_lease_properties.py tests/actors/hosts/test_hosts.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis

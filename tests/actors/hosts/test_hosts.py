@@ -9,6 +9,7 @@ answers ``failed`` and its leases count as spent; nothing hangs.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import anyio
@@ -101,12 +102,17 @@ async def test_one_budget_across_hosts_overshoots_nothing_and_stops_nothing_earl
     assert held.steps <= budget.steps  # type: ignore[operator]
 
 
-async def test_500_concurrent_children_on_two_hosts_share_one_budget_exactly(
+#: The concurrent children of the test below: 500 (the issue's case) under ``make
+#: stress``, 150 in the suite (its two runs of 500 took 17 s of one worker's time).
+CHILDREN = 500 if os.environ.get("FRACTOR_STRESS") else 150
+
+
+async def test_hundreds_of_concurrent_children_on_two_hosts_share_one_budget_exactly(
     make_hosts: MakeHosts,
 ) -> None:
-    # The case: 500 children across 2 hosts under one budget on every field,
-    # sized to their demand: none stops early, nothing is over, every lease comes back.
-    tasks = [f"t{i}" for i in range(500)]
+    # Hundreds of children across 2 hosts under one budget on every field, sized to
+    # their demand: none stops early, nothing is over, every lease comes back.
+    tasks = [f"t{i}" for i in range(CHILDREN)]
     caps = Caps(agents=None)
     async with Runtime(hosts=make_hosts(2), caps=caps) as rt:
         demand = (await (await rt.spawn(lead(researcher(max_tokens=64), tasks))).ask("go")).usage
@@ -115,8 +121,8 @@ async def test_500_concurrent_children_on_two_hosts_share_one_budget_exactly(
         output_tokens=demand.output_tokens + 16,
         requests=demand.requests,
         tool_calls=demand.tool_calls,
-        agents=500,
-        steps=1 + 2 * 500 + 1,
+        agents=CHILDREN,
+        steps=1 + 2 * CHILDREN + 1,
     )
     async with Runtime(hosts=make_hosts(2), caps=caps, min_output_tokens=16) as rt:
         ref = await rt.spawn(lead(researcher(max_tokens=64), tasks, budget))
@@ -126,14 +132,14 @@ async def test_500_concurrent_children_on_two_hosts_share_one_budget_exactly(
         asks = rt.supervisor.ledger.asks
     assert result.status == "completed", result.stop_reason
     workers = [n for n in tree.nodes if n.name == "worker"]
-    assert [n.status for n in workers] == ["completed"] * 500
+    assert [n.status for n in workers] == ["completed"] * CHILDREN
     assert {n.host for n in workers} == {"default-0", "default-1"}
     node = tree.node(result.execution_id)
     assert node.usage.total_tokens <= budget.tokens  # type: ignore[operator]
     assert node.usage.output_tokens <= budget.output_tokens  # type: ignore[operator]
     assert node.usage.requests <= budget.requests  # type: ignore[operator]
     assert node.usage.tool_calls <= budget.tool_calls  # type: ignore[operator]
-    assert (node.agents, node.steps) == (500, 1002)
+    assert (node.agents, node.steps) == (CHILDREN, 2 * CHILDREN + 2)
     # The subtrees of the lead on one host draw from one lease, which grows
     # geometrically: a few round trips for each host, not one for each subtree.
     assert 2 <= asks <= 2 * 20
