@@ -24,10 +24,18 @@ demo: $(STAMP)
 # failing fails. `make test JOBS=1` runs the suite in one process.
 JOBS ?= 4
 PYTEST_JOBS = $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --durations=10)
+# pytest rewrites the asserts of every test module it imports, and keeps the result
+# in __pycache__ unless PYTHONDONTWRITEBYTECODE is set (as it is on CI), when each
+# worker rewrote every module again: 12 s of CPU a worker, half of its collection.
+# So pytest may write its cache, and with workers one collection fills it first,
+# beside mypy (one core each), for the workers to read.
+PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest
+REWRITTEN = $(if $(filter 1,$(JOBS)),true,$(PYTEST) --collect-only -q -p no:xdist > /dev/null 2>&1)
 
 test: lint compiled
 	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & types=$$!; \
-	$(BIN)/pytest $(PYTEST_JOBS); tests=$$?; \
+	$(REWRITTEN); \
+	$(PYTEST) $(PYTEST_JOBS); tests=$$?; \
 	wait $$types; typed=$$?; \
 	echo "mypy:"; cat $(VENV)/mypy.log; \
 	exit $$(( tests || typed ))
@@ -40,7 +48,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) compiled
-	$(BIN)/pytest $(PYTEST_JOBS)
+	@$(REWRITTEN)
+	$(PYTEST) $(PYTEST_JOBS)
 
 # The package's bytecode, written once: the suite starts Python processes that import
 # fractor hundreds of times (the CLI, MCP servers, crash-loop workers, Ray workers),
