@@ -99,6 +99,17 @@ class Browser:
         self._ids = itertools.count(1)
         self._buffer = b""
         self.session = ""
+        #: The pages opened since it was lent (``lent``): ``close`` closes them.
+        self._targets: list[str] = []
+        self._lent = False
+
+    def lent(self) -> Browser:
+        """This browser for one test, which opens pages of its own in it; its
+        ``close`` closes those pages, not the browser (``quit`` does)."""
+        self._lent = True
+        self._targets.clear()
+        self.session = ""
+        return self
 
     def call(self, method: str, params: dict[str, Any] | None = None, *, page: bool = True) -> Any:
         """Send one protocol command (to the page's session unless ``page=False``) and
@@ -130,6 +141,7 @@ class Browser:
     def open(self, url: str) -> None:
         """Open ``url`` in a new page and speak to that page from now on."""
         target = self.call("Target.createTarget", {"url": url}, page=False)["targetId"]
+        self._targets.append(target)
         attached = self.call(
             "Target.attachToTarget", {"targetId": target, "flatten": True}, page=False
         )
@@ -163,6 +175,18 @@ class Browser:
         return path
 
     def close(self) -> None:
+        """The pages a test opened, if it was lent one (``lent``); else the browser."""
+        if self._lent:
+            for target in self._targets:
+                with contextlib.suppress(RuntimeError, TimeoutError, OSError):
+                    self.call("Target.closeTarget", {"targetId": target}, page=False)
+            self._targets.clear()
+            self.session = ""
+            return
+        self.quit()
+
+    def quit(self) -> None:
+        """Close the browser and end its process."""
         with contextlib.suppress(RuntimeError, TimeoutError, OSError):
             self.call("Browser.close", page=False)
         try:

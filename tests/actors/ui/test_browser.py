@@ -32,7 +32,7 @@ from fractor.actors.ui.charts import SweepLevel, SweepReport, find_knee
 from fractor.runtime import SQLiteStore
 
 from ..sample_tools import RAN, send_email
-from .browser import Browser, find_chromium, screenshot_path
+from .browser import Browser, screenshot_path
 
 T = TypeVar("T")
 
@@ -77,9 +77,8 @@ MISSING_GLYPHS = r"""(() => {
 
 
 async def test_the_page_shows_the_tree_live_and_decides_an_approval(
-    anyio_backend: str, tmp_path: pathlib.Path
+    anyio_backend: str, tmp_path: pathlib.Path, chromium: Browser
 ) -> None:
-    chromium = find_chromium()
     model = ScriptedModel([call("send_email", to="ana@example.org"), reply("Sent.")])
     agent = Agent("mailer", model, tools=[send_email])
     async with (
@@ -87,7 +86,7 @@ async def test_the_page_shows_the_tree_live_and_decides_an_approval(
         serve_ui(rt, interval=0.1, announce=lambda url: None) as ui,
     ):
         ref = await rt.spawn(agent)
-        browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+        browser = chromium.lent()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ref.ask, "mail Ana")
@@ -160,14 +159,12 @@ async def test_the_page_shows_the_tree_live_and_decides_an_approval(
 
 
 async def test_the_page_decides_an_approval_of_a_subagent_on_another_host(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, chromium: Browser
 ) -> None:
     # Its id names the host (``default-0/approval-1``): the page's own request, its
     # Approve button, reaches the route with it whole.
     from fractor.actors import FunctionModel, LocalHosts, ModelRequest, ToolResultMessage
     from fractor.actors._models._turns import Turn
-
-    chromium = find_chromium()
 
     def mailer_turns(request: ModelRequest) -> Turn:
         if isinstance(request.messages[-1], ToolResultMessage):
@@ -183,7 +180,7 @@ async def test_the_page_decides_an_approval_of_a_subagent_on_another_host(
         serve_ui(rt, interval=0.1, announce=lambda url: None) as ui,
     ):
         ref = await rt.spawn(lead)
-        browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+        browser = chromium.lent()
         try:
             async with anyio.create_task_group() as tg:
 
@@ -215,15 +212,14 @@ async def test_the_page_decides_an_approval_of_a_subagent_on_another_host(
 
 
 async def test_the_page_loads_the_demo_s_tree_as_it_runs(
-    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], chromium: Browser
 ) -> None:
     # ``fractor demo --ui``, run as the command runs it: its page, opened from the URL
     # it says on stderr, shows the demo's lead and researchers while they work.
-    chromium = find_chromium()
     agents = "[...document.querySelectorAll('li.node .agent')].map(e => e.textContent)"
     said: list[str] = []
     found: list[list[str]] = []
-    browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+    browser = chromium.lent()
     try:
 
         async def look() -> None:
@@ -260,11 +256,10 @@ async def test_the_page_loads_the_demo_s_tree_as_it_runs(
 
 
 async def test_the_page_without_the_token_is_refused_in_the_browser(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, chromium: Browser
 ) -> None:
-    chromium = find_chromium()
     async with Runtime() as rt, serve_ui(rt, announce=lambda url: None) as ui:
-        browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+        browser = chromium.lent()
         try:
             await anyio.to_thread.run_sync(browser.open, ui.url.split("?")[0])
             text = await until(
@@ -303,16 +298,15 @@ def click(selector: str) -> str:
 
 
 async def test_a_stored_timeline_shows_parallel_calls_and_a_step_s_usage_on_click(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, chromium: Browser
 ) -> None:
-    chromium = find_chromium()
     db = tmp_path / "runs.db"
     model = ScriptedModel([calls(call("slow", x=1), call("slow", x=2)), reply("done")])
     async with SQLiteStore(db) as store, Runtime(store=store) as rt:
         result = await (await rt.spawn(Agent("lead", model, tools=[slow]))).ask("go")
         (trace,) = await collect_trace_tree(store, result.execution_id)
     async with serve_stored(db, announce=lambda url: None) as ui:
-        browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+        browser = chromium.lent()
         try:
             await anyio.to_thread.run_sync(browser.open, ui.url)
             link = await until(
@@ -385,12 +379,11 @@ def level(concurrency: int, throughput: float, p95: float) -> SweepLevel:
 
 
 async def test_the_sweep_chart_grows_in_the_page_and_marks_its_knee(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, chromium: Browser
 ) -> None:
-    chromium = find_chromium()
     levels = [level(1, 20, 0.05), level(2, 40, 0.05), level(4, 80, 0.05), level(8, 82, 0.1)]
     async with serve_sweep("search", (1, 2, 4, 8), calls=20, announce=lambda url: None) as ui:
-        browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+        browser = chromium.lent()
         try:
             await anyio.to_thread.run_sync(browser.open, ui.url)
             ui.called(1, 7)

@@ -22,7 +22,7 @@ from fractor import Agent, Runtime
 from fractor.actors import CycleModel, ModelResponse, ToolCall, Usage, tool
 from fractor.actors.ui import serve_ui
 
-from .browser import Browser, find_chromium, screenshot_path
+from .browser import Browser, screenshot_path
 
 CHILDREN = 1_000
 USAGE = Usage(input_tokens=10, output_tokens=5, requests=1)
@@ -75,9 +75,8 @@ true
 
 
 async def test_a_tree_of_1000_agents_stays_responsive(
-    anyio_backend: str, tmp_path: pathlib.Path
+    anyio_backend: str, tmp_path: pathlib.Path, chromium: Browser
 ) -> None:
-    chromium = find_chromium()
     waiting: list[anyio.Event] = []
     all_in = anyio.Event()
 
@@ -99,7 +98,7 @@ async def test_a_tree_of_1000_agents_stays_responsive(
         serve_ui(rt, interval=0.1, announce=lambda url: None) as ui,
     ):
         ref = await rt.spawn(lead(hold))
-        browser = await anyio.to_thread.run_sync(Browser, chromium, tmp_path / "profile")
+        browser = chromium.lent()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ref.ask, "fan out")
