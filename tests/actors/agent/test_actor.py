@@ -180,6 +180,22 @@ async def _ask_into(ref: AgentRef, texts: list[str]) -> None:
     texts.append((await ref.ask("go")).text)
 
 
+#: Where the objects of a running tree are defined: the kernel, the agent, its
+#: executions, their requests and tools, the events.
+TREE_MODULES = tuple(
+    f"fractor.{name}"
+    for name in (
+        "runtime.",
+        "actors._agent.",
+        "actors._execution.",
+        "actors._requests.",
+        "actors._tools.",
+        "actors._models.",
+        "actors._observation.",
+    )
+)
+
+
 async def test_an_ended_tree_is_freed_without_the_garbage_collector() -> None:
     """An actor that ended (and its executions, recorders, cells and children) is
     freed as soon as nothing refers to it: no reference cycle is left for the
@@ -218,13 +234,13 @@ async def test_an_ended_tree_is_freed_without_the_garbage_collector() -> None:
                 await ref.stop()
             del ref
             gc.collect()
-            # (Only fractor's objects: whatever else of the process became garbage
-            # meanwhile, an earlier test's, is not this test's to judge.)
+            # (Only the objects a tree is made of: whatever else of the process
+            # became garbage meanwhile, an earlier test's, is not this test's.)
             left = sorted(
                 {
                     type(o).__qualname__
                     for o in gc.garbage
-                    if type(o).__module__.startswith("fractor.")
+                    if type(o).__module__.startswith(TREE_MODULES)
                 }
             )
         finally:
