@@ -123,7 +123,7 @@ class Budget:
             usage = response.usage
             try:
                 charged = supervisor.settle(
-                    node, reservation, usage, model=name, estimate=call.lazy
+                    node, reservation, usage, model=name, estimate=None if call.estimated else call
                 )
             except InvalidUsage as exc:
                 recorder.charged = recorder.charged + exc.charged
@@ -180,7 +180,11 @@ def _charge(recorder: Recorder, reservation: Reservation, usage: Usage | None, c
     that cannot be true, the whole reservation), or its input estimate."""
     try:
         charged = recorder.supervisor.settle(
-            recorder.node, reservation, usage, model=call.name, estimate=call.lazy
+            recorder.node,
+            reservation,
+            usage,
+            model=call.name,
+            estimate=None if call.estimated else call,
         )
     except InvalidUsage as exc:  # the request failed already: that error stands
         charged = exc.charged

@@ -51,9 +51,9 @@ class Call:
         "at_least",
         "attempt",
         "estimate",
+        "estimated",
         "inner",
         "lane",
-        "lazy",
         "model",
         "name",
         "outgoing",
@@ -74,7 +74,7 @@ class Call:
         request: ModelRequest,
         lane: Lane,
         estimate: int,
-        lazy: Callable[[], int] | None,
+        estimated: bool,
         patience: float | None = None,
     ) -> None:
         self.recorder = recorder
@@ -84,9 +84,10 @@ class Call:
         #: The model's rate lane (its limits, its pauses).
         self.lane = lane
         #: The input estimate, made before the request is sent when the budget or
-        #: the lane needs it (0 otherwise); ``lazy`` makes it when it is charged.
+        #: the lane needs it (``estimated``; 0 otherwise: the call itself makes it,
+        #: if it is charged it, ``__call__``).
         self.estimate = estimate
-        self.lazy = lazy
+        self.estimated = estimated
         #: How long the rate limit may keep it waiting: a model of a fallback chain
         #: with one after it waits no longer than the chain does, nor than the
         #: deadline leaves (None: as long as it takes, this is no such model).
@@ -106,6 +107,12 @@ class Call:
         #: Requests of a model inside this one (``admit``) and what they reported.
         self.inner = 0
         self.used: Usage | None = None
+
+    def __call__(self) -> int:
+        """The input estimate, made now: what a request reserved without one is
+        charged as its input when it failed or was cut (``Supervisor.settle``'s
+        ``estimate``; the call itself, so that no closure is made per request)."""
+        return self.model.estimate_tokens(self.request)
 
     async def admit(self, model: Model, request: ModelRequest) -> ModelResponse:
         """One request of a model built on another, inside this one: the first is
@@ -157,7 +164,7 @@ def cut(call: Call) -> Usage | None:
     reservation = call.reservation
     read = reservation.input if reservation is not None else 0
     if not read:
-        read = call.estimate or (call.lazy() if call.lazy is not None else 0)
+        read = call.estimate or (0 if call.estimated else call())
     chars = sum(len(piece) for piece in streamed)
     # Each piece streamed is at least a token, however few characters it holds.
     output = max(-(-chars // _CHARS_PER_TOKEN), len(streamed))

@@ -20,7 +20,6 @@ Retry-After), declared limits or none.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 from ._budget import Budget
@@ -72,11 +71,9 @@ class Chain:
         # The input estimate is the budget's pre-check (and a token rate limit's):
         # with neither it is made only if the request is charged it (failed, cut),
         # never per request (it reads the whole context).
-        if recorder.node.limited or lane.tokens:
-            estimate, lazy = model.estimate_tokens(request), None
-        else:
-            estimate, lazy = 0, functools.partial(model.estimate_tokens, request)
-        call = Call(recorder, model, name, request, lane, estimate, lazy, patience)
+        estimated = recorder.node.limited or lane.tokens
+        estimate = model.estimate_tokens(request) if estimated else 0
+        call = Call(recorder, model, name, request, lane, estimate, estimated, patience)
         return (self.observed if recorder.observed else self.plain)(call)
 
 

@@ -99,7 +99,7 @@ class Harness:
             request,
             lane,
             options.pop("estimate", self.model.estimate_tokens(request)),
-            None,
+            True,
             **options,
         )
 
