@@ -435,8 +435,12 @@ async def test_a_tree_under_a_budget_and_a_rate_limit_overshoots_neither() -> No
                 statistics = rt.statistics()
             spent = next(node for node in rt.tree().nodes if node.name == "lead").usage
         seen = server.statistics()
+        arrivals = server.arrivals()
     assert result.ok, result.stop_reason
-    assert seen.refused == 0
+    # (Once in about seven loaded runs of the suite the server refused one: which
+    # limit, and when, is what the next look needs.)
+    first = arrivals[0].at if arrivals else 0.0
+    assert seen.refused == 0, [(a.why, round(a.at - first, 4)) for a in arrivals if a.status == 429]
     assert seen.served == workers
     assert seen.peak_requests <= requests
     assert seen.peak_concurrency <= concurrent
