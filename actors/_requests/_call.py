@@ -1,5 +1,6 @@
 """One model request on its way down the stages (``Call``), what a stage is
-(``Stage``), and what the stages read of a request that failed."""
+(``Stage``), what the stages read of a request that failed, and what they share
+when one would go again (a fallback link's patience, a deadline too near)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,18 @@ if TYPE_CHECKING:
     from .._messages import ModelRequest, ModelResponse
     from .._models._protocol import Model
 
-__all__ = ["Call", "Next", "Stage", "cut", "failed_usage", "refused", "tokens", "unsent"]
+__all__ = [
+    "Call",
+    "Next",
+    "Stage",
+    "cut",
+    "failed_usage",
+    "no_time_to_retry",
+    "outwaits",
+    "refused",
+    "tokens",
+    "unsent",
+]
 
 #: Characters per output token, for the estimate of a stream that was cut.
 _CHARS_PER_TOKEN = 4
@@ -181,3 +193,26 @@ def tokens(usage: Usage | None, call: Call) -> tuple[int, int]:
         return usage.input_tokens, usage.output_tokens
     reservation = call.reservation
     return (reservation.input if reservation is not None else call.estimate), 0
+
+
+def outwaits(call: Call, asked: float, left: float) -> bool:
+    """Whether waiting ``asked`` seconds (what the server said) is longer than a
+    model of a fallback chain waits (its patience, within the ``left`` of the
+    deadline): then the next model of the chain is asked instead."""
+    return call.patience is not None and asked > min(call.patience, left)
+
+
+def no_time_to_retry(recorder: Recorder, delay: float, asked: float) -> None:
+    """The retry of a failed request would come after the execution's deadline:
+    stop its node ``timed_out`` now, saying why (the request's error ends the step,
+    and the execution reads its status from the node)."""
+    node = recorder.node
+    owner = node.deadline_owner or node
+    seconds = owner.limits.seconds if owner.limits is not None else None
+    shown = f"{seconds:g} s " if seconds is not None else ""
+    why = f"the server's Retry-After of {asked:g} s" if asked >= delay else "its backoff"
+    reason = (
+        f"deadline of {shown}would pass before the retry of a failed model request "
+        f"({delay:.3g} s away: {why}; budget of {owner.name} {owner.id!r})"
+    )
+    recorder.supervisor.stop_subtree(node, "timed_out", reason, cancel=False)

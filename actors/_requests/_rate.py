@@ -16,7 +16,17 @@ from fractor.runtime.lowlevel import DIMENSIONS
 
 from .._agent._policy import is_retryable, retry_after
 from .._observation._events import RateResume, RateWait, Retry
-from ._call import Call, Next, cut, failed_usage, refused, tokens, unsent
+from ._call import (
+    Call,
+    Next,
+    cut,
+    failed_usage,
+    no_time_to_retry,
+    outwaits,
+    refused,
+    tokens,
+    unsent,
+)
 
 if TYPE_CHECKING:
     from fractor.runtime.lowlevel import Lane, Pass, Rates
@@ -24,7 +34,7 @@ if TYPE_CHECKING:
     from .._execution._recording import Recorder
     from .._messages import ModelResponse
 
-__all__ = ["MustWait", "Paused", "Rate", "no_time_to_retry", "wait_for_rate"]
+__all__ = ["MustWait", "Paused", "Rate", "wait_for_rate"]
 
 
 class MustWait(Exception):
@@ -81,22 +91,17 @@ class Rate:
             response = await self.next(call)
         except Exception as exc:
             used = call.used
-            if refused(exc):
-                if used is None:
-                    # A refusal pauses the lane as the server asked, for every
-                    # request of the model.
-                    rates.refused(taken, retry_after(exc) or None)
-                else:
-                    rates.settle(taken, *tokens(failed_usage(call, exc), call))
-                _heard(rates, lane, getattr(exc, "limits", None))
-                if self.again and self._waits(call, exc):
-                    raise MustWait(self, exc) from exc
-                raise
-            if used is None and unsent(exc):
+            if used is None and refused(exc):
+                # A refusal pauses the lane as the server asked, for every request
+                # of the model.
+                rates.refused(taken, retry_after(exc) or None)
+            elif used is None and unsent(exc):
                 rates.refund(taken)
             else:
                 rates.settle(taken, *tokens(failed_usage(call, exc), call))
             _heard(rates, lane, getattr(exc, "limits", None))
+            if self.again and refused(exc) and self._waits(call, exc):
+                raise MustWait(self, exc) from exc
             raise
         except BaseException:
             rates.settle(taken, *tokens(cut(call), call))
@@ -126,7 +131,7 @@ class Rate:
             return False
         recorder = call.recorder
         left = recorder.node.deadline - recorder.supervisor.now()
-        if call.patience is not None and asked > min(call.patience, left):
+        if outwaits(call, asked, left):
             return False
         if asked >= left:
             no_time_to_retry(recorder, asked, asked)
@@ -208,19 +213,3 @@ def _heard(rates: Rates, lane: Lane, limits: object) -> None:
 
 #: What the headers say of each count: (remaining, reset, the count's name).
 _HEARD = tuple((f"{d.key}_remaining", f"{d.key}_reset", d.name) for d in DIMENSIONS)
-
-
-def no_time_to_retry(recorder: Recorder, delay: float, asked: float) -> None:
-    """The retry of a failed request would come after the execution's deadline:
-    stop its node ``timed_out`` now, saying why (the request's error ends the step,
-    and the execution reads its status from the node)."""
-    node = recorder.node
-    owner = node.deadline_owner or node
-    seconds = owner.limits.seconds if owner.limits is not None else None
-    shown = f"{seconds:g} s " if seconds is not None else ""
-    why = f"the server's Retry-After of {asked:g} s" if asked >= delay else "its backoff"
-    reason = (
-        f"deadline of {shown}would pass before the retry of a failed model request "
-        f"({delay:.3g} s away: {why}; budget of {owner.name} {owner.id!r})"
-    )
-    recorder.supervisor.stop_subtree(node, "timed_out", reason, cancel=False)

@@ -18,8 +18,7 @@ import anyio
 
 from .._agent._policy import is_retryable, retry_after
 from .._observation._events import Retry as RetryEvent
-from ._call import Call, Next
-from ._rate import no_time_to_retry
+from ._call import Call, Next, no_time_to_retry, outwaits
 
 if TYPE_CHECKING:
     from .._agent._policy import RetryPolicy
@@ -56,7 +55,7 @@ class Retry:
             return None
         left = node.deadline - recorder.supervisor.now()
         asked = retry_after(error)
-        if call.patience is not None and asked > min(call.patience, left):
+        if outwaits(call, asked, left):
             return None  # (the next model of the chain is asked)
         call.attempt += 1
         attempt = call.attempt
